@@ -1,0 +1,105 @@
+// Public operations of the hot engine. Every function validates its arguments (throwing hot::Error
+// that names the argument, what was expected and what was given), then runs on the backend of the
+// device its tensors live on, on the given stream. Outputs are caller-allocated views unless the
+// function returns a Tensor.
+//
+// Conventions: 2-D operands are row-major with unit column stride (any row stride >= the number of
+// columns); float inputs may be f32, f16 or bf16 and are computed in fp32; integer GEMMs contract
+// over the innermost dimension of both operands (C = A B^T, "TN", K-major as integer wgmma wants).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hot/config.h"
+#include "hot/tensor.h"
+
+namespace hot {
+
+// ---- building blocks -------------------------------------------------------------------------
+
+// Block Hadamard transform without normalisation, output f32 of the input's shape.
+// axis = 1 (rows): each row, in consecutive blocks of `block` columns, times H_block (x blockdiag(H)).
+// axis = 0 (columns): each group of `block` consecutive rows mixed by H_block (blockdiag(H) x).
+// block: a power of two in 1..256 that divides the transformed dimension.
+void hadamard_transform(const TensorView& in, const TensorView& out, int block, int axis, Stream stream = {});
+
+// Rows of the HLA projection of an L-row matrix at rank r: ceil(L/16) * r.
+int64_t hla_rows(int64_t L, int rank);
+// HLA projection (SPEC §4 step 1): in L x C (float), out hla_rows(L, rank) x C f32. Block j of the
+// output holds, for k < rank, row kHlaOrder[k] of H_16 applied to rows 16j..16j+15 of `in` (rows past L
+// count as zero).
+void hla_project(const TensorView& in, const TensorView& out, int rank, Stream stream = {});
+
+struct QuantizeParams {
+  int bits = 8;                       // 4 or 8
+  ScaleMode scale = ScaleMode::tensor;  // tensor: one scale; token: one per row
+  Rounding rounding = Rounding::nearest;
+  uint64_t seed = 0;                  // stochastic rounding only
+  uint32_t rng_stream = 0;            // stochastic rounding only (see hot/rng.h)
+};
+// in: R x C float; q: R x C s8 (values in [-qmax, qmax]); scale: f32 of shape [1] (tensor) or [R] (token).
+void quantize(const TensorView& in, const TensorView& q, const TensorView& scale, const QuantizeParams& p,
+              Stream stream = {});
+// q: R x C s8; scale: [1] or [R] f32; out: R x C float (any float dtype): out = q * scale.
+void dequantize(const TensorView& q, const TensorView& scale, const TensorView& out, Stream stream = {});
+
+// q: R x C s8 with values in [-8, 7] and C even; packed: R x C s4. Values outside [-8, 7] are an error
+// on the CPU backend and are truncated to their low nibble on CUDA (documented, not checked there).
+void pack_int4(const TensorView& q, const TensorView& packed, Stream stream = {});
+void unpack_int4(const TensorView& packed, const TensorView& q, Stream stream = {});
+
+// C (M x N s32) = A (M x K) B (N x K)^T, exact int32 accumulation. s8: any K; s4: K even.
+void gemm_s8s8s32(const TensorView& a, const TensorView& b, const TensorView& c, Stream stream = {});
+void gemm_s4s4s32(const TensorView& a, const TensorView& b, const TensorView& c, Stream stream = {});
+
+// ---- the HOT layer operations ------------------------------------------------------------------
+
+// ABC buffer of a layer input (SPEC §2): q = Q8(HLA(x)) round-to-nearest per tensor, stored transposed
+// as I x K_pad int8 (K = hla_rows(L, rank), K_pad = K rounded up to a multiple of 16, zero padded),
+// which is the K-major layout of the g_w GEMM, plus one f32 scale on the device.
+struct SavedActivation {
+  Tensor q;      // s8, I x K_pad
+  Tensor scale;  // f32, [1]
+  int64_t rows = 0;  // L, the number of rows of x
+  int64_t cols = 0;  // I
+  int rank = 8;
+  size_t nbytes() const { return q.nbytes() + scale.nbytes(); }
+};
+int64_t padded_k(int64_t k);  // round up to a multiple of 16
+SavedActivation compress_activation(const TensorView& x, int rank, Stream stream = {});
+
+struct BackwardRequest {
+  bool grad_input = true;
+  bool grad_weight = true;
+  bool grad_bias = false;
+};
+
+// Outputs of backward_linear: each is an undefined view (data == nullptr, empty shape) when not requested.
+// grad_input: L x I, grad_weight: O x I, grad_bias: [O]; any float dtype each.
+struct BackwardOutputs {
+  TensorView grad_input;
+  TensorView grad_weight;
+  TensorView grad_bias;
+};
+
+// HOT backward of y = x W^T (+ b) (SPEC §3, §4). grad_output: L x O; weight: O x I; saved: the ABC buffer
+// of x (needed for grad_weight). In exact mode use backward_linear_exact instead.
+void backward_linear(const TensorView& grad_output, const TensorView& weight, const SavedActivation* saved,
+                     const Config& config, uint64_t seed, const BackwardOutputs& out, Stream stream = {});
+
+// Exact (unquantised) backward from the raw x (L x I): fp32 accumulation (cuBLAS on CUDA).
+void backward_linear_exact(const TensorView& grad_output, const TensorView& weight, const TensorView* x,
+                           const BackwardOutputs& out, Stream stream = {});
+
+// ---- backends -------------------------------------------------------------------------------
+
+bool cuda_available();             // CUDA backend compiled in and a device present
+std::string cuda_unavailable_reason();  // why not ("" when available)
+std::string build_info();          // one line per compiled backend / kernel family
+void set_num_threads(int n);       // CPU backend threads (0 = hardware concurrency)
+int get_num_threads();
+
+}  // namespace hot

@@ -1,0 +1,80 @@
+// Internal backend interface. ops.cpp validates every argument and then calls exactly one backend;
+// backends may assume valid, consistent arguments (shapes, dtypes, one device, row-major 2-D views
+// with unit column stride). The CPU backend is the reference: every CUDA function must give the same
+// integer results (quantised values, int32 products) bit for bit for the same inputs and seed.
+#pragma once
+
+#include <cstdint>
+
+#include "hot/config.h"
+#include "hot/ops.h"
+#include "hot/tensor.h"
+
+namespace hot {
+
+// What the backward pass needs from g_y (L x O), produced in one pass where the backend can.
+struct GradOutputPlan {
+  bool gx = false;        // produce q_g / s_g for the g_x path
+  int gx_bits = 4;
+  int block = 16;         // Hadamard block b of the g_x path (hq_block_size(O))
+  ScaleMode gx_scale = ScaleMode::tensor;
+  bool gw = false;        // produce q_gh_t / s_gh for the g_w path
+  int rank = 8;
+  Rounding rounding = Rounding::stochastic;
+  uint64_t seed = 0;
+  bool bias = false;      // produce g_b
+};
+
+struct GradOutputQuant {
+  TensorView q_g;     // s8, L x O_pad (O_pad = padded_k(O)): Q(g_y blockdiag(H_b)), zero columns past O
+  TensorView s_g;     // f32, [1] (tensor) or [L] (token)
+  TensorView q_gh_t;  // s8, O x K_pad (K = hla_rows(L, rank)): Q8(blockdiag(H^) g_y) transposed, zero past K
+  TensorView s_gh;    // f32, [1]
+  TensorView g_b;     // float, [O]: sum over rows of g_y, fp32 accumulation
+};
+
+#define HOT_BACKEND_FUNCTIONS                                                                               \
+  void hadamard_transform(const TensorView& in, const TensorView& out, int block, int axis, Stream s);     \
+  void hla_project(const TensorView& in, const TensorView& out, int rank, Stream s);                       \
+  void quantize(const TensorView& in, const TensorView& q, const TensorView& scale, const QuantizeParams& p, \
+                Stream s);                                                                                 \
+  void dequantize(const TensorView& q, const TensorView& scale, const TensorView& out, Stream s);          \
+  void pack_int4(const TensorView& q, const TensorView& packed, Stream s);                                 \
+  void unpack_int4(const TensorView& packed, const TensorView& q, Stream s);                               \
+  void gemm_s8s8s32(const TensorView& a, const TensorView& b, const TensorView& c, Stream s);              \
+  void gemm_s4s4s32(const TensorView& a, const TensorView& b, const TensorView& c, Stream s);              \
+  /* ABC: q_t is I x K_pad s8 (zero past K), scale [1] f32 */                                              \
+  void compress_activation(const TensorView& x, const TensorView& q_t, const TensorView& scale, int rank,   \
+                           Stream s);                                                                      \
+  void quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out,   \
+                            Stream s);                                                                     \
+  /* W~ = blockdiag(H_b) W quantised to `bits` round-to-nearest per tensor, written transposed: q_wt is  \
+     I x O_pad s8 (zero past O), s_w [1] f32 */                                                            \
+  void quantize_weight(const TensorView& w, const TensorView& q_wt, const TensorView& s_w, int bits,      \
+                       int block, Stream s);                                                               \
+  /* out (M x N, float) = (a (M x K s8) b (N x K s8)^T) * sa[m or 0] * sb[0] * factor; `bits` (4 or 8)   \
+     says the operands hold 4-bit values, so a backend may run an s4 GEMM */                               \
+  void gemm_s8_dequant(const TensorView& a, const TensorView& b, const TensorView& sa, const TensorView& sb, \
+                       float factor, int bits, const TensorView& out, Stream s);                           \
+  /* out (O, float) = sum over rows of gy (L x O), fp32 accumulation */                                    \
+  void bias_grad(const TensorView& gy, const TensorView& out, Stream s);                                   \
+  /* out = op(a) op(b), float operands of one dtype, fp32 accumulation; op = transpose when flag set */    \
+  void matmul_exact(const TensorView& a, bool trans_a, const TensorView& b, bool trans_b,                  \
+                    const TensorView& out, Stream s);
+
+namespace cpu {
+HOT_BACKEND_FUNCTIONS
+}  // namespace cpu
+
+namespace cuda {
+HOT_BACKEND_FUNCTIONS
+bool available();
+std::string unavailable_reason();
+std::string build_info();
+// Allocation used by Tensor::empty for CUDA devices (stream-ordered).
+void* allocate(size_t bytes, int device, Stream s);
+void deallocate(void* p, int device, Stream s);
+void memset_zero(void* p, size_t bytes, int device, Stream s);
+}  // namespace cuda
+
+}  // namespace hot

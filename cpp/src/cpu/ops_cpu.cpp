@@ -1,0 +1,284 @@
+// CPU backend: transforms, HLA, quantisers, INT4 packing, ABC and the fused g_y pass.
+// This is the reference implementation: the CUDA backend reproduces its integer results bit for bit.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "backend.h"
+#include "cpu/convert.h"
+#include "cpu/fwht.h"
+#include "cpu/parallel.h"
+#include "hot/error.h"
+#include "hot/quant_rules.h"
+
+namespace hot::cpu {
+
+namespace {
+
+// Rows per parallel chunk so that a chunk touches roughly `target` elements.
+int64_t row_grain(int64_t cols, int64_t target = 1 << 15) { return std::max<int64_t>(1, target / std::max<int64_t>(cols, 1)); }
+
+// Dense fp32 scratch matrix.
+struct Mat {
+  int64_t rows = 0, cols = 0;
+  std::vector<float> v;
+  Mat(int64_t r, int64_t c) : rows(r), cols(c), v(static_cast<size_t>(r * c)) {}
+  float* row(int64_t r) { return v.data() + r * cols; }
+};
+
+// max over amax_key(|v|) of a dense matrix (NaN > Inf > finite), order-independent.
+float amax_of(const float* data, int64_t n) {
+  std::mutex m;
+  uint32_t key = 0;
+  parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
+    uint32_t k = 0;
+    for (int64_t i = b; i < e; ++i) k = std::max(k, amax_key(data[i]));
+    std::lock_guard<std::mutex> lock(m);
+    key = std::max(key, k);
+  });
+  return amax_from_key(key);
+}
+
+float amax_row(const float* data, int64_t n) {
+  uint32_t k = 0;
+  for (int64_t i = 0; i < n; ++i) k = std::max(k, amax_key(data[i]));
+  return amax_from_key(k);
+}
+
+// Quantise one row of `n` values with the given scale into dst (stride dst_stride), logical element
+// index of value c = index0 + c.
+void quantize_row(const float* v, int64_t n, QuantScale s, int qmax, Rounding rounding, uint64_t seed,
+                  uint32_t stream, uint64_t index0, int8_t* dst, int64_t dst_stride) {
+  if (rounding == Rounding::nearest) {
+    for (int64_t c = 0; c < n; ++c) dst[c * dst_stride] = quantize_nearest(v[c], s.inv, qmax);
+    return;
+  }
+  int64_t c = 0;
+  while (c < n) {
+    const uint64_t idx = index0 + static_cast<uint64_t>(c);
+    const Philox4 r = sr_group_bits(seed, stream, idx >> 2);
+    for (int w = static_cast<int>(idx & 3); w < 4 && c < n; ++w, ++c)
+      dst[c * dst_stride] = quantize_stochastic(v[c], s.inv, qmax, sr_bits_to_uniform(r.v[w]));
+  }
+}
+
+// Dense (L rounded up to 16) HLA projection of a float view into out (hla_rows x cols), fp32.
+void hla_dense(const TensorView& in, int rank, Mat& out) {
+  const int64_t L = in.shape[0], C = in.shape[1];
+  const int64_t blocks = (L + 15) / 16;
+  parallel_for(blocks, std::max<int64_t>(1, row_grain(C * 16)), [&](int64_t b0, int64_t b1) {
+    std::vector<float> buf(static_cast<size_t>(16 * C));
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      for (int j = 0; j < 16; ++j) {
+        const int64_t r = blk * 16 + j;
+        if (r < L) {
+          load_row(in, r, buf.data() + j * C);
+        } else {
+          std::fill(buf.begin() + j * C, buf.begin() + (j + 1) * C, 0.0f);
+        }
+      }
+      fwht_rows(buf.data(), 16, C, C);
+      for (int k = 0; k < rank; ++k)
+        std::memcpy(out.row(blk * rank + k), buf.data() + kHlaOrder[k] * C, C * sizeof(float));
+    }
+  });
+}
+
+// Quantise a dense fp32 matrix per tensor and write it transposed into q_t (cols x K_pad, zero past rows).
+void quantize_transposed(Mat& m, int qmax, Rounding rounding, uint64_t seed, uint32_t stream, const TensorView& q_t,
+                         float* scale_out) {
+  const QuantScale s = quant_scale_from_amax(amax_of(m.v.data(), static_cast<int64_t>(m.v.size())), qmax);
+  *scale_out = s.scale;
+  const int64_t K = m.rows, C = m.cols, K_pad = q_t.shape[1], ld = q_t.strides[0];
+  int8_t* q = q_t.ptr<int8_t>();
+  // Quantise row k of m (logical indices k*C + c) into column k of q_t.
+  parallel_for(K, row_grain(C), [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k)
+      quantize_row(m.row(k), C, s, qmax, rounding, seed, stream, static_cast<uint64_t>(k * C), q + k, ld);
+  });
+  parallel_for(C, row_grain(K_pad - K + 1), [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) std::memset(q + c * ld + K, 0, static_cast<size_t>(K_pad - K));
+  });
+}
+
+}  // namespace
+
+void hadamard_transform(const TensorView& in, const TensorView& out, int block, int axis, Stream) {
+  const int64_t R = in.shape[0], C = in.shape[1];
+  if (axis == 1) {
+    parallel_for(R, row_grain(C), [&](int64_t r0, int64_t r1) {
+      std::vector<float> buf(static_cast<size_t>(C));
+      for (int64_t r = r0; r < r1; ++r) {
+        load_row(in, r, buf.data());
+        fwht_blocks(buf.data(), C, block);
+        store_row(out, r, buf.data());
+      }
+    });
+  } else {
+    parallel_for(R / block, row_grain(C * block), [&](int64_t g0, int64_t g1) {
+      std::vector<float> buf(static_cast<size_t>(block * C));
+      for (int64_t g = g0; g < g1; ++g) {
+        for (int j = 0; j < block; ++j) load_row(in, g * block + j, buf.data() + j * C);
+        fwht_rows(buf.data(), block, C, C);
+        for (int j = 0; j < block; ++j) store_row(out, g * block + j, buf.data() + j * C);
+      }
+    });
+  }
+}
+
+void hla_project(const TensorView& in, const TensorView& out, int rank, Stream) {
+  Mat m(out.shape[0], out.shape[1]);
+  hla_dense(in, rank, m);
+  for (int64_t r = 0; r < m.rows; ++r) store_row(out, r, m.row(r));
+}
+
+void quantize(const TensorView& in, const TensorView& q, const TensorView& scale, const QuantizeParams& p, Stream) {
+  const int64_t R = in.shape[0], C = in.shape[1];
+  const int qmax = qmax_for_bits(p.bits);
+  Mat m(R, C);
+  parallel_for(R, row_grain(C), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) load_row(in, r, m.row(r));
+  });
+  float* sc = scale.ptr<float>();
+  QuantScale tensor_scale{0.0f, 0.0f};
+  if (p.scale == ScaleMode::tensor) {
+    tensor_scale = quant_scale_from_amax(amax_of(m.v.data(), R * C), qmax);
+    sc[0] = tensor_scale.scale;
+  }
+  int8_t* qd = q.ptr<int8_t>();
+  parallel_for(R, row_grain(C), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      QuantScale s = tensor_scale;
+      if (p.scale == ScaleMode::token) {
+        s = quant_scale_from_amax(amax_row(m.row(r), C), qmax);
+        sc[r] = s.scale;
+      }
+      quantize_row(m.row(r), C, s, qmax, p.rounding, p.seed, p.rng_stream, static_cast<uint64_t>(r * C),
+                   qd + r * q.strides[0], 1);
+    }
+  });
+}
+
+void dequantize(const TensorView& q, const TensorView& scale, const TensorView& out, Stream) {
+  const int64_t R = q.shape[0], C = q.shape[1];
+  const bool per_row = scale.shape[0] == R && !(R > 1 && scale.shape[0] == 1);
+  const float* sc = scale.ptr<float>();
+  parallel_for(R, row_grain(C), [&](int64_t r0, int64_t r1) {
+    std::vector<float> buf(static_cast<size_t>(C));
+    for (int64_t r = r0; r < r1; ++r) {
+      const int8_t* qr = q.ptr<int8_t>() + r * q.strides[0];
+      const float s = sc[per_row ? r : 0];
+      for (int64_t c = 0; c < C; ++c) buf[c] = static_cast<float>(qr[c]) * s;
+      store_row(out, r, buf.data());
+    }
+  });
+}
+
+void pack_int4(const TensorView& q, const TensorView& packed, Stream) {
+  const int64_t R = q.shape[0], C = q.shape[1];
+  parallel_for(R, row_grain(C), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int8_t* src = q.ptr<int8_t>() + r * q.strides[0];
+      uint8_t* dst = static_cast<uint8_t*>(packed.data) + r * packed.strides[0] / 2;
+      for (int64_t c = 0; c < C; c += 2) {
+        const int lo = src[c], hi = src[c + 1];
+        HOT_CHECK_VALUE(lo >= -8 && lo <= 7 && hi >= -8 && hi <= 7, "pack_int4: q[", r, ", ",
+                        (lo < -8 || lo > 7) ? c : c + 1, "] = ", (lo < -8 || lo > 7) ? lo : hi,
+                        " is outside the int4 range [-8, 7]");
+        dst[c / 2] = static_cast<uint8_t>((lo & 0xf) | ((hi & 0xf) << 4));
+      }
+    }
+  });
+}
+
+void unpack_int4(const TensorView& packed, const TensorView& q, Stream) {
+  const int64_t R = q.shape[0], C = q.shape[1];
+  parallel_for(R, row_grain(C), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* src = static_cast<const uint8_t*>(packed.data) + r * packed.strides[0] / 2;
+      int8_t* dst = q.ptr<int8_t>() + r * q.strides[0];
+      for (int64_t c = 0; c < C; c += 2) {
+        const uint8_t b = src[c / 2];
+        dst[c] = static_cast<int8_t>(static_cast<int8_t>(b << 4) >> 4);
+        dst[c + 1] = static_cast<int8_t>(static_cast<int8_t>(b) >> 4);
+      }
+    }
+  });
+}
+
+void compress_activation(const TensorView& x, const TensorView& q_t, const TensorView& scale, int rank, Stream) {
+  Mat m(hla_rows(x.shape[0], rank), x.shape[1]);
+  hla_dense(x, rank, m);
+  quantize_transposed(m, 127, Rounding::nearest, 0, 0, q_t, scale.ptr<float>());
+}
+
+void bias_grad(const TensorView& gy, const TensorView& out, Stream) {
+  const int64_t L = gy.shape[0], O = gy.shape[1];
+  // Per column, a sum over rows in row order: deterministic whatever the thread count.
+  parallel_for(O, 64, [&](int64_t c0, int64_t c1) {
+    std::vector<float> acc(static_cast<size_t>(c1 - c0), 0.0f);
+    for (int64_t r = 0; r < L; ++r) {
+      const int64_t off = r * gy.strides[0];
+      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += load_float(gy.data, gy.dtype, off + c);
+    }
+    for (int64_t c = c0; c < c1; ++c) store_float(out.data, out.dtype, c * out.strides[0], acc[c - c0]);
+  });
+}
+
+void quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out, Stream s) {
+  const int64_t L = gy.shape[0], O = gy.shape[1];
+  if (plan.gx) {
+    // G~ = g_y blockdiag(H_b), row by row.
+    Mat g(L, O);
+    parallel_for(L, row_grain(O), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        load_row(gy, r, g.row(r));
+        fwht_blocks(g.row(r), O, plan.block);
+      }
+    });
+    const int qmax = qmax_for_bits(plan.gx_bits);
+    QuantScale ts{0.0f, 0.0f};
+    float* sg = out.s_g.ptr<float>();
+    if (plan.gx_scale == ScaleMode::tensor) {
+      ts = quant_scale_from_amax(amax_of(g.v.data(), L * O), qmax);
+      sg[0] = ts.scale;
+    }
+    const int64_t O_pad = out.q_g.shape[1];
+    parallel_for(L, row_grain(O), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        QuantScale sc = ts;
+        if (plan.gx_scale == ScaleMode::token) {
+          sc = quant_scale_from_amax(amax_row(g.row(r), O), qmax);
+          sg[r] = sc.scale;
+        }
+        int8_t* dst = out.q_g.ptr<int8_t>() + r * out.q_g.strides[0];
+        quantize_row(g.row(r), O, sc, qmax, plan.rounding, plan.seed, rng_stream::gx_grad,
+                     static_cast<uint64_t>(r * O), dst, 1);
+        std::memset(dst + O, 0, static_cast<size_t>(O_pad - O));
+      }
+    });
+  }
+  if (plan.gw) {
+    Mat m(hla_rows(L, plan.rank), O);
+    hla_dense(gy, plan.rank, m);
+    quantize_transposed(m, 127, plan.rounding, plan.seed, rng_stream::gw_grad, out.q_gh_t, out.s_gh.ptr<float>());
+  }
+  if (plan.bias) bias_grad(gy, out.g_b, s);
+}
+
+void quantize_weight(const TensorView& w, const TensorView& q_wt, const TensorView& s_w, int bits, int block, Stream) {
+  const int64_t O = w.shape[0], I = w.shape[1];
+  // W~ = blockdiag(H_b) W: groups of b rows mixed.
+  Mat m(O, I);
+  parallel_for(O / block, row_grain(I * block), [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      for (int j = 0; j < block; ++j) load_row(w, g * block + j, m.row(g * block + j));
+      fwht_rows(m.row(g * block), block, I, I);
+    }
+  });
+  quantize_transposed(m, qmax_for_bits(bits), Rounding::nearest, 0, 0, q_wt, s_w.ptr<float>());
+}
+
+}  // namespace hot::cpu

@@ -1,0 +1,339 @@
+// Validation and dispatch of the public operations. Everything a user can get wrong is checked here,
+// once, so that the backends can assume consistent arguments.
+#include "hot/ops.h"
+
+#include <limits>
+
+#include "backend.h"
+#include "hot/error.h"
+#include "hot/quant_rules.h"
+
+namespace hot {
+
+namespace {
+
+bool requested(const TensorView& v) { return v.data != nullptr; }
+
+const char* kFloatTypes = "float32, float16 or bfloat16";
+
+// A 2-D, non-empty, row-major operand with unit column stride.
+void check_matrix(const char* op, const char* name, const TensorView& t) {
+  HOT_CHECK_DIM(op, name, t, 2);
+  HOT_CHECK_VALUE(t.strides.size() == 2, op, ": ", name, " has ", t.strides.size(), " strides for 2 dims");
+  HOT_CHECK_NONEMPTY(op, name, t);
+  HOT_CHECK_VALUE(t.is_row_major_2d(), op, ": ", name, " must be row-major with unit column stride (got shape ",
+                  shape_str(t.shape), " and strides ", shape_str(t.strides), "); pass a contiguous copy");
+  HOT_CHECK_VALUE(t.data != nullptr, op, ": ", name, " has no data (null pointer)");
+  if (t.dtype == DType::s4) {
+    HOT_CHECK_VALUE(t.shape[1] % 2 == 0 && t.strides[0] % 2 == 0, op, ": ", name,
+                    " (packed int4) needs an even number of columns and an even row stride, got shape ",
+                    shape_str(t.shape), " and strides ", shape_str(t.strides));
+  }
+}
+
+void check_float_matrix(const char* op, const char* name, const TensorView& t) {
+  check_matrix(op, name, t);
+  HOT_CHECK_DTYPE(op, name, t, is_float(t.dtype), kFloatTypes);
+}
+
+void check_typed_matrix(const char* op, const char* name, const TensorView& t, DType dt) {
+  check_matrix(op, name, t);
+  HOT_CHECK_DTYPE(op, name, t, t.dtype == dt, dtype_name(dt));
+}
+
+void check_vector(const char* op, const char* name, const TensorView& t, int64_t n, bool float_any, DType dt) {
+  HOT_CHECK_DIM(op, name, t, 1);
+  HOT_CHECK_VALUE(t.shape[0] == n, op, ": ", name, " has shape ", shape_str(t.shape), ", expected (", n, ",)");
+  HOT_CHECK_VALUE(n <= 1 || t.strides[0] == 1, op, ": ", name, " must be contiguous, got stride ", t.strides[0]);
+  HOT_CHECK_VALUE(t.data != nullptr, op, ": ", name, " has no data (null pointer)");
+  if (float_any) {
+    HOT_CHECK_DTYPE(op, name, t, is_float(t.dtype), kFloatTypes);
+  } else {
+    HOT_CHECK_DTYPE(op, name, t, t.dtype == dt, dtype_name(dt));
+  }
+}
+
+void check_out_shape(const char* op, const char* name, const TensorView& t, int64_t rows, int64_t cols) {
+  HOT_CHECK_DIM(op, name, t, 2);
+  const Shape want{rows, cols};
+  HOT_CHECK_SHAPE(op, name, t, want);
+}
+
+void check_scale(const char* op, const char* name, const TensorView& scale, ScaleMode mode, int64_t rows) {
+  check_vector(op, name, scale, mode == ScaleMode::tensor ? 1 : rows, false, DType::f32);
+}
+
+void check_bits(const char* op, int bits) {
+  HOT_CHECK_VALUE(bits == 4 || bits == 8, op, ": bits must be 4 or 8, got ", bits);
+}
+
+void check_rank(const char* op, int rank) {
+  HOT_CHECK_VALUE(rank >= 1 && rank <= 16, op, ": rank must be in 1..16, got ", rank);
+}
+
+// int32 accumulation of K products of magnitude <= qmax^2 must not overflow.
+void check_k_fits(const char* op, const char* what, int64_t k, int qmax_a, int qmax_b) {
+  const int64_t max_k = std::numeric_limits<int32_t>::max() / (static_cast<int64_t>(qmax_a) * qmax_b);
+  HOT_CHECK_VALUE(k <= max_k, op, ": ", what, " has ", k, " terms; int32 accumulation of ", qmax_a, "x", qmax_b,
+                  " products overflows past ", max_k, " (split the batch)");
+}
+
+#define HOT_DISPATCH(device, fn, ...) \
+  ((device).is_cpu() ? cpu::fn(__VA_ARGS__) : cuda::fn(__VA_ARGS__))
+
+}  // namespace
+
+int64_t hla_rows(int64_t L, int rank) { return (L + 15) / 16 * rank; }
+int64_t padded_k(int64_t k) { return (k + 15) / 16 * 16; }
+
+void hadamard_transform(const TensorView& in, const TensorView& out, int block, int axis, Stream stream) {
+  const char* op = "hadamard_transform";
+  check_float_matrix(op, "input", in);
+  check_typed_matrix(op, "out", out, DType::f32);
+  HOT_CHECK_SHAPE(op, "out", out, in.shape);
+  HOT_CHECK_SAME_DEVICE(op, "input", in, "out", out);
+  HOT_CHECK_VALUE(axis == 0 || axis == 1 || axis == -1 || axis == -2, op, ": axis must be 0 or 1 (or -2, -1), got ",
+                  axis);
+  if (axis < 0) axis += 2;
+  HOT_CHECK_VALUE(block >= 1 && block <= 256 && (block & (block - 1)) == 0, op,
+                  ": block must be a power of two in 1..256, got ", block);
+  const int64_t n = in.shape[axis];
+  HOT_CHECK_VALUE(n % block == 0, op, ": block ", block, " does not divide dimension ", axis, " of input (size ", n,
+                  ")");
+  HOT_DISPATCH(in.device, hadamard_transform, in, out, block, axis, stream);
+}
+
+void hla_project(const TensorView& in, const TensorView& out, int rank, Stream stream) {
+  const char* op = "hla";
+  check_rank(op, rank);
+  check_float_matrix(op, "input", in);
+  check_typed_matrix(op, "out", out, DType::f32);
+  check_out_shape(op, "out", out, hla_rows(in.shape[0], rank), in.shape[1]);
+  HOT_CHECK_SAME_DEVICE(op, "input", in, "out", out);
+  HOT_DISPATCH(in.device, hla_project, in, out, rank, stream);
+}
+
+void quantize(const TensorView& in, const TensorView& q, const TensorView& scale, const QuantizeParams& p,
+              Stream stream) {
+  const char* op = "quantize";
+  check_bits(op, p.bits);
+  check_float_matrix(op, "input", in);
+  check_typed_matrix(op, "q", q, DType::s8);
+  HOT_CHECK_SHAPE(op, "q", q, in.shape);
+  check_scale(op, "scale", scale, p.scale, in.shape[0]);
+  HOT_CHECK_SAME_DEVICE(op, "input", in, "q", q);
+  HOT_CHECK_SAME_DEVICE(op, "input", in, "scale", scale);
+  HOT_DISPATCH(in.device, quantize, in, q, scale, p, stream);
+}
+
+void dequantize(const TensorView& q, const TensorView& scale, const TensorView& out, Stream stream) {
+  const char* op = "dequantize";
+  check_typed_matrix(op, "q", q, DType::s8);
+  HOT_CHECK_DIM(op, "scale", scale, 1);
+  const ScaleMode mode = scale.shape[0] == 1 && q.shape[0] != 1 ? ScaleMode::tensor : ScaleMode::token;
+  HOT_CHECK_VALUE(scale.shape[0] == 1 || scale.shape[0] == q.shape[0], op, ": scale has shape ",
+                  shape_str(scale.shape), ", expected (1,) or (", q.shape[0], ",) for q of shape ", shape_str(q.shape));
+  check_scale(op, "scale", scale, mode, q.shape[0]);
+  check_float_matrix(op, "out", out);
+  HOT_CHECK_SHAPE(op, "out", out, q.shape);
+  HOT_CHECK_SAME_DEVICE(op, "q", q, "scale", scale);
+  HOT_CHECK_SAME_DEVICE(op, "q", q, "out", out);
+  HOT_DISPATCH(q.device, dequantize, q, scale, out, stream);
+}
+
+void pack_int4(const TensorView& q, const TensorView& packed, Stream stream) {
+  const char* op = "pack_int4";
+  check_typed_matrix(op, "q", q, DType::s8);
+  HOT_CHECK_VALUE(q.shape[1] % 2 == 0, op, ": q needs an even number of columns to pack two per byte, got shape ",
+                  shape_str(q.shape));
+  check_typed_matrix(op, "packed", packed, DType::s4);
+  HOT_CHECK_SHAPE(op, "packed", packed, q.shape);
+  HOT_CHECK_SAME_DEVICE(op, "q", q, "packed", packed);
+  HOT_DISPATCH(q.device, pack_int4, q, packed, stream);
+}
+
+void unpack_int4(const TensorView& packed, const TensorView& q, Stream stream) {
+  const char* op = "unpack_int4";
+  check_typed_matrix(op, "packed", packed, DType::s4);
+  check_typed_matrix(op, "q", q, DType::s8);
+  HOT_CHECK_SHAPE(op, "q", q, packed.shape);
+  HOT_CHECK_SAME_DEVICE(op, "packed", packed, "q", q);
+  HOT_DISPATCH(q.device, unpack_int4, packed, q, stream);
+}
+
+namespace {
+void check_gemm(const char* op, const TensorView& a, const TensorView& b, const TensorView& c, DType in) {
+  check_typed_matrix(op, "a", a, in);
+  check_typed_matrix(op, "b", b, in);
+  check_typed_matrix(op, "c", c, DType::s32);
+  HOT_CHECK_VALUE(a.shape[1] == b.shape[1], op, ": a is ", shape_str(a.shape), " and b is ", shape_str(b.shape),
+                  "; both must have K columns (C = A B^T)");
+  check_out_shape(op, "c", c, a.shape[0], b.shape[0]);
+  HOT_CHECK_SAME_DEVICE(op, "a", a, "b", b);
+  HOT_CHECK_SAME_DEVICE(op, "a", a, "c", c);
+}
+}  // namespace
+
+void gemm_s8s8s32(const TensorView& a, const TensorView& b, const TensorView& c, Stream stream) {
+  check_gemm("gemm_s8", a, b, c, DType::s8);
+  check_k_fits("gemm_s8", "the contraction", a.shape[1], 128, 128);
+  HOT_DISPATCH(a.device, gemm_s8s8s32, a, b, c, stream);
+}
+
+void gemm_s4s4s32(const TensorView& a, const TensorView& b, const TensorView& c, Stream stream) {
+  check_gemm("gemm_s4", a, b, c, DType::s4);
+  HOT_DISPATCH(a.device, gemm_s4s4s32, a, b, c, stream);
+}
+
+SavedActivation compress_activation(const TensorView& x, int rank, Stream stream) {
+  const char* op = "compress_activation";
+  check_rank(op, rank);
+  check_float_matrix(op, "x", x);
+  const int64_t L = x.shape[0], I = x.shape[1];
+  const int64_t K = hla_rows(L, rank);
+  check_k_fits(op, "the HLA projection of x", padded_k(K), 127, 127);
+  SavedActivation s;
+  s.rows = L;
+  s.cols = I;
+  s.rank = rank;
+  s.q = Tensor::empty(DType::s8, {I, padded_k(K)}, x.device, stream);
+  s.scale = Tensor::empty(DType::f32, {1}, x.device, stream);
+  HOT_DISPATCH(x.device, compress_activation, x, s.q.view(), s.scale.view(), rank, stream);
+  return s;
+}
+
+namespace {
+// Checks shared by both backward entry points; returns (L, O, I).
+void check_backward_common(const char* op, const TensorView& gy, const TensorView& w, const BackwardOutputs& out,
+                           int64_t& L, int64_t& O, int64_t& I) {
+  check_float_matrix(op, "grad_output", gy);
+  HOT_CHECK_DIM(op, "weight", w, 2);
+  check_float_matrix(op, "weight", w);
+  L = gy.shape[0];
+  O = gy.shape[1];
+  I = w.shape[1];
+  HOT_CHECK_VALUE(w.shape[0] == O, op, ": weight has shape ", shape_str(w.shape), " (O x I) but grad_output has ",
+                  O, " columns (L x O); O must agree");
+  HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "weight", w);
+  if (requested(out.grad_input)) {
+    check_float_matrix(op, "grad_input", out.grad_input);
+    check_out_shape(op, "grad_input", out.grad_input, L, I);
+    HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "grad_input", out.grad_input);
+  }
+  if (requested(out.grad_weight)) {
+    check_float_matrix(op, "grad_weight", out.grad_weight);
+    check_out_shape(op, "grad_weight", out.grad_weight, O, I);
+    HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "grad_weight", out.grad_weight);
+  }
+  if (requested(out.grad_bias)) {
+    check_vector(op, "grad_bias", out.grad_bias, O, true, DType::f32);
+    HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "grad_bias", out.grad_bias);
+  }
+}
+}  // namespace
+
+void backward_linear(const TensorView& gy, const TensorView& w, const SavedActivation* saved, const Config& config,
+                     uint64_t seed, const BackwardOutputs& out, Stream stream) {
+  const char* op = "backward_linear";
+  config.validate();
+  HOT_CHECK_VALUE(!config.exact, op, ": config.exact is set; use backward_linear_exact with the raw x");
+  int64_t L, O, I;
+  check_backward_common(op, gy, w, out, L, O, I);
+  const bool gx = requested(out.grad_input), gw = requested(out.grad_weight), gb = requested(out.grad_bias);
+  const Device dev = gy.device;
+  const int block = hq_block_size(O);
+  const int64_t O_pad = padded_k(O);
+  const int qmax_gx = qmax_for_bits(config.gx_bits);
+
+  int rank = config.rank;
+  int64_t K = 0;
+  if (gw) {
+    HOT_CHECK_VALUE(saved != nullptr, op, ": grad_weight requested but no saved activation was given");
+    HOT_CHECK_VALUE(saved->rows == L, op, ": saved activation has ", saved->rows, " rows (L) but grad_output has ",
+                    L);
+    HOT_CHECK_VALUE(saved->cols == I, op, ": saved activation has ", saved->cols, " columns (I) but weight has ", I);
+    HOT_CHECK_VALUE(saved->rank == config.rank, op, ": saved activation was compressed with rank ", saved->rank,
+                    " but config.rank is ", config.rank);
+    K = hla_rows(L, rank);
+    const TensorView& q = saved->q.view();
+    check_typed_matrix(op, "saved.q", q, DType::s8);
+    check_out_shape(op, "saved.q", q, I, padded_k(K));
+    check_vector(op, "saved.scale", saved->scale.view(), 1, false, DType::f32);
+    HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "saved.q", q);
+    HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "saved.scale", saved->scale.view());
+    check_k_fits(op, "the g_w contraction", padded_k(K), 127, 127);
+  }
+  if (gx) check_k_fits(op, "the g_x contraction", O_pad, qmax_gx, qmax_gx);
+  if (!gx && !gw && !gb) return;
+
+  GradOutputPlan plan;
+  plan.gx = gx;
+  plan.gx_bits = config.gx_bits;
+  plan.block = block;
+  plan.gx_scale = config.gx_scale;
+  plan.gw = gw;
+  plan.rank = rank;
+  plan.rounding = config.rounding;
+  plan.seed = seed;
+  plan.bias = gb;
+
+  Tensor q_g, s_g, q_gh_t, s_gh;
+  GradOutputQuant qo;
+  if (gx) {
+    q_g = Tensor::empty(DType::s8, {L, O_pad}, dev, stream);
+    s_g = Tensor::empty(DType::f32, {config.gx_scale == ScaleMode::tensor ? 1 : L}, dev, stream);
+    qo.q_g = q_g.view();
+    qo.s_g = s_g.view();
+  }
+  if (gw) {
+    q_gh_t = Tensor::empty(DType::s8, {O, padded_k(K)}, dev, stream);
+    s_gh = Tensor::empty(DType::f32, {1}, dev, stream);
+    qo.q_gh_t = q_gh_t.view();
+    qo.s_gh = s_gh.view();
+  }
+  if (gb) qo.g_b = out.grad_bias;
+  HOT_DISPATCH(dev, quantize_grad_output, gy, plan, qo, stream);
+
+  if (gx) {
+    Tensor q_wt = Tensor::empty(DType::s8, {I, O_pad}, dev, stream);
+    Tensor s_w = Tensor::empty(DType::f32, {1}, dev, stream);
+    HOT_DISPATCH(dev, quantize_weight, w, q_wt.view(), s_w.view(), config.gx_bits, block, stream);
+    HOT_DISPATCH(dev, gemm_s8_dequant, q_g.view(), q_wt.view(), s_g.view(), s_w.view(), 1.0f / block,
+                 config.gx_bits, out.grad_input, stream);
+  }
+  if (gw) {
+    HOT_DISPATCH(dev, gemm_s8_dequant, q_gh_t.view(), saved->q.view(), s_gh.view(), saved->scale.view(),
+                 1.0f / 16.0f, 8, out.grad_weight, stream);
+  }
+}
+
+void backward_linear_exact(const TensorView& gy, const TensorView& w, const TensorView* x,
+                           const BackwardOutputs& out, Stream stream) {
+  const char* op = "backward_linear_exact";
+  int64_t L, O, I;
+  check_backward_common(op, gy, w, out, L, O, I);
+  if (requested(out.grad_input)) {
+    HOT_CHECK_TYPE(w.dtype == gy.dtype, op, ": weight has dtype ", dtype_name(w.dtype), " but grad_output has ",
+                   dtype_name(gy.dtype), "; exact mode needs one dtype");
+    HOT_DISPATCH(gy.device, matmul_exact, gy, false, w, false, out.grad_input, stream);
+  }
+  if (requested(out.grad_weight)) {
+    HOT_CHECK_VALUE(x != nullptr, op, ": grad_weight requested but no x was given");
+    check_float_matrix(op, "x", *x);
+    const Shape want{L, I};
+    HOT_CHECK_SHAPE(op, "x", *x, want);
+    HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "x", *x);
+    HOT_CHECK_TYPE(x->dtype == gy.dtype, op, ": x has dtype ", dtype_name(x->dtype), " but grad_output has ",
+                   dtype_name(gy.dtype), "; exact mode needs one dtype");
+    HOT_DISPATCH(gy.device, matmul_exact, gy, true, *x, false, out.grad_weight, stream);
+  }
+  if (requested(out.grad_bias)) HOT_DISPATCH(gy.device, bias_grad, gy, out.grad_bias, stream);
+}
+
+bool cuda_available() { return cuda::available(); }
+std::string cuda_unavailable_reason() { return cuda::available() ? std::string() : cuda::unavailable_reason(); }
+std::string build_info() {
+  return detail::concat("hot core: cpu backend (", get_num_threads(), " threads)\n", cuda::build_info());
+}
+
+}  // namespace hot

@@ -185,20 +185,34 @@ void gemm_s4s4s32(const TensorView& a, const TensorView& b, const TensorView& c,
   HOT_DISPATCH(a.device, gemm_s4s4s32, a, b, c, stream);
 }
 
-SavedActivation compress_activation(const TensorView& x, int rank, Stream stream) {
+void compress_activation(const TensorView& x, const TensorView& q_t, const TensorView& scale, int rank,
+                         Stream stream) {
   const char* op = "compress_activation";
   check_rank(op, rank);
   check_float_matrix(op, "x", x);
   const int64_t L = x.shape[0], I = x.shape[1];
   const int64_t K = hla_rows(L, rank);
   check_k_fits(op, "the HLA projection of x", padded_k(K), 127, 127);
+  check_typed_matrix(op, "q", q_t, DType::s8);
+  check_out_shape(op, "q", q_t, I, padded_k(K));
+  check_vector(op, "scale", scale, 1, false, DType::f32);
+  HOT_CHECK_SAME_DEVICE(op, "x", x, "q", q_t);
+  HOT_CHECK_SAME_DEVICE(op, "x", x, "scale", scale);
+  HOT_DISPATCH(x.device, compress_activation, x, q_t, scale, rank, stream);
+}
+
+SavedActivation compress_activation(const TensorView& x, int rank, Stream stream) {
+  const char* op = "compress_activation";
+  check_rank(op, rank);
+  check_float_matrix(op, "x", x);
+  const int64_t L = x.shape[0], I = x.shape[1];
   SavedActivation s;
   s.rows = L;
   s.cols = I;
   s.rank = rank;
-  s.q = Tensor::empty(DType::s8, {I, padded_k(K)}, x.device, stream);
+  s.q = Tensor::empty(DType::s8, {I, padded_k(hla_rows(L, rank))}, x.device, stream);
   s.scale = Tensor::empty(DType::f32, {1}, x.device, stream);
-  HOT_DISPATCH(x.device, compress_activation, x, s.q.view(), s.scale.view(), rank, stream);
+  compress_activation(x, s.q.view(), s.scale.view(), rank, stream);
   return s;
 }
 

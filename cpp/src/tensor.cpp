@@ -104,6 +104,14 @@ Tensor Tensor::empty(DType dtype, const Shape& shape, Device device, Stream stre
   return t;
 }
 
+Tensor Tensor::wrap(const TensorView& view, std::shared_ptr<void> keepalive) {
+  HOT_CHECK_VALUE(view.data != nullptr || view.numel() == 0, "Tensor::wrap: view has no data");
+  Tensor t;
+  t.storage_ = keepalive ? std::move(keepalive) : std::shared_ptr<void>(view.data, [](void*) {});
+  t.view_ = view;
+  return t;
+}
+
 Tensor Tensor::zeros(DType dtype, const Shape& shape, Device device, Stream stream) {
   Tensor t = empty(dtype, shape, device, stream);
   const size_t bytes = t.nbytes();

@@ -70,6 +70,9 @@ struct SavedActivation {
 };
 int64_t padded_k(int64_t k);  // round up to a multiple of 16
 SavedActivation compress_activation(const TensorView& x, int rank, Stream stream = {});
+// The same into caller-allocated buffers (e.g. a framework's allocator): q_t s8 I x K_pad, scale f32 [1].
+void compress_activation(const TensorView& x, const TensorView& q_t, const TensorView& scale, int rank,
+                         Stream stream = {});
 
 struct BackwardRequest {
   bool grad_input = true;

@@ -73,6 +73,9 @@ class Tensor {
   Tensor() = default;
   static Tensor empty(DType dtype, const Shape& shape, Device device, Stream stream = {});
   static Tensor zeros(DType dtype, const Shape& shape, Device device, Stream stream = {});
+  // A Tensor over memory owned elsewhere (a framework's array): `keepalive` is held as long as the
+  // Tensor or any copy of it lives, and releases the memory when the last one goes.
+  static Tensor wrap(const TensorView& view, std::shared_ptr<void> keepalive);
 
   const TensorView& view() const { return view_; }
   operator const TensorView&() const { return view_; }

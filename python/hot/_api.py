@@ -1,0 +1,447 @@
+"""The public functions of hot: argument checks, output allocation in the caller's framework, and
+the call into hot._C (which translates DLPack arrays for the C++ core)."""
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from . import _C
+from . import _dlpack
+from . import _frameworks as fws
+
+_ROUNDINGS = ("stochastic", "nearest")
+_SCALES = ("tensor", "token")
+_UINT64_MAX = (1 << 64) - 1
+
+
+# ---- configuration ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    """HOT configuration of one layer (SPEC §3-§5, §7).
+
+    gx_bits: bit width of the activation-gradient path (4 or 8); rank: HLA rank of the weight-gradient
+    path (1..16); rounding: of the g_y-derived operands ("stochastic" or "nearest"); gx_scale: scale
+    granularity of the g_x path ("tensor" or "token", chosen by LQS); exact: unquantised backward
+    from the raw input.
+    """
+
+    gx_bits: int = 4
+    rank: int = 8
+    rounding: str = "stochastic"
+    gx_scale: str = "tensor"
+    exact: bool = False
+
+    def __post_init__(self):
+        def bad(field, allowed, value):
+            raise ValueError(f"Config: {field} must be {allowed}, got {value!r}")
+
+        if not _is_int(self.gx_bits) or self.gx_bits not in (4, 8):
+            bad("gx_bits", "4 or 8", self.gx_bits)
+        if not _is_int(self.rank) or not 1 <= self.rank <= 16:
+            bad("rank", "an integer in 1..16", self.rank)
+        if self.rounding not in _ROUNDINGS:
+            bad("rounding", "'stochastic' or 'nearest'", self.rounding)
+        if self.gx_scale not in _SCALES:
+            bad("gx_scale", "'tensor' or 'token'", self.gx_scale)
+        if not isinstance(self.exact, (bool, np.bool_)):
+            bad("exact", "True or False", self.exact)
+
+    def replace(self, **changes) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Config":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"Config.from_dict: unknown fields {unknown}, expected a subset of {sorted(known)}")
+        return cls(**d)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
+def _config(op, config) -> Config:
+    if config is None:
+        return Config()
+    if not isinstance(config, Config):
+        raise TypeError(f"{op}: config is a {type(config).__name__}, expected hot.Config or None")
+    return config
+
+
+def _seed(op, seed, name="seed") -> int:
+    if not _is_int(seed):
+        raise TypeError(f"{op}: {name} must be an integer, got {type(seed).__name__}")
+    if not 0 <= int(seed) <= _UINT64_MAX:
+        raise ValueError(f"{op}: {name} must be in 0..2**64-1, got {seed}")
+    return int(seed)
+
+
+def _int_arg(op, name, v, lo, hi) -> int:
+    if not _is_int(v):
+        raise TypeError(f"{op}: {name} must be an integer, got {type(v).__name__}")
+    if not lo <= int(v) <= hi:
+        raise ValueError(f"{op}: {name} must be in {lo}..{hi}, got {v}")
+    return int(v)
+
+
+def _choice(op, name, v, allowed) -> str:
+    if v not in allowed:
+        raise ValueError(f"{op}: {name} must be one of {allowed}, got {v!r}")
+    return v
+
+
+def _dtype_name(op, dtype) -> str:
+    if isinstance(dtype, str):
+        name = dtype
+    else:
+        s = str(dtype)
+        if s.startswith("torch."):
+            name = s[len("torch."):]
+        else:
+            try:
+                name = np.dtype(dtype).name
+            except TypeError:
+                name = s
+    if name not in ("float32", "float16", "bfloat16"):
+        raise TypeError(f"{op}: dtype must be float32, float16 or bfloat16, got {dtype!r}")
+    return name
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+
+
+class _Call:
+    """Framework, device and stream of one call, fixed by its first array argument."""
+
+    def __init__(self, op, **arrays):
+        self.op = op
+        self.dev = _dlpack.check_arrays(op, **arrays)
+        first = next(a for a in arrays.values() if a is not None)
+        self.like = first
+        self.fw = fws.of(first)
+        self.stream = self.fw.stream(first) if self.dev[0] != 1 else 0
+
+    def empty(self, shape, dtype):
+        if not self.fw.can_allocate:
+            return None
+        return self.fw.empty(tuple(shape), dtype, self.like)
+
+    def result(self, given, returned, shape=None):
+        """The caller's array: the output it allocated, or hot's array imported with from_dlpack."""
+        if given is not None:
+            return given
+        if returned is None:
+            return None
+        out = self.fw.from_dlpack(returned, self.like)
+        if shape is not None and tuple(out.shape) != tuple(shape):
+            out = self.fw.reshape(out, tuple(shape))
+        return out
+
+
+def _prep(x):
+    if x is None:
+        return None
+    return fws.of(x).prepare(x)
+
+
+def _need_ndim(op, name, x, lo, expected=None):
+    nd = fws.ndim(x)
+    if nd < lo:
+        raise ValueError(f"{op}: {name} has {nd} dims, expected {expected or f'at least {lo}'} "
+                         f"(got shape {fws.shape(x)})")
+    return nd
+
+
+def _nonempty(op, name, x):
+    if fws.prod(fws.shape(x)) == 0:
+        raise ValueError(f"{op}: {name} is empty (shape {fws.shape(x)})")
+
+
+# ---- building blocks -------------------------------------------------------------------------------
+
+
+def hadamard_transform(x, block: int = 16, axis: int = -1):
+    """Block Hadamard transform (unnormalised) along `axis` in blocks of `block`; float32 result of
+    x's shape."""
+    op = "hadamard_transform"
+    x = _prep(x)
+    c = _Call(op, x=x)
+    nd = _need_ndim(op, "x", x, 1)
+    _nonempty(op, "x", x)
+    axis = _int_arg(op, "axis", axis, -nd, nd - 1) % nd
+    block = _int_arg(op, "block", block, 1, 256)
+    if block & (block - 1):
+        raise ValueError(f"{op}: block must be a power of two in 1..256, got {block}")
+    n = fws.shape(x)[axis]
+    if n % block:
+        raise ValueError(f"{op}: block {block} does not divide axis {axis} of x (size {n}, shape {fws.shape(x)})")
+    if axis == nd - 1:
+        split, core_axis = nd - 1, 1
+    else:
+        split, core_axis = axis + 1, 0
+    out = c.empty(fws.shape(x), "float32")
+    r = _C.hadamard_transform(x, out, block, split, core_axis, c.stream)
+    return c.result(out, r, fws.shape(x))
+
+
+def hla(x, rank: int = 8):
+    """HLA projection (SPEC §4 step 1) of x (L x C, or (..., C) flattened): float32,
+    ceil(L/16)*rank x C."""
+    op = "hla"
+    x = _prep(x)
+    c = _Call(op, x=x)
+    _need_ndim(op, "x", x, 1)
+    _nonempty(op, "x", x)
+    rank = _int_arg(op, "rank", rank, 1, 16)
+    s = fws.shape(x)
+    L, C = fws.prod(s[:-1]), s[-1]
+    out = c.empty((_C.hla_rows(L, rank), C), "float32")
+    return c.result(out, _C.hla(x, out, rank, c.stream))
+
+
+def quantize(x, bits: int = 8, scale: str = "tensor", rounding: str = "nearest", seed: int = 0, rng_stream: int = 0):
+    """Symmetric quantisation (SPEC §5) of x (..., C): (q int8 of x's shape, scale float32 of shape
+    (1,) for scale="tensor" or (rows,) for scale="token", rows = prod(x.shape[:-1]))."""
+    op = "quantize"
+    x = _prep(x)
+    c = _Call(op, x=x)
+    _need_ndim(op, "x", x, 1)
+    _nonempty(op, "x", x)
+    if bits not in (4, 8) or not _is_int(bits):
+        raise ValueError(f"{op}: bits must be 4 or 8, got {bits!r}")
+    _choice(op, "scale", scale, _SCALES)
+    _choice(op, "rounding", rounding, _ROUNDINGS)
+    seed = _seed(op, seed)
+    rng_stream = _int_arg(op, "rng_stream", rng_stream, 0, (1 << 32) - 1)
+    s = fws.shape(x)
+    rows = fws.prod(s[:-1])
+    q = c.empty(s, "int8")
+    sc = c.empty((1 if scale == "tensor" else rows,), "float32")
+    rq, rs = _C.quantize(x, q, sc, bits, scale, rounding, seed, rng_stream, c.stream)
+    return c.result(q, rq, s), c.result(sc, rs)
+
+
+def dequantize(q, scale, dtype="float32"):
+    """q (..., C) int8 times scale ((1,) or (rows,) float32), in `dtype`."""
+    op = "dequantize"
+    q, scale = _prep(q), _prep(scale)
+    c = _Call(op, q=q, scale=scale)
+    _need_ndim(op, "q", q, 1)
+    _nonempty(op, "q", q)
+    name = _dtype_name(op, dtype)
+    s = fws.shape(q)
+    out = c.empty(s, name)
+    return c.result(out, _C.dequantize(q, scale, out, name, c.stream), s)
+
+
+def pack_int4(q):
+    """Packs int8 values in [-8, 7] two per byte (SPEC §5): uint8 (..., C/2)."""
+    op = "pack_int4"
+    q = _prep(q)
+    c = _Call(op, q=q)
+    _need_ndim(op, "q", q, 1)
+    _nonempty(op, "q", q)
+    s = fws.shape(q)
+    if s[-1] % 2:
+        raise ValueError(f"{op}: q needs an even last dim to pack two values per byte, got shape {s}")
+    shape = s[:-1] + (s[-1] // 2,)
+    out = c.empty(shape, "uint8")
+    return c.result(out, _C.pack_int4(q, out, c.stream), shape)
+
+
+def unpack_int4(packed):
+    """Inverse of pack_int4: int8 (..., 2C)."""
+    op = "unpack_int4"
+    packed = _prep(packed)
+    c = _Call(op, packed=packed)
+    _need_ndim(op, "packed", packed, 1)
+    _nonempty(op, "packed", packed)
+    s = fws.shape(packed)
+    shape = s[:-1] + (2 * s[-1],)
+    out = c.empty(shape, "int8")
+    return c.result(out, _C.unpack_int4(packed, out, c.stream), shape)
+
+
+def _gemm(op, fn, a, b, k_factor):
+    a, b = _prep(a), _prep(b)
+    c = _Call(op, a=a, b=b)
+    for name, t in (("a", a), ("b", b)):
+        if fws.ndim(t) != 2:
+            raise ValueError(f"{op}: {name} has {fws.ndim(t)} dims, expected 2 (got shape {fws.shape(t)})")
+        _nonempty(op, name, t)
+    (M, Ka), (N, Kb) = fws.shape(a), fws.shape(b)
+    if Ka != Kb:
+        raise ValueError(f"{op}: a is {(M, Ka)} and b is {(N, Kb)}; the inner dims (K) must agree")
+    out = c.empty((M, N), "int32")
+    return c.result(out, fn(a, b, out, c.stream))
+
+
+def gemm_s8(a, b):
+    """a (M x K int8) @ b (N x K int8).T with exact int32 accumulation."""
+    return _gemm("gemm_s8", _C.gemm_s8, a, b, 1)
+
+
+def gemm_s4(a_packed, b_packed):
+    """Packed-int4 GEMM: a (M x K/2 uint8) and b (N x K/2 uint8) hold K int4 values per row;
+    returns the int32 M x N product a @ b.T."""
+    return _gemm("gemm_s4", _C.gemm_s4, a_packed, b_packed, 2)
+
+
+# ---- layer operations ------------------------------------------------------------------------------
+
+
+class SavedActivation:
+    """The compressed copy of a layer input (ABC, SPEC §2): q (int8, I x K_pad) and scale (float32,
+    (1,)) as arrays of the caller's framework and device, plus x's original shape."""
+
+    __slots__ = ("q", "scale", "shape", "rows", "cols", "rank", "_c")
+
+    def __init__(self, q, scale, shape, rank: int, _c=None):
+        self.q = q
+        self.scale = scale
+        self.shape = tuple(int(s) for s in shape)
+        self.rows = fws.prod(self.shape[:-1])
+        self.cols = self.shape[-1]
+        self.rank = int(rank)
+        self._c = _c
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of q and scale."""
+        return fws.prod(fws.shape(self.q)) * 1 + fws.prod(fws.shape(self.scale)) * 4
+
+    def __repr__(self):
+        return (f"hot.SavedActivation(shape={self.shape}, rank={self.rank}, q={fws.shape(self.q)} int8, "
+                f"nbytes={self.nbytes})")
+
+    def _core(self, op, stream):
+        """The core's SavedActivation (the one compress_activation made, or a copy of q and scale)."""
+        if self._c is not None:
+            return self._c
+        _dlpack.check_arrays(op, **{"saved.q": self.q, "saved.scale": self.scale})
+        want = (self.cols, _C.padded_k(_C.hla_rows(self.rows, self.rank)))
+        if fws.shape(self.q) != want:
+            raise ValueError(f"{op}: saved.q has shape {fws.shape(self.q)}, expected {want} for x of shape "
+                             f"{self.shape} at rank {self.rank}")
+        if fws.shape(self.scale) != (1,):
+            raise ValueError(f"{op}: saved.scale has shape {fws.shape(self.scale)}, expected (1,)")
+        core = _C.SavedActivation.wrap(self.q, self.scale, self.rows, self.cols, self.rank, stream, op)
+        self._c = core
+        return core
+
+
+def compress_activation(x, config: Optional[Config] = None) -> SavedActivation:
+    """ABC (SPEC §2): Q8(HLA(x)) of x (..., I), flattened to L x I."""
+    op = "compress_activation"
+    config = _config(op, config)
+    x = _prep(x)
+    c = _Call(op, x=x)
+    _need_ndim(op, "x", x, 1)
+    _nonempty(op, "x", x)
+    I = fws.shape(x)[-1]
+    q = c.empty((I, _C.padded_k(_C.hla_rows(fws.prod(fws.shape(x)[:-1]), config.rank))), "int8")
+    scale = c.empty((1,), "float32") if q is not None else None
+    core = _C.compress_activation(x, config.rank, c.stream, op, "x", q, scale)
+    return SavedActivation(c.result(q, core.q), c.result(scale, core.scale), fws.shape(x), config.rank, core)
+
+
+def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: Optional[Config] = None,
+                    seed: int = 0, need_grad_input: bool = True, need_grad_weight: bool = True):
+    """HOT backward of y = x W^T (+ b) (SPEC §3, §4): (grad_input, grad_weight, grad_bias), None for
+    what was not requested. grad_output (..., O); weight O x I; saved a SavedActivation or the raw x."""
+    op = "backward_linear"
+    config = _config(op, config)
+    seed = _seed(op, seed)
+    gy, w = _prep(grad_output), _prep(weight)
+    is_saved = isinstance(saved, SavedActivation)
+    raw = None if (saved is None or is_saved or not need_grad_weight) else _prep(saved)
+    saved_arr = (saved.q if is_saved else raw) if need_grad_weight else None
+    c = _Call(op, grad_output=gy, weight=w, saved=saved_arr)
+    _need_ndim(op, "grad_output", gy, 1)
+    _nonempty(op, "grad_output", gy)
+    if fws.ndim(w) != 2:
+        raise ValueError(f"{op}: weight has {fws.ndim(w)} dims, expected 2 (O x I) (got shape {fws.shape(w)})")
+    _nonempty(op, "weight", w)
+    gs, (O, I) = fws.shape(gy), fws.shape(w)
+    if gs[-1] != O:
+        raise ValueError(f"{op}: weight has shape {(O, I)} (O x I) but grad_output has {gs[-1]} columns "
+                         f"(shape {gs}); O must agree")
+    lead = gs[:-1]
+    L = fws.prod(lead)
+    dt = c.fw.dtype_name(gy)
+
+    core_saved, x = None, None
+    if need_grad_weight:
+        if saved is None:
+            raise ValueError(f"{op}: need_grad_weight=True needs saved (a hot.SavedActivation or the raw x), got None")
+        if is_saved:
+            if config.exact:
+                raise ValueError(f"{op}: config.exact needs the raw input x as saved, got a hot.SavedActivation")
+            if saved.rows != L or saved.cols != I:
+                raise ValueError(f"{op}: saved holds x of shape {saved.shape} ({saved.rows} x {saved.cols}) but "
+                                 f"grad_output has {L} rows and weight has {I} columns")
+            core_saved = saved._core(op, c.stream)
+        else:
+            xs = fws.shape(raw)
+            if len(xs) < 1 or xs[-1] != I or fws.prod(xs[:-1]) != L:
+                raise ValueError(f"{op}: saved (the raw x) has shape {xs}, expected {L} rows of {I} (..., I) to "
+                                 f"match grad_output {gs} and weight {(O, I)}")
+            if config.exact:
+                x = raw if c.fw.dtype_name(raw) == dt else c.fw.cast(raw, dt)
+            else:
+                core_saved = _C.compress_activation(raw, config.rank, c.stream, op, "saved")
+    if config.exact and c.fw.dtype_name(w) != dt:
+        w = c.fw.cast(w, dt)
+
+    gi_shape = lead + (I,)
+    gi = c.empty(gi_shape, dt) if need_grad_input else None
+    gw = c.empty((O, I), dt) if need_grad_weight else None
+    gb = c.empty((O,), dt) if bias else None
+    rx, rw, rb = _C.backward_linear(
+        gy, w, core_saved, x, gi, gw, gb, bool(need_grad_input), bool(need_grad_weight), bool(bias),
+        config.gx_bits, config.rank, config.rounding, config.gx_scale, bool(config.exact), seed, c.stream)
+    return (
+        c.result(gi, rx, gi_shape) if need_grad_input else None,
+        c.result(gw, rw) if need_grad_weight else None,
+        c.result(gb, rb) if bias else None,
+    )
+
+
+# ---- backends ---------------------------------------------------------------------------------------
+
+
+def cuda_available() -> bool:
+    """True when the CUDA backend is compiled in and a CUDA device is present."""
+    return bool(_C.cuda_available())
+
+
+def cuda_unavailable_reason() -> str:
+    """Why CUDA is not available ("" when it is)."""
+    return str(_C.cuda_unavailable_reason())
+
+
+def build_info() -> str:
+    """One line per compiled backend / kernel family."""
+    return str(_C.build_info())
+
+
+def set_num_threads(n: int) -> None:
+    """Threads of the CPU backend (0 = hardware concurrency)."""
+    if not _is_int(n) or n < 0:
+        raise ValueError(f"set_num_threads: n must be a non-negative integer, got {n!r}")
+    _C.set_num_threads(int(n))
+
+
+def get_num_threads() -> int:
+    return int(_C.get_num_threads())

@@ -1,0 +1,219 @@
+"""Per-framework conventions: how to allocate an output like a given array, how to turn a hot array
+back into the caller's type, and which stream the caller's framework is using.
+
+Frameworks are imported lazily: hot itself needs only numpy.
+"""
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+
+from . import _dlpack
+
+# DLPack device types (see cpp/bindings/dlpack_abi.h).
+_CPU, _CUDA, _CUDA_HOST = 1, 2, 3
+
+
+def _torch_dtype(name):
+    import torch
+
+    return {
+        "float32": torch.float32,
+        "float16": torch.float16,
+        "bfloat16": torch.bfloat16,
+        "int8": torch.int8,
+        "uint8": torch.uint8,
+        "int32": torch.int32,
+    }[name]
+
+
+class Framework:
+    """Default behaviour: a numpy-compatible CPU framework."""
+
+    name = "numpy"
+    can_allocate = True  # False: hot allocates outputs itself and hands them over with from_dlpack
+
+    def prepare(self, x):
+        return x
+
+    def dtype_name(self, x) -> str:
+        return np.dtype(x.dtype).name
+
+    def empty(self, shape, dtype, like):
+        return np.empty(shape, dtype=np.dtype(dtype))
+
+    def from_dlpack(self, a, like):
+        return np.from_dlpack(a)
+
+    def stream(self, like) -> int:
+        return 0
+
+    def cast(self, x, dtype):
+        return x.astype(dtype)
+
+    def reshape(self, x, shape):
+        return x.reshape(shape)
+
+    def copy_(self, dst, src):
+        np.copyto(dst, src)
+
+
+class Numpy(Framework):
+    name = "numpy"
+
+    def prepare(self, x):
+        if isinstance(x, np.generic):  # a numpy scalar: a 0-d array
+            return np.asarray(x)
+        return x
+
+
+class Torch(Framework):
+    name = "torch"
+
+    def prepare(self, x):
+        # DLPack refuses tensors that require grad; hot's ops are not differentiable themselves
+        # (hot.torch wraps them in autograd Functions).
+        return x.detach()
+
+    def dtype_name(self, x) -> str:
+        return str(x.dtype).replace("torch.", "")
+
+    def empty(self, shape, dtype, like):
+        import torch
+
+        return torch.empty(tuple(shape), dtype=_torch_dtype(dtype), device=like.device)
+
+    def from_dlpack(self, a, like):
+        import torch
+
+        return torch.from_dlpack(a)
+
+    def stream(self, like) -> int:
+        if like.device.type != "cuda":
+            return 0
+        import torch
+
+        return int(torch.cuda.current_stream(like.device).cuda_stream)
+
+    def cast(self, x, dtype):
+        return x.to(_torch_dtype(dtype))
+
+    def copy_(self, dst, src):
+        dst.copy_(src)
+
+
+class Cupy(Framework):
+    name = "cupy"
+
+    def empty(self, shape, dtype, like):
+        import cupy
+
+        with like.device:
+            return cupy.empty(tuple(shape), dtype=np.dtype(dtype) if dtype != "bfloat16" else _bf16_numpy_dtype())
+
+    def from_dlpack(self, a, like):
+        import cupy
+
+        return cupy.from_dlpack(a)
+
+    def stream(self, like) -> int:
+        import cupy
+
+        with like.device:
+            return int(cupy.cuda.get_current_stream().ptr)
+
+    def copy_(self, dst, src):
+        dst[...] = src
+
+
+class Jax(Framework):
+    name = "jax"
+    can_allocate = False  # immutable arrays: hot allocates and jax imports with from_dlpack
+
+    def dtype_name(self, x) -> str:
+        return np.dtype(x.dtype).name
+
+    def empty(self, shape, dtype, like):
+        return None
+
+    def from_dlpack(self, a, like):
+        import jax.dlpack
+
+        return jax.dlpack.from_dlpack(a)
+
+    def stream(self, like) -> int:
+        # jax runs its computations on its own streams and synchronises when exporting through
+        # DLPack for a consumer stream; hot runs on the legacy default stream.
+        return 0
+
+    def cast(self, x, dtype):
+        import jax.numpy as jnp
+
+        return x.astype(jnp.dtype(dtype))
+
+    def copy_(self, dst, src):
+        raise ValueError("jax arrays are immutable; hot cannot copy into them")
+
+
+class Generic(Framework):
+    """Any other DLPack producer: results come back as numpy arrays (CPU) or hot arrays (GPU)."""
+
+    name = "dlpack"
+    can_allocate = False
+
+    def dtype_name(self, x) -> str:
+        return str(getattr(x, "dtype", "unknown"))
+
+    def from_dlpack(self, a, like):
+        if _dlpack.device_of(a)[0] == _CPU:
+            return np.from_dlpack(a)
+        return a
+
+    def reshape(self, x, shape):
+        if isinstance(x, np.ndarray):
+            return x.reshape(shape)
+        return x
+
+
+_NUMPY, _TORCH, _CUPY, _JAX, _GENERIC = Numpy(), Torch(), Cupy(), Jax(), Generic()
+
+
+def _bf16_numpy_dtype():
+    try:
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    except ImportError as e:  # pragma: no cover - only with cupy and without ml_dtypes
+        raise TypeError("a bfloat16 cupy output needs the ml_dtypes package") from e
+
+
+def of(x) -> Framework:
+    """The framework of array x (by its type's module)."""
+    mod = type(x).__module__.split(".", 1)[0]
+    if mod == "numpy":
+        return _NUMPY
+    if mod == "torch":
+        return _TORCH
+    if mod == "cupy":
+        return _CUPY
+    if mod in ("jax", "jaxlib"):
+        return _JAX
+    return _GENERIC
+
+
+def ndim(x) -> int:
+    return len(shape(x))
+
+
+def shape(x) -> tuple:
+    return tuple(int(s) for s in x.shape)
+
+
+def prod(s) -> int:
+    return int(math.prod(s))
+
+
+def loaded(name: str) -> bool:
+    return name in sys.modules

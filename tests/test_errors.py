@@ -1,0 +1,120 @@
+"""Every bad input raises the right exception type, naming the function and the argument."""
+import numpy as np
+import pytest
+
+import hot
+
+rng = np.random.default_rng(0)
+GY = rng.standard_normal((8, 16)).astype(np.float32)
+W = rng.standard_normal((16, 12)).astype(np.float32)
+X = rng.standard_normal((8, 12)).astype(np.float32)
+
+
+def f32(*s):
+    return np.ones(s, np.float32)
+
+
+CASES = [
+    # (id, call, exception, substrings of the message)
+    ("weight_3d", lambda: hot.backward_linear(GY, f32(2, 16, 12), X), ValueError,
+     ["backward_linear: weight has 3 dims, expected 2 (O x I)"]),
+    ("weight_O_mismatch", lambda: hot.backward_linear(GY, f32(15, 12), X), ValueError,
+     ["backward_linear", "weight", "O must agree"]),
+    ("grad_output_int", lambda: hot.backward_linear(GY.astype(np.int32), W, X), TypeError,
+     ["backward_linear", "grad_output", "int32", "float32"]),
+    ("weight_float64", lambda: hot.backward_linear(GY, W.astype(np.float64), X), TypeError,
+     ["backward_linear", "weight", "float64"]),
+    ("x_float64", lambda: hot.backward_linear(GY, W, X.astype(np.float64)), TypeError,
+     ["backward_linear", "saved", "float64"]),
+    ("x_wrong_shape", lambda: hot.backward_linear(GY, W, f32(8, 11)), ValueError,
+     ["backward_linear", "saved", "(8, 11)"]),
+    ("grad_output_empty", lambda: hot.backward_linear(f32(0, 16), W, f32(0, 12)), ValueError,
+     ["backward_linear", "grad_output", "empty"]),
+    ("weight_empty", lambda: hot.backward_linear(f32(8, 0), f32(0, 12), X), ValueError,
+     ["backward_linear", "empty"]),
+    ("saved_none", lambda: hot.backward_linear(GY, W, None), ValueError,
+     ["backward_linear", "saved", "None"]),
+    ("saved_wrong_rows", lambda: hot.backward_linear(GY, W, hot.compress_activation(f32(9, 12))), ValueError,
+     ["backward_linear", "saved"]),
+    ("saved_rank_mismatch",
+     lambda: hot.backward_linear(GY, W, hot.compress_activation(X, hot.Config(rank=4))), ValueError,
+     ["backward_linear", "rank"]),
+    ("not_an_array", lambda: hot.backward_linear([[1.0]], W, X), TypeError,
+     ["backward_linear", "grad_output", "list", "DLPack"]),
+    ("config_type", lambda: hot.backward_linear(GY, W, X, config={"rank": 8}), TypeError,
+     ["backward_linear", "config"]),
+    ("seed_negative", lambda: hot.backward_linear(GY, W, X, seed=-1), ValueError, ["backward_linear", "seed"]),
+    ("seed_float", lambda: hot.backward_linear(GY, W, X, seed=1.5), TypeError, ["backward_linear", "seed"]),
+    ("compress_empty", lambda: hot.compress_activation(f32(0, 4)), ValueError, ["compress_activation", "x", "empty"]),
+    ("compress_int8", lambda: hot.compress_activation(np.ones((4, 4), np.int8)), TypeError,
+     ["compress_activation", "x", "int8"]),
+    ("compress_col_strided", lambda: hot.compress_activation(f32(4, 8)[:, ::2]), ValueError,
+     ["compress_activation", "x", "contiguous"]),
+    ("hadamard_block_not_dividing", lambda: hot.hadamard_transform(f32(4, 24), block=16), ValueError,
+     ["hadamard_transform", "block 16", "24"]),
+    ("hadamard_block_not_pow2", lambda: hot.hadamard_transform(f32(4, 24), block=3), ValueError,
+     ["hadamard_transform", "block", "power of two"]),
+    ("hadamard_axis", lambda: hot.hadamard_transform(f32(4, 16), axis=2), ValueError, ["hadamard_transform", "axis"]),
+    ("hadamard_int", lambda: hot.hadamard_transform(np.ones((4, 16), np.int32)), TypeError,
+     ["hadamard_transform", "x", "int32"]),
+    ("hla_rank", lambda: hot.hla(f32(16, 4), rank=0), ValueError, ["hla", "rank", "1..16"]),
+    ("quantize_bits", lambda: hot.quantize(f32(4, 4), bits=5), ValueError, ["quantize", "bits", "4 or 8"]),
+    ("quantize_scale", lambda: hot.quantize(f32(4, 4), scale="row"), ValueError, ["quantize", "scale", "row"]),
+    ("quantize_rounding", lambda: hot.quantize(f32(4, 4), rounding="up"), ValueError, ["quantize", "rounding"]),
+    ("quantize_empty", lambda: hot.quantize(f32(4, 0)), ValueError, ["quantize", "x", "empty"]),
+    ("dequantize_dtype", lambda: hot.dequantize(np.ones((2, 2), np.int8), f32(1), dtype="int8"), TypeError,
+     ["dequantize", "dtype"]),
+    ("dequantize_q_float", lambda: hot.dequantize(f32(2, 2), f32(1)), TypeError, ["dequantize", "q", "int8"]),
+    ("dequantize_scale_shape", lambda: hot.dequantize(np.ones((2, 2), np.int8), f32(3)), ValueError,
+     ["dequantize", "scale"]),
+    ("pack_odd", lambda: hot.pack_int4(np.ones((2, 3), np.int8)), ValueError, ["pack_int4", "q", "even"]),
+    ("pack_out_of_range", lambda: hot.pack_int4(np.full((2, 2), 9, np.int8)), ValueError, ["pack_int4"]),
+    ("pack_float", lambda: hot.pack_int4(f32(2, 2)), TypeError, ["pack_int4", "q", "float32"]),
+    ("unpack_int8", lambda: hot.unpack_int4(np.ones((2, 2), np.int8)), TypeError,
+     ["unpack_int4", "packed", "uint8"]),
+    ("gemm_k_mismatch", lambda: hot.gemm_s8(np.ones((2, 3), np.int8), np.ones((2, 4), np.int8)), ValueError,
+     ["gemm_s8", "K"]),
+    ("gemm_3d", lambda: hot.gemm_s8(np.ones((2, 3, 3), np.int8), np.ones((2, 3), np.int8)), ValueError,
+     ["gemm_s8", "a", "3 dims"]),
+    ("gemm_dtype", lambda: hot.gemm_s8(np.ones((2, 3), np.int32), np.ones((2, 3), np.int8)), TypeError,
+     ["gemm_s8", "a", "int32"]),
+    ("gemm_s4_dtype", lambda: hot.gemm_s4(np.ones((2, 3), np.int8), np.ones((2, 3), np.uint8)), TypeError,
+     ["gemm_s4", "a", "int8"]),
+    ("set_num_threads", lambda: hot.set_num_threads(-2), ValueError, ["set_num_threads"]),
+]
+
+
+@pytest.mark.parametrize("call,exc,parts", [pytest.param(c, e, p, id=i) for i, c, e, p in CASES])
+def test_bad_input(call, exc, parts):
+    with pytest.raises(exc) as e:
+        call()
+    msg = str(e.value)
+    for p in parts:
+        assert p in msg, f"{p!r} not in {msg!r}"
+
+
+def test_mixed_devices_is_a_value_error():
+    """A second device type in one call (here a DLPack producer claiming CUDA) is refused up front."""
+
+    class FakeCuda:
+        def __dlpack_device__(self):
+            return (2, 0)
+
+        def __dlpack__(self, **kw):  # pragma: no cover - never reached
+            raise AssertionError("must not be consumed")
+
+    with pytest.raises(ValueError, match=r"backward_linear: weight is on cuda:0 but grad_output is on cpu"):
+        hot.backward_linear(GY, FakeCuda(), X)
+
+
+@pytest.mark.skipif(not hot.cuda_available(), reason="needs a GPU")
+def test_mixed_devices_torch():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="one device"):
+        hot.backward_linear(torch.tensor(GY).cuda(), torch.tensor(W), torch.tensor(X))
+
+
+@pytest.mark.skipif(hot.cuda_available(), reason="CPU-only build")
+def test_cuda_unavailable_is_explained():
+    assert hot.cuda_available() is False
+    assert "CUDA" in hot.cuda_unavailable_reason() or "cuda" in hot.cuda_unavailable_reason().lower()

@@ -1,0 +1,114 @@
+"""CUDA paths: the GPU must give the CPU's integers bit for bit (SPEC §6), run on the framework's
+current stream, and return arrays on the caller's device. Skipped cleanly without a GPU."""
+import numpy as np
+import pytest
+
+import hot
+import reference as R
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not hot.cuda_available(), reason="no CUDA: " + hot.cuda_unavailable_reason())]
+
+
+def _data(seed=0, L=96, O=48, I=40):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((L, O)).astype(np.float32), rng.standard_normal((O, I)).astype(np.float32),
+            rng.standard_normal((L, I)).astype(np.float32))
+
+
+def test_torch_cuda_matches_cpu_bit_exact_integers():
+    torch = pytest.importorskip("torch")
+    gy, w, x = _data()
+    for rounding in ("nearest", "stochastic"):
+        q_cpu, s_cpu = hot.quantize(gy, bits=4, rounding=rounding, seed=3)
+        q_gpu, s_gpu = hot.quantize(torch.tensor(gy, device="cuda"), bits=4, rounding=rounding, seed=3)
+        assert q_gpu.is_cuda and q_gpu.dtype == torch.int8
+        np.testing.assert_array_equal(q_gpu.cpu().numpy(), q_cpu)
+        np.testing.assert_array_equal(s_gpu.cpu().numpy(), s_cpu)
+    s_cpu = hot.compress_activation(x)
+    s_gpu = hot.compress_activation(torch.tensor(x, device="cuda"))
+    np.testing.assert_array_equal(s_gpu.q.cpu().numpy(), s_cpu.q)
+    a8 = np.random.default_rng(1).integers(-127, 128, (33, 70)).astype(np.int8)
+    b8 = np.random.default_rng(2).integers(-127, 128, (17, 70)).astype(np.int8)
+    c = hot.gemm_s8(torch.tensor(a8, device="cuda"), torch.tensor(b8, device="cuda"))
+    np.testing.assert_array_equal(c.cpu().numpy(), a8.astype(np.int64) @ b8.astype(np.int64).T)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_torch_cuda_backward_matches_reference(dtype):
+    torch = pytest.importorskip("torch")
+    gy, w, x = _data()
+    dt = getattr(torch, dtype)
+    t = [torch.tensor(a, device="cuda", dtype=dt) for a in (gy, w, x)]
+    gi, gw, gb = hot.backward_linear(*t, bias=True, config=hot.Config(rounding="nearest"), seed=2)
+    for o in (gi, gw, gb):
+        assert o.is_cuda and o.dtype == dt
+    n = [a.double().cpu().numpy() for a in t]
+    rx, rw, rb = R.backward_linear(*n, rounding="nearest", seed=2)
+    tol = 1e-4 + {"float32": 2 ** -24, "float16": 2 ** -11, "bfloat16": 2 ** -8}[dtype]
+    assert R.rel_err(gi.double().cpu().numpy(), rx) < tol
+    assert R.rel_err(gw.double().cpu().numpy(), rw) < tol
+
+
+def test_torch_cuda_backward_same_bits_as_cpu():
+    torch = pytest.importorskip("torch")
+    gy, w, x = _data()
+    cpu = hot.backward_linear(gy, w, x, seed=5)
+    gpu = hot.backward_linear(*(torch.tensor(a, device="cuda") for a in (gy, w, x)), seed=5)
+    # same integers and scales: results agree up to the fp32 epilogue (one rounding)
+    for c, g in zip(cpu[:2], gpu[:2]):
+        np.testing.assert_allclose(g.cpu().numpy(), c, rtol=2 ** -22, atol=1e-30)
+
+
+def test_torch_non_default_stream():
+    torch = pytest.importorskip("torch")
+    gy, w, x = _data(L=512, O=256, I=256)
+    ref = hot.backward_linear(gy, w, x, seed=1)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        t = [torch.tensor(a, device="cuda") for a in (gy, w, x)]
+        gi, gw, _ = hot.backward_linear(*t, seed=1)
+        y = gi * 2  # consumed on the same stream without synchronisation
+    s.synchronize()
+    np.testing.assert_allclose(y.cpu().numpy(), 2 * ref[0], rtol=2 ** -22, atol=1e-30)
+    np.testing.assert_allclose(gw.cpu().numpy(), ref[1], rtol=2 ** -22, atol=1e-30)
+
+
+def test_torch_outputs_are_allocated_by_torch():
+    """Outputs come from torch's allocator, so torch's memory accounting sees them."""
+    torch = pytest.importorskip("torch")
+    gy, w, x = (torch.tensor(a, device="cuda") for a in _data(L=1024, O=256, I=512))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    gi, gw, _ = hot.backward_linear(gy, w, x, need_grad_weight=True)
+    assert torch.cuda.memory_allocated() - base >= gi.numel() * 4 + gw.numel() * 4
+
+
+def test_cupy():
+    cupy = pytest.importorskip("cupy")
+    gy, w, x = _data()
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
+        t = [cupy.asarray(a) for a in (gy, w, x)]
+        gi, gw, gb = hot.backward_linear(*t, bias=True, seed=4)
+    s.synchronize()
+    assert isinstance(gi, cupy.ndarray) and gi.dtype == np.float32
+    cpu = hot.backward_linear(gy, w, x, bias=True, seed=4)
+    np.testing.assert_allclose(cupy.asnumpy(gi), cpu[0], rtol=2 ** -22, atol=1e-30)
+    q = hot.pack_int4(cupy.asarray(np.array([[1, -2, 3, -8]], np.int8)))
+    assert isinstance(q, cupy.ndarray) and q.dtype == np.uint8
+
+
+def test_jax_gpu():
+    jax = pytest.importorskip("jax")
+    try:
+        dev = jax.devices("gpu")[0]
+    except RuntimeError:
+        pytest.skip("no jax GPU")
+    gy, w, x = _data()
+    t = [jax.device_put(a, dev) for a in (gy, w, x)]
+    gi, gw, _ = hot.backward_linear(*t, seed=4)
+    assert isinstance(gi, jax.Array) and list(gi.devices())[0].platform == "gpu"
+    cpu = hot.backward_linear(gy, w, x, seed=4)
+    np.testing.assert_allclose(np.asarray(gi), cpu[0], rtol=2 ** -22, atol=1e-30)

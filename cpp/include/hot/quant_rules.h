@@ -35,16 +35,29 @@ HOT_HD float amax_from_key(uint32_t k) {
 #endif
 }
 
-// Scale of a tensor (or row) whose max |v| is `amax`. `inv` multiplies values before rounding, `scale`
-// dequantises. amax == 0: both 0 (q = 0, s = 0). Non-finite amax: inv = 0 and scale = NaN, so every
-// dequantised value that uses this scale is NaN and the non-finite input stays visible.
+// Scale of a tensor (or row) whose max |v| is `amax`. Values are rounded from (v * pre) * inv, and
+// `scale` dequantises. amax == 0: inv = scale = 0 (q = 0, s = 0). Non-finite amax: inv = 0 and
+// scale = NaN, so every dequantised value that uses this scale is NaN and the non-finite input stays
+// visible. Tiny amax (qmax / amax overflows fp32, amax below about 3.7e-37): pre = 2^64 and
+// inv = qmax / (amax * 2^64); both products are exact (|v| <= amax), so the rule is unchanged.
+// Otherwise pre = 1, and (v * 1) * inv == v * inv bit for bit.
 struct QuantScale {
   float inv;
   float scale;
+  float pre;
 };
+
+HOT_HD float hot_div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
 
 HOT_HD QuantScale quant_scale_from_amax(float amax, int qmax) {
   QuantScale s;
+  s.pre = 1.0f;
   const uint32_t key = amax_key(amax);
   if (key >= 0x7f800000u) {  // Inf or NaN
     s.inv = 0.0f;
@@ -54,13 +67,12 @@ HOT_HD QuantScale quant_scale_from_amax(float amax, int qmax) {
     s.scale = 0.0f;
   } else {
     const float q = static_cast<float>(qmax);
-#if defined(__CUDA_ARCH__)
-    s.inv = __fdiv_rn(q, amax);
-    s.scale = __fdiv_rn(amax, q);
-#else
-    s.inv = q / amax;
-    s.scale = amax / q;
-#endif
+    s.scale = hot_div(amax, q);
+    s.inv = hot_div(q, amax);
+    if (amax_key(s.inv) >= 0x7f800000u) {
+      s.pre = 18446744073709551616.0f;  // 2^64
+      s.inv = hot_div(q, amax * s.pre);
+    }
   }
   return s;
 }
@@ -89,21 +101,28 @@ HOT_HD int clamp_q(float r, int qmax) {
   return static_cast<int>(r);
 }
 
-// Round-to-nearest, ties to even: q = clamp(rint(v * inv), -qmax, qmax). inv == 0 gives 0 (this also
-// covers amax == 0 and non-finite amax, where v itself may be non-finite).
-HOT_HD int8_t quantize_nearest(float v, float inv, int qmax) {
-  if (inv == 0.0f) return 0;
+// Round-to-nearest, ties to even: q = clamp(rint(v * inv), -qmax, qmax) (with v pre-scaled, see
+// QuantScale). inv == 0 gives 0 (amax == 0 or non-finite amax, where v itself may be non-finite).
+HOT_HD int8_t quantize_nearest(float v, const QuantScale& s, int qmax) {
+  if (s.inv == 0.0f) return 0;
+  const float t = hot_mul(hot_mul(v, s.pre), s.inv);
 #if defined(__CUDA_ARCH__)
-  return static_cast<int8_t>(clamp_q(rintf(hot_mul(v, inv)), qmax));
+  return static_cast<int8_t>(clamp_q(rintf(t), qmax));
 #else
-  return static_cast<int8_t>(clamp_q(std::nearbyint(hot_mul(v, inv)), qmax));
+  return static_cast<int8_t>(clamp_q(std::nearbyint(t), qmax));
 #endif
 }
 
 // Stochastic rounding: q = clamp(floor(v * inv + u), -qmax, qmax), u in [0, 1) from rng.h.
+HOT_HD int8_t quantize_stochastic(float v, const QuantScale& s, int qmax, float u) {
+  if (s.inv == 0.0f) return 0;
+  return static_cast<int8_t>(clamp_q(floorf(hot_add(hot_mul(hot_mul(v, s.pre), s.inv), u)), qmax));
+}
+
+// Transitional forms taking only inv (exact only when pre == 1); kept until every caller passes QuantScale.
+HOT_HD int8_t quantize_nearest(float v, float inv, int qmax) { return quantize_nearest(v, QuantScale{inv, 0.0f, 1.0f}, qmax); }
 HOT_HD int8_t quantize_stochastic(float v, float inv, int qmax, float u) {
-  if (inv == 0.0f) return 0;
-  return static_cast<int8_t>(clamp_q(floorf(hot_add(hot_mul(v, inv), u)), qmax));
+  return quantize_stochastic(v, QuantScale{inv, 0.0f, 1.0f}, qmax, u);
 }
 
 // Block size of the g_x path for a contraction dimension O (SPEC §3): 16, or the largest power of

@@ -52,7 +52,7 @@ float amax_row(const float* data, int64_t n) {
 void quantize_row(const float* v, int64_t n, QuantScale s, int qmax, Rounding rounding, uint64_t seed,
                   uint32_t stream, uint64_t index0, int8_t* dst, int64_t dst_stride) {
   if (rounding == Rounding::nearest) {
-    for (int64_t c = 0; c < n; ++c) dst[c * dst_stride] = quantize_nearest(v[c], s.inv, qmax);
+    for (int64_t c = 0; c < n; ++c) dst[c * dst_stride] = quantize_nearest(v[c], s, qmax);
     return;
   }
   int64_t c = 0;
@@ -60,7 +60,7 @@ void quantize_row(const float* v, int64_t n, QuantScale s, int qmax, Rounding ro
     const uint64_t idx = index0 + static_cast<uint64_t>(c);
     const Philox4 r = sr_group_bits(seed, stream, idx >> 2);
     for (int w = static_cast<int>(idx & 3); w < 4 && c < n; ++w, ++c)
-      dst[c * dst_stride] = quantize_stochastic(v[c], s.inv, qmax, sr_bits_to_uniform(r.v[w]));
+      dst[c * dst_stride] = quantize_stochastic(v[c], s, qmax, sr_bits_to_uniform(r.v[w]));
   }
 }
 
@@ -142,7 +142,7 @@ void quantize(const TensorView& in, const TensorView& q, const TensorView& scale
     for (int64_t r = r0; r < r1; ++r) load_row(in, r, m.row(r));
   });
   float* sc = scale.ptr<float>();
-  QuantScale tensor_scale{0.0f, 0.0f};
+  QuantScale tensor_scale{0.0f, 0.0f, 1.0f};
   if (p.scale == ScaleMode::tensor) {
     tensor_scale = quant_scale_from_amax(amax_of(m.v.data(), R * C), qmax);
     sc[0] = tensor_scale.scale;
@@ -239,7 +239,7 @@ void quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, cons
       }
     });
     const int qmax = qmax_for_bits(plan.gx_bits);
-    QuantScale ts{0.0f, 0.0f};
+    QuantScale ts{0.0f, 0.0f, 1.0f};
     float* sg = out.s_g.ptr<float>();
     if (plan.gx_scale == ScaleMode::tensor) {
       ts = quant_scale_from_amax(amax_of(g.v.data(), L * O), qmax);

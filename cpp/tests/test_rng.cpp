@@ -1,0 +1,94 @@
+// Philox4x32-10 and the stochastic-rounding uniforms of hot/rng.h (SPEC §5).
+#include <cmath>
+#include <set>
+
+#include "test_util.h"
+
+namespace {
+
+using namespace hot_test;
+
+struct Kat {
+  uint32_t ctr[4];
+  uint32_t key[2];
+  uint32_t expect[4];
+};
+
+// Known-answer vectors of Random123 (kat_vectors, philox4x32 10 rounds).
+const Kat kKats[] = {
+    {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}},
+    {{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu},
+     {0xffffffffu, 0xffffffffu},
+     {0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}},
+    {{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u},
+     {0xa4093822u, 0x299f31d0u},
+     {0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}},
+};
+
+TEST(Cpu_Rng, Philox4x32_10KnownAnswers) {
+  for (const Kat& k : kKats) {
+    const hot::Philox4 r = hot::philox4x32_10(k.ctr[0], k.ctr[1], k.ctr[2], k.ctr[3], k.key[0], k.key[1]);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(r.v[i], k.expect[i]) << "word " << i << " of KAT with ctr0=" << k.ctr[0];
+  }
+}
+
+TEST(Cpu_Rng, UniformFollowsDocumentedCounterLayout) {
+  const uint64_t seeds[] = {0ull, 1ull, 0x123456789abcdef0ull, ~0ull};
+  const uint64_t idx[] = {0, 1, 2, 3, 4, 5, 7, 1000003, (1ull << 34) - 1, (1ull << 34), (1ull << 34) + 6,
+                          0xfedcba9876543ull};
+  for (uint64_t s : seeds)
+    for (uint32_t st : {0u, 1u, 7u})
+      for (uint64_t e : idx) {
+        const float u = hot::sr_uniform(s, st, e);
+        EXPECT_EQ(f32_bits(u), f32_bits(ref_uniform(s, st, e))) << "seed " << s << " stream " << st << " index " << e;
+        EXPECT_GE(u, 0.0f);
+        EXPECT_LT(u, 1.0f);
+        const hot::Philox4 g = hot::sr_group_bits(s, st, e >> 2);
+        EXPECT_EQ(f32_bits(u), f32_bits(hot::sr_bits_to_uniform(g.v[e & 3])));
+      }
+}
+
+TEST(Cpu_Rng, UniformExtremesAreInRange) {
+  EXPECT_EQ(hot::sr_bits_to_uniform(0u), 0.0f);
+  EXPECT_LT(hot::sr_bits_to_uniform(0xffffffffu), 1.0f);
+  EXPECT_EQ(hot::sr_bits_to_uniform(0xffffffffu), 1.0f - std::ldexp(1.0f, -24));
+  EXPECT_EQ(hot::sr_bits_to_uniform(0x80000000u), 0.5f);
+}
+
+TEST(Cpu_Rng, UniformMomentsAndBuckets) {
+  // n uniforms: mean 1/2 (sd 1/sqrt(12 n)), variance 1/12, 16 buckets each n/16 (chi-square, 15 dof).
+  const int n = 1 << 18;
+  double s = 0, s2 = 0;
+  std::vector<int> buckets(16, 0);
+  for (int i = 0; i < n; ++i) {
+    const double u = hot::sr_uniform(42, 0, static_cast<uint64_t>(i));
+    s += u;
+    s2 += u * u;
+    buckets[static_cast<int>(u * 16)]++;
+  }
+  const double mean = s / n, var = s2 / n - mean * mean;
+  EXPECT_NEAR(mean, 0.5, 6.0 / std::sqrt(12.0 * n));
+  EXPECT_NEAR(var, 1.0 / 12.0, 6.0 * std::sqrt(1.0 / 180.0 / n));  // sd of sample var of U(0,1)
+  double chi2 = 0;
+  for (int b : buckets) chi2 += (b - n / 16.0) * (b - n / 16.0) / (n / 16.0);
+  EXPECT_LT(chi2, 60.0);  // P(chi2_15 > 60) ~ 1e-7
+}
+
+TEST(Cpu_Rng, StreamsSeedsAndIndicesDecorrelate) {
+  std::set<uint32_t> seen;
+  int collisions = 0;
+  for (uint64_t seed : {1ull, 2ull, (1ull << 32) + 1})
+    for (uint32_t st : {0u, 1u})
+      for (uint64_t e = 0; e < 512; ++e) {
+        const float u = hot::sr_uniform(seed, st, e);
+        if (!seen.insert(f32_bits(u)).second) ++collisions;
+      }
+  // 3072 draws out of 2^24 values: expected collisions ~0.28.
+  EXPECT_LE(collisions, 4);
+  // The high word of the seed matters, the stream matters, the high part of the index matters.
+  EXPECT_NE(hot::sr_uniform(1, 0, 5), hot::sr_uniform(1 + (1ull << 32), 0, 5));
+  EXPECT_NE(hot::sr_uniform(1, 0, 5), hot::sr_uniform(1, 1, 5));
+  EXPECT_NE(hot::sr_uniform(1, 0, 5), hot::sr_uniform(1, 0, 5 + (1ull << 34)));
+}
+
+}  // namespace

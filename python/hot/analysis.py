@@ -1,0 +1,284 @@
+"""Gradient fidelity of HOT and of the methods the paper compares with, per layer of a real model.
+
+For a model, a batch and a loss, ``fidelity`` runs one exact forward/backward pass, captures every
+``nn.Linear`` and ``nn.Conv2d`` (groups = 1, as im2col columns) layer's input x, weight W and output
+gradient g_y, and recomputes g_x = g_y W and g_w = g_yᵀ x with each method, using the engine's own
+operations (hot.backward_linear, hot.quantize, hot.gemm_s8, hot.hla, ...):
+
+=================  ===========================================================================
+method             what it is
+=================  ===========================================================================
+``naive-int4``     per-tensor INT4 of g_y (stochastic), W and x (nearest), no Hadamard, full rank
+                   on both GEMMs (integer GEMMs through ``hot.gemm_s8``)
+``lbp-wht``        low rank only (LBP-WHT style): g_y and x projected on the HLA rows (rank 8) along
+                   the tokens, no quantisation, for both g_x and g_w
+``hq-only``        Hadamard quantisation only: HOT's g_x path, g_w at rank 16 (full rank, 8-bit)
+``hot``            HOT: ``hot.Config()`` (g_x 4-bit HQ per tensor, g_w HLA rank 8, 8-bit)
+``hot+lqs``        HOT with the per-layer scale choice of LQS (SPEC §7)
+``hot-r{2,4,8,16}``  HOT at HLA rank r
+=================  ===========================================================================
+
+Every method gets the same seed. The report gives, per layer and method, the cosine similarity and the
+relative error ‖ĝ − g‖_F / ‖g‖_F of g_x and g_w against the exact float64 gradients, as a markdown
+table and as a plot (``FidelityReport.plot``, matplotlib).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+import hot
+
+# SPEC §4: LP_L1 order of the rows of H_16 kept by HLA.
+HLA_ORDER = (0, 8, 2, 12, 10, 3, 4, 14, 11, 1, 6, 15, 9, 7, 13, 5)
+
+DEFAULT_METHODS = ("naive-int4", "lbp-wht", "hq-only", "hot", "hot+lqs", "hot-r2", "hot-r4", "hot-r8", "hot-r16")
+
+
+@dataclasses.dataclass
+class LayerCapture:
+    """One layer's backward operands as L x I, O x I and L x O float32 arrays."""
+
+    name: str
+    kind: str
+    x: np.ndarray
+    w: np.ndarray
+    gy: np.ndarray
+
+
+@dataclasses.dataclass
+class FidelityRow:
+    layer: str
+    method: str
+    gx_cos: float
+    gx_rel: float
+    gw_cos: float
+    gw_rel: float
+
+
+def _metrics(est: np.ndarray, ref: np.ndarray) -> Tuple[float, float]:
+    est = np.asarray(est, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    nr = np.linalg.norm(ref)
+    ne = np.linalg.norm(est)
+    if not np.all(np.isfinite(est)):
+        return float("nan"), float("nan")
+    cos = float(np.sum(est * ref) / (ne * nr)) if ne > 0 and nr > 0 else float("nan")
+    rel = float(np.linalg.norm(est - ref) / nr) if nr > 0 else float("nan")
+    return cos, rel
+
+
+# ---- methods, each a function (x, w, gy, seed) -> (g_x, g_w) on float32 numpy arrays ---------------------
+
+
+def _int_gemm(qa: np.ndarray, qb: np.ndarray) -> np.ndarray:
+    """qa (M x K) int8 times qb (N x K)ᵀ with the engine's exact integer GEMM, as float64."""
+    return np.asarray(hot.gemm_s8(np.ascontiguousarray(qa), np.ascontiguousarray(qb)), dtype=np.float64)
+
+
+def _naive_int4(x, w, gy, seed):
+    qg, sg = hot.quantize(gy, bits=4, rounding="stochastic", seed=seed, rng_stream=0)
+    qw, sw = hot.quantize(np.ascontiguousarray(w.T), bits=4)  # I x O (K-major for g_x)
+    gx = _int_gemm(qg, qw) * (float(sg[0]) * float(sw[0]))
+    qgt, sgt = hot.quantize(np.ascontiguousarray(gy.T), bits=4, rounding="stochastic", seed=seed, rng_stream=1)
+    qxt, sxt = hot.quantize(np.ascontiguousarray(x.T), bits=4)  # I x L
+    gw = _int_gemm(qgt, qxt) * (float(sgt[0]) * float(sxt[0]))
+    return gx, gw
+
+
+def _hla_basis(rank: int) -> np.ndarray:
+    """Ĥ: the kept rows of H_16 (rank x 16), built with the engine's transform."""
+    h16 = np.asarray(hot.hadamard_transform(np.eye(16, dtype=np.float32), block=16, axis=0), dtype=np.float64)
+    return h16[list(HLA_ORDER[:rank])]
+
+
+def _lbp_wht(x, w, gy, seed, rank=8):
+    L = gy.shape[0]
+    hx = np.asarray(hot.hla(x, rank=rank), dtype=np.float64)  # K x I
+    hg = np.asarray(hot.hla(gy, rank=rank), dtype=np.float64)  # K x O
+    gw = hg.T @ hx / 16.0
+    # g_x from the projected g_y: P g_y = blockdiag(Ĥᵀ) Ĝ / 16, back on the token rows.
+    hb = _hla_basis(rank)
+    blocks = hg.reshape(-1, rank, gy.shape[1])
+    pg = np.einsum("rt,brc->btc", hb, blocks).reshape(-1, gy.shape[1])[:L] / 16.0
+    gx = pg @ w.astype(np.float64)
+    return gx, gw
+
+
+def _hot(config: "hot.Config"):
+    def run(x, w, gy, seed):
+        gx, gw, _ = hot.backward_linear(gy, w, x, config=config, seed=seed)
+        return gx, gw
+
+    return run
+
+
+def lqs_choice(gy: np.ndarray) -> str:
+    """SPEC §7 on one layer: per-token iff e_token < 0.5 e_tensor for the 4-bit G̃ = g_y blockdiag(H_b)."""
+    O = gy.shape[1]
+    b = 16
+    while b > 1 and O % b:
+        b //= 2
+    g = np.asarray(hot.hadamard_transform(gy, block=b, axis=-1), dtype=np.float32)
+    err = {}
+    for mode in ("tensor", "token"):
+        q, s = hot.quantize(g, bits=4, scale=mode, rounding="nearest")
+        deq = np.asarray(hot.dequantize(q, s), dtype=np.float64)
+        err[mode] = float(np.linalg.norm(g.astype(np.float64) - deq))
+    return "token" if err["token"] < 0.5 * err["tensor"] else "tensor"
+
+
+def method_fn(name: str) -> Callable:
+    """The function of a method name (see the module docstring)."""
+    if name == "naive-int4":
+        return _naive_int4
+    if name == "lbp-wht":
+        return _lbp_wht
+    if name == "hq-only":
+        return _hot(hot.Config(rank=16))
+    if name == "hot":
+        return _hot(hot.Config())
+    if name == "hot+lqs":
+        def run(x, w, gy, seed):
+            return _hot(hot.Config(gx_scale=lqs_choice(gy)))(x, w, gy, seed)
+
+        return run
+    if name.startswith("hot-r"):
+        try:
+            r = int(name[5:])
+        except ValueError:
+            r = 0
+        if 1 <= r <= 16:
+            return _hot(hot.Config(rank=r))
+    raise ValueError(f"fidelity: unknown method {name!r}, expected one of {list(DEFAULT_METHODS)} "
+                     f"(or hot-r<rank> with rank 1..16)")
+
+
+# ---- capture ---------------------------------------------------------------------------------------
+
+
+def capture(model, batch, loss_fn, include_conv: bool = True) -> List[LayerCapture]:
+    """One exact forward/backward of ``loss_fn(model(inputs), targets)`` with ``batch = (inputs,
+    targets)``; returns every Linear (and groups = 1 Conv2d, as im2col columns) layer's x, W, g_y."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    layers = [(n, m) for n, m in model.named_modules()
+              if isinstance(m, nn.Linear) or (include_conv and isinstance(m, nn.Conv2d) and m.groups == 1)]
+    if not layers:
+        raise ValueError("fidelity: the model has no nn.Linear or nn.Conv2d (groups=1) layer to analyse")
+    store: Dict[str, dict] = {}
+    handles = []
+
+    def fwd_hook(name):
+        def hook(mod, inputs, output):
+            store.setdefault(name, {})["x"] = inputs[0].detach()
+            output.register_hook(lambda g: store[name].__setitem__("gy", g.detach()))
+
+        return hook
+
+    for n, m in layers:
+        handles.append(m.register_forward_hook(fwd_hook(n)))
+    try:
+        inputs, targets = batch
+        model.zero_grad(set_to_none=True)
+        loss = loss_fn(model(inputs), targets)
+        loss.backward()
+    finally:
+        for h in handles:
+            h.remove()
+
+    out = []
+    for n, m in layers:
+        if n not in store or "gy" not in store[n]:
+            continue
+        x, gy = store[n]["x"].float(), store[n]["gy"].float()
+        if isinstance(m, nn.Linear):
+            X = x.reshape(-1, x.shape[-1])
+            G = gy.reshape(-1, gy.shape[-1])
+            W = m.weight.detach().float()
+            kind = "linear"
+        else:
+            cols = F.unfold(x, m.kernel_size, dilation=m.dilation, padding=m.padding, stride=m.stride)
+            X = cols.transpose(1, 2).reshape(-1, cols.shape[1])  # L x (C k k)
+            G = gy.permute(0, 2, 3, 1).reshape(-1, gy.shape[1])  # L x O
+            W = m.weight.detach().float().reshape(m.out_channels, -1)
+            kind = "conv2d"
+        out.append(LayerCapture(n, kind, X.cpu().contiguous().numpy(), W.cpu().contiguous().numpy(),
+                                G.cpu().contiguous().numpy()))
+    return out
+
+
+# ---- report ----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class FidelityReport:
+    rows: List[FidelityRow]
+    methods: Tuple[str, ...]
+    layers: Tuple[str, ...]
+
+    def get(self, layer: str, method: str) -> FidelityRow:
+        for r in self.rows:
+            if r.layer == layer and r.method == method:
+                return r
+        raise KeyError((layer, method))
+
+    def to_markdown(self) -> str:
+        head = "| layer | " + " | ".join(self.methods) + " |"
+        sep = "|---|" + "---|" * len(self.methods)
+        parts = []
+        for metric, title in (("gx_cos", "g_x cosine similarity"), ("gx_rel", "g_x relative error"),
+                              ("gw_cos", "g_w cosine similarity"), ("gw_rel", "g_w relative error")):
+            parts.append(f"**{title}** (against exact, float64)\n\n{head}\n{sep}")
+            for layer in self.layers:
+                vals = " | ".join(f"{getattr(self.get(layer, m), metric):.4f}" for m in self.methods)
+                parts.append(f"| {layer} | {vals} |")
+            parts.append("")
+        return "\n".join(parts)
+
+    def plot(self, path: str) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.1 * len(self.layers) + 4), 4.5), sharey=False)
+        x = np.arange(len(self.layers))
+        width = 0.8 / len(self.methods)
+        for ax, metric, title in ((axes[0], "gx_cos", "g_x: cosine similarity to exact"),
+                                  (axes[1], "gw_cos", "g_w: cosine similarity to exact")):
+            for i, m in enumerate(self.methods):
+                ax.bar(x + i * width - 0.4 + width / 2, [getattr(self.get(l, m), metric) for l in self.layers],
+                       width, label=m)
+            ax.set_xticks(x)
+            ax.set_xticklabels(self.layers, rotation=45, ha="right", fontsize=8)
+            ax.set_title(title)
+            ax.set_ylim(0, 1.02)
+            ax.grid(axis="y", alpha=0.3)
+        axes[1].legend(fontsize=7, loc="lower right")
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
+
+def fidelity_of_captures(captures: Sequence[LayerCapture], methods: Sequence[str] = DEFAULT_METHODS,
+                         seed: int = 0) -> FidelityReport:
+    fns = {m: method_fn(m) for m in methods}
+    rows = []
+    for c in captures:
+        gx_ref = c.gy.astype(np.float64) @ c.w.astype(np.float64)
+        gw_ref = c.gy.astype(np.float64).T @ c.x.astype(np.float64)
+        for m in methods:
+            gx, gw = fns[m](c.x, c.w, c.gy, seed)
+            rows.append(FidelityRow(c.name, m, *_metrics(gx, gx_ref), *_metrics(gw, gw_ref)))
+    return FidelityReport(rows, tuple(methods), tuple(c.name for c in captures))
+
+
+def fidelity(model, batch, loss_fn, methods: Sequence[str] = DEFAULT_METHODS, seed: int = 0,
+             include_conv: bool = True) -> FidelityReport:
+    """Per-layer fidelity of g_x and g_w for each method (see the module docstring)."""
+    return fidelity_of_captures(capture(model, batch, loss_fn, include_conv), methods, seed)

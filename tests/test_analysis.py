@@ -1,0 +1,104 @@
+"""hot.analysis: per-layer gradient fidelity of HOT and of the baselines it is compared with."""
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import hot  # noqa: E402
+import hot.analysis as ha  # noqa: E402
+
+
+class TinyNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 8, 3, padding=1)
+        self.fc1 = nn.Linear(8, 32)
+        self.fc2 = nn.Linear(32, 5)
+
+    def forward(self, x):
+        h = F.relu(self.conv(x))  # B x 8 x 6 x 6
+        h = h.flatten(2).transpose(1, 2)  # B x 36 x 8: tokens
+        return self.fc2(F.gelu(self.fc1(h))).mean(1)
+
+
+@pytest.fixture(scope="module")
+def captured():
+    torch.manual_seed(0)
+    model = TinyNet()
+    x = torch.randn(16, 1, 6, 6)
+    y = torch.randint(0, 5, (16,))
+    return model, (x, y), ha.capture(model, (x, y), F.cross_entropy)
+
+
+def test_capture_matches_autograd(captured):
+    model, (x, y), caps = captured
+    assert [c.name for c in caps] == ["conv", "fc1", "fc2"]
+    model.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    for c in caps:
+        mod = dict(model.named_modules())[c.name]
+        gw = c.gy.astype(np.float64).T @ c.x.astype(np.float64)
+        ref = mod.weight.grad.reshape(mod.weight.shape[0], -1).double().numpy()
+        np.testing.assert_allclose(gw, ref, rtol=1e-4, atol=1e-6 * np.abs(ref).max())
+
+
+def test_metrics_and_orderings(captured):
+    _, _, caps = captured
+    rep = ha.fidelity_of_captures(caps, seed=3)
+    for r in rep.rows:
+        for v in (r.gx_cos, r.gx_rel, r.gw_cos, r.gw_rel):
+            assert math.isfinite(v)
+        assert -1.0 <= r.gx_cos <= 1.0 + 1e-9 and -1.0 <= r.gw_cos <= 1.0 + 1e-9
+    for layer in rep.layers:
+        # g_x does not depend on the HLA rank; HQ-only is HOT at rank 16.
+        assert rep.get(layer, "hot-r2").gx_rel == rep.get(layer, "hot-r16").gx_rel
+        assert rep.get(layer, "hq-only").gw_rel == rep.get(layer, "hot-r16").gw_rel
+        # Full rank (16) keeps every component: only 8-bit quantisation error remains, which is below the
+        # error of the rank-2 projection plus quantisation, and below 4-bit naive quantisation.
+        assert rep.get(layer, "hot-r16").gw_rel < rep.get(layer, "hot-r2").gw_rel
+        assert rep.get(layer, "hq-only").gw_rel < rep.get(layer, "naive-int4").gw_rel
+    md = rep.to_markdown()
+    assert all(layer in md for layer in rep.layers) and "naive-int4" in md
+
+
+def test_lbp_wht_is_the_float_projection(captured):
+    _, _, caps = captured
+    c = caps[1]
+    gx, gw = ha.method_fn("lbp-wht")(c.x, c.w, c.gy, 0)
+    # Explicit float64 projector P = blockdiag(ĤᵀĤ/16) over zero-padded token blocks.
+    L = c.gy.shape[0]
+    H = np.array([[1.0]])
+    while H.shape[0] < 16:
+        H = np.block([[H, H], [H, -H]])
+    Hh = H[list(ha.HLA_ORDER[:8])]
+    P16 = Hh.T @ Hh / 16
+    Lp = (L + 15) // 16 * 16
+    P = np.kron(np.eye(Lp // 16), P16)[:L, :L]
+    gy, x, w = (a.astype(np.float64) for a in (c.gy, c.x, c.w))
+    np.testing.assert_allclose(gw, gy.T @ P @ x, rtol=1e-4, atol=1e-5 * np.abs(gw).max())
+    np.testing.assert_allclose(gx, P @ gy @ w, rtol=1e-4, atol=1e-5 * np.abs(gx).max())
+
+
+def test_lqs_choice_prefers_token_scales_for_rows_of_different_magnitude():
+    rng = np.random.default_rng(0)
+    gy = rng.standard_normal((64, 32)).astype(np.float32) * np.logspace(-3, 0, 64, dtype=np.float32)[:, None]
+    assert ha.lqs_choice(gy) == "token"
+    assert ha.lqs_choice(rng.standard_normal((64, 32)).astype(np.float32)) == "tensor"
+
+
+def test_unknown_method_is_named():
+    with pytest.raises(ValueError, match="hot-r99"):
+        ha.method_fn("hot-r99")
+
+
+def test_plot_writes_png(captured, tmp_path):
+    pytest.importorskip("matplotlib")
+    _, _, caps = captured
+    rep = ha.fidelity_of_captures(caps, methods=("naive-int4", "hot"))
+    path = tmp_path / "fid.png"
+    rep.plot(str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

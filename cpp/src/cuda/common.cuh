@@ -1,0 +1,154 @@
+// Shared helpers of the CUDA backend: status checks, stream/dtype plumbing, typed loads and stores,
+// stream-ordered scratch memory and the one architecture dispatch function.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "backend.h"
+#include "hot/error.h"
+#include "hot/tensor.h"
+
+#define HOT_CUDA_CHECK(expr)                                                                          \
+  do {                                                                                                \
+    const cudaError_t hot_err_ = (expr);                                                              \
+    if (hot_err_ != cudaSuccess)                                                                      \
+      HOT_FAIL(internal, "CUDA error ", cudaGetErrorName(hot_err_), " (", cudaGetErrorString(hot_err_), \
+               ") in ", #expr);                                                                       \
+  } while (0)
+
+// After every kernel launch: a launch error (bad configuration, missing kernel image) surfaces here.
+#define HOT_CUDA_CHECK_LAUNCH() HOT_CUDA_CHECK(cudaGetLastError())
+
+namespace hot::cuda {
+
+inline cudaStream_t to_cuda(Stream s) { return static_cast<cudaStream_t>(s.handle); }
+
+// Makes `device` current for the scope and restores the previous one.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    HOT_CUDA_CHECK(cudaGetDevice(&prev_));
+    if (prev_ != device) HOT_CUDA_CHECK(cudaSetDevice(device));
+    cur_ = device;
+  }
+  ~DeviceGuard() {
+    if (prev_ != cur_) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = 0, cur_ = 0;
+};
+
+// The GEMM implementation chosen for a device: decided in exactly one place (select_gemm_path).
+enum class GemmPath { sm90_wgmma, sm80_cutlass, generic };
+GemmPath select_gemm_path(int device);
+const char* gemm_path_name(GemmPath p);
+// Compute capability (major*10+minor) of a device, cached.
+int compute_capability(int device);
+int sm_count(int device);
+
+// Stream-ordered scratch memory. Every temporary of the backend comes from the device's default
+// memory pool through cudaMallocAsync/cudaFreeAsync on the call's stream; the pool's release threshold
+// is raised to "keep everything" the first time a device is used, so after the first call a scratch
+// allocation is a pool lookup (no cudaMalloc, no synchronisation), and freed blocks are reused by
+// later calls on any stream in stream order. Peak scratch of one call is documented at each op.
+class Scratch {
+ public:
+  Scratch(size_t bytes, int device, Stream s);
+  ~Scratch();
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  void* get() const { return p_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
+
+// ---- typed element access (device) -------------------------------------------------------------
+
+template <typename T>
+struct FloatIO;
+template <>
+struct FloatIO<float> {
+  static __device__ __forceinline__ float load(const float* p) { return *p; }
+  static __device__ __forceinline__ void store(float* p, float v) { *p = v; }
+};
+template <>
+struct FloatIO<__half> {
+  static __device__ __forceinline__ float load(const __half* p) { return __half2float(*p); }
+  static __device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
+};
+template <>
+struct FloatIO<__nv_bfloat16> {
+  static __device__ __forceinline__ float load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+  static __device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+};
+
+template <typename T>
+__device__ __forceinline__ float load_f(const T* p) { return FloatIO<T>::load(p); }
+template <typename T>
+__device__ __forceinline__ void store_f(T* p, float v) { FloatIO<T>::store(p, v); }
+
+// Calls f(T{}) with T the C++ type of a float dtype.
+template <typename F>
+void dispatch_float(DType dt, const char* what, F&& f) {
+  switch (dt) {
+    case DType::f32: f(float{}); break;
+    case DType::f16: f(__half{}); break;
+    case DType::bf16: f(__nv_bfloat16{}); break;
+    default: HOT_FAIL(internal, what, ": unsupported dtype ", dtype_name(dt));
+  }
+}
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline unsigned grid_1d(int64_t n, int threads, int64_t cap = 65535LL * 32) {
+  int64_t g = ceil_div(n, threads);
+  if (g < 1) g = 1;
+  if (g > cap) g = cap;
+  return static_cast<unsigned>(g);
+}
+
+// Packs the column count, row stride and data of a row-major 2-D view.
+template <typename T>
+struct Mat {
+  T* p;
+  int64_t rows, cols, ld;
+};
+template <typename T>
+inline Mat<T> mat(const TensorView& v) {
+  return Mat<T>{static_cast<T*>(v.data), v.shape[0], v.ndim() > 1 ? v.shape[1] : 1,
+                v.ndim() > 1 ? v.strides[0] : v.shape[0]};
+}
+
+// Internal entry points shared between translation units.
+// Generic (any arch) exact s8 x s8 -> s32 GEMM, TN layout; used for K not a multiple of 16 and for
+// GPUs without a tensor-core path.
+void gemm_s8_generic(const Mat<const int8_t>& a, const Mat<const int8_t>& b, const Mat<int32_t>& c, cudaStream_t s);
+// Generic fused dequant GEMM: out = float(acc) * sa[m | 0] * sb[0] * factor.
+void gemm_s8_dequant_generic(const TensorView& a, const TensorView& b, const TensorView& sa, const TensorView& sb,
+                             float factor, const TensorView& out, cudaStream_t s);
+
+#if defined(HOT_CUDA_HAS_SM90A)
+// CUTLASS 3.x warp-specialised wgmma kernels (gemm_sm90.cu). Return false when the problem does not
+// meet the kernel's requirements (the caller then uses another path).
+bool sm90_gemm_s8s8s32(const TensorView& a, const TensorView& b, const TensorView& c, int device, cudaStream_t s);
+bool sm90_gemm_s8_dequant(const TensorView& a, const TensorView& b, const TensorView& sa, const TensorView& sb,
+                          float factor, const TensorView& out, int device, cudaStream_t s);
+#endif
+#if defined(HOT_CUDA_HAS_SM80)
+// CUTLASS 2.x tensor-core kernels for sm_80/86/89 (gemm_sm80.cu): packed s4 and s8, s32 output.
+bool sm80_gemm_s4s4s32(const TensorView& a, const TensorView& b, const TensorView& c, int device, cudaStream_t s);
+bool sm80_gemm_s8s8s32(const TensorView& a, const TensorView& b, const TensorView& c, int device, cudaStream_t s);
+#endif
+
+}  // namespace hot::cuda

@@ -1,0 +1,62 @@
+// Device building blocks shared by the CUDA kernels: the FWHT butterfly (the order fixed by SPEC /
+// the CPU backend), the HLA row order as a compile-time function, block reductions.
+#pragma once
+
+#include <cstdint>
+
+#include "hot/quant_rules.h"
+
+namespace hot::cuda {
+
+// In-register fast Walsh-Hadamard transform of B values, natural (Sylvester) order, no normalisation:
+// for h = 1, 2, 4, ... < B: for each pair (j, j + h) in blocks of 2h: (a, b) -> (a + b, a - b) in fp32.
+template <int B>
+__device__ __forceinline__ void fwht_regs(float (&x)[B]) {
+#pragma unroll
+  for (int h = 1; h < B; h *= 2) {
+#pragma unroll
+    for (int j = 0; j < B; ++j) {
+      if ((j & h) == 0) {
+        const float a = x[j], b = x[j + h];
+        x[j] = __fadd_rn(a, b);
+        x[j + h] = __fsub_rn(a, b);
+      }
+    }
+  }
+}
+
+// kHlaOrder[k] as a constant expression usable as a register index after unrolling.
+__host__ __device__ constexpr int hla_order(int k) {
+  constexpr int o[16] = {0, 8, 2, 12, 10, 3, 4, 14, 11, 1, 6, 15, 9, 7, 13, 5};
+  return o[k];
+}
+constexpr bool hla_order_matches() {
+  for (int k = 0; k < 16; ++k)
+    if (hla_order(k) != kHlaOrder[k]) return false;
+  return true;
+}
+static_assert(hla_order_matches(), "hla_order must equal hot::kHlaOrder");
+
+__device__ __forceinline__ uint32_t warp_max_u32(uint32_t v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Max over the block (any blockDim.x multiple of 32, at most 1024); the result is valid in thread 0.
+__device__ __forceinline__ uint32_t block_max_u32(uint32_t v) {
+  __shared__ uint32_t red[32];
+  v = warp_max_u32(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    const int nw = (blockDim.x + 31) >> 5;
+    v = lane < nw ? red[lane] : 0u;
+    v = warp_max_u32(v);
+  }
+  return v;
+}
+
+}  // namespace hot::cuda

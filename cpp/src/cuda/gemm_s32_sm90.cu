@@ -1,0 +1,93 @@
+// sm_90a entry points: the s32-output GEMM and the dispatch of the dequantising GEMMs, including the
+// padded-output route for N that TMA cannot store directly (rows of D must be 16-byte multiples).
+#include "gemm_sm90.cuh"
+
+namespace hot::cuda::sm90 {
+
+extern template bool dequant_gemm<float>(const int8_t*, int64_t, const int8_t*, int64_t, float*, int64_t, int, int,
+                                         int, const float*, bool, const float*, float, int, cudaStream_t);
+extern template bool dequant_gemm<cutlass::half_t>(const int8_t*, int64_t, const int8_t*, int64_t, cutlass::half_t*,
+                                                   int64_t, int, int, int, const float*, bool, const float*, float,
+                                                   int, cudaStream_t);
+extern template bool dequant_gemm<cutlass::bfloat16_t>(const int8_t*, int64_t, const int8_t*, int64_t,
+                                                       cutlass::bfloat16_t*, int64_t, int, int, int, const float*,
+                                                       bool, const float*, float, int, cudaStream_t);
+
+bool store_gemm(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, int32_t* d, int64_t ldd, int M, int N,
+                int K, int device, cudaStream_t stream) {
+  using Cfg = GemmConfig<int32_t, StoreEVT>;
+  typename StoreEVT::Arguments fusion{{}, {}};
+  return run_gemm<Cfg>(a, lda, b, ldb, d, ldd, M, N, K, fusion, device, stream);
+}
+
+namespace {
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+// Calls run(b, ldb, d, ldd, N_run) directly when the output can be stored by TMA, else through a
+// padded copy of B (zero rows up to a multiple of 16) and a padded scratch D, copied back with one 2-D
+// memcpy. Returns false when even the padded route is not implementable (A/B alignment).
+template <typename Run>
+bool with_padding(const TensorView& bv, const TensorView& out, int elem_bytes, int device, cudaStream_t s, Run&& run) {
+  const int64_t N = out.shape[1], M = out.shape[0], K = bv.shape[1];
+  const auto* b = static_cast<const int8_t*>(bv.data);
+  if (run(b, bv.strides[0], out.data, out.strides[0], static_cast<int>(N))) return true;
+  if (K % 16 != 0) return false;
+  const int64_t Np = round_up(N, 16);
+  Scratch dpad(static_cast<size_t>(M * Np * elem_bytes), device, Stream{s});
+  const int8_t* bp = b;
+  int64_t ldb = bv.strides[0];
+  Scratch bpad(N % 16 != 0 || ldb % 16 != 0 || !aligned16(b) ? static_cast<size_t>(Np * K) : 16, device, Stream{s});
+  if (N % 16 != 0 || ldb % 16 != 0 || !aligned16(b)) {
+    HOT_CUDA_CHECK(cudaMemsetAsync(bpad.get(), 0, static_cast<size_t>(Np * K), s));
+    HOT_CUDA_CHECK(cudaMemcpy2DAsync(bpad.get(), static_cast<size_t>(K), b, static_cast<size_t>(ldb),
+                                     static_cast<size_t>(K), static_cast<size_t>(N), cudaMemcpyDeviceToDevice, s));
+    bp = bpad.as<int8_t>();
+    ldb = K;
+  }
+  if (!run(bp, ldb, dpad.get(), Np, static_cast<int>(Np))) return false;
+  HOT_CUDA_CHECK(cudaMemcpy2DAsync(out.data, static_cast<size_t>(out.strides[0] * elem_bytes), dpad.get(),
+                                   static_cast<size_t>(Np * elem_bytes), static_cast<size_t>(N * elem_bytes),
+                                   static_cast<size_t>(M), cudaMemcpyDeviceToDevice, s));
+  return true;
+}
+
+}  // namespace
+}  // namespace hot::cuda::sm90
+
+namespace hot::cuda {
+
+bool sm90_gemm_s8s8s32(const TensorView& a, const TensorView& b, const TensorView& c, int device, cudaStream_t s) {
+  const int M = static_cast<int>(a.shape[0]), K = static_cast<int>(a.shape[1]);
+  const auto* ap = static_cast<const int8_t*>(a.data);
+  return sm90::with_padding(b, c, 4, device, s, [&](const int8_t* bp, int64_t ldb, void* d, int64_t ldd, int N) {
+    return sm90::store_gemm(ap, a.strides[0], bp, ldb, static_cast<int32_t*>(d), ldd, M, N, K, device, s);
+  });
+}
+
+bool sm90_gemm_s8_dequant(const TensorView& a, const TensorView& b, const TensorView& sa, const TensorView& sb,
+                          float factor, const TensorView& out, int device, cudaStream_t s) {
+  const int M = static_cast<int>(a.shape[0]), K = static_cast<int>(a.shape[1]);
+  const auto* ap = static_cast<const int8_t*>(a.data);
+  const bool per_row = sa.shape[0] != 1;
+  const auto* sap = static_cast<const float*>(sa.data);
+  const auto* sbp = static_cast<const float*>(sb.data);
+  const int eb = out.dtype == DType::f32 ? 4 : 2;
+  return sm90::with_padding(b, out, eb, device, s, [&](const int8_t* bp, int64_t ldb, void* d, int64_t ldd, int N) {
+    switch (out.dtype) {
+      case DType::f32:
+        return sm90::dequant_gemm<float>(ap, a.strides[0], bp, ldb, static_cast<float*>(d), ldd, M, N, K, sap,
+                                         per_row, sbp, factor, device, s);
+      case DType::f16:
+        return sm90::dequant_gemm<cutlass::half_t>(ap, a.strides[0], bp, ldb, static_cast<cutlass::half_t*>(d), ldd,
+                                                   M, N, K, sap, per_row, sbp, factor, device, s);
+      case DType::bf16:
+        return sm90::dequant_gemm<cutlass::bfloat16_t>(ap, a.strides[0], bp, ldb,
+                                                       static_cast<cutlass::bfloat16_t*>(d), ldd, M, N, K, sap,
+                                                       per_row, sbp, factor, device, s);
+      default: return false;
+    }
+  });
+}
+
+}  // namespace hot::cuda

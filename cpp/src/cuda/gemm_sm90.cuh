@@ -1,0 +1,144 @@
+// CUTLASS 3.x warp-specialised wgmma GEMM for sm_90a: C[M,N] = A[M,K] B[N,K]^T with s8 operands
+// (both K-major, "TN"), s32 accumulation, and an epilogue visitor tree that either stores the s32
+// accumulators (gemm_s8s8s32) or dequantises them in registers:
+//     D = cast<ElementD>(float(acc) * ((sa[m or 0] * sb[0]) * factor))
+// (fp32 multiplications in this order, round to nearest; the CPU backend uses the same order).
+// One kernel configuration: 128x256x128 tile, cluster 2x1, cooperative schedule with the stream-K tile
+// scheduler, which splits K when there are too few output tiles to fill the GPU (the g_w GEMM: M = O,
+// N = I, K = L/2). Integer partial sums are exact in any order, so stream-K is bit-exact.
+// Included only by *_sm90.cu files, which CMake compiles only for sm_90a.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
+#include <cutlass/epilogue/thread/activation.h>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/gemm/kernel/tile_scheduler.hpp>
+
+#include "common.cuh"
+
+namespace hot::cuda::sm90 {
+
+using namespace cute;
+namespace fu = cutlass::epilogue::fusion;
+
+using TileShape = cute::Shape<_128, _256, _128>;
+using ClusterShape = cute::Shape<_2, _1, _1>;
+constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+
+// Dequantising epilogue tree: acc * ((sa[m] * sb) * factor), cast to ElementD (the CPU backend forms
+// alpha = (sa * sb) * factor per row and multiplies the converted accumulator by it).
+template <typename ElementD>
+using DequantEVT = fu::Sm90EVT<
+    fu::Sm90Compute<cutlass::multiplies, ElementD, float, kRound>, fu::Sm90AccFetch,
+    fu::Sm90EVT<fu::Sm90Compute<cutlass::multiplies, float, float, kRound>,
+                fu::Sm90EVT<fu::Sm90Compute<cutlass::multiplies, float, float, kRound>,
+                            fu::Sm90ColBroadcast<0, TileShape, float, float, cute::Stride<bool, _0, int64_t>>,
+                            fu::Sm90ScalarBroadcast<float>>,
+                fu::Sm90ScalarBroadcast<float>>>;
+
+// Plain s32 store of the accumulators.
+using StoreEVT = fu::Sm90EVT<fu::Sm90Compute<cutlass::epilogue::thread::Identity, int32_t, int32_t, kRound>,
+                             fu::Sm90AccFetch>;
+
+template <typename ElementD, typename EVT>
+struct GemmConfig {
+  static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, void, cutlass::layout::RowMajor, kAlignD,
+      ElementD, cutlass::layout::RowMajor, kAlignD, cutlass::epilogue::TmaWarpSpecializedCooperative,
+      EVT>::CollectiveOp;
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, int8_t, cutlass::layout::RowMajor, 16, int8_t,
+      cutlass::layout::ColumnMajor, 16, int32_t, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
+                                                      CollectiveEpilogue, cutlass::gemm::StreamKScheduler>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Runs one GEMM; `make_fusion_args` builds the epilogue tree's arguments. Returns false when the
+// problem does not meet the kernel's requirements (alignment), before launching anything.
+template <typename Cfg, typename FusionArgs>
+bool run_gemm(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, void* d, int64_t ldd, int M, int N, int K,
+              const FusionArgs& fusion, int device, cudaStream_t stream) {
+  using Gemm = typename Cfg::Gemm;
+  using ElementD = typename Gemm::ElementD;
+  if (K % 16 != 0 || lda % 16 != 0 || ldb % 16 != 0 || !aligned16(a) || !aligned16(b) || !aligned16(d) ||
+      (ldd * static_cast<int64_t>(sizeof(ElementD))) % 16 != 0 || N % Cfg::kAlignD != 0)
+    return false;
+  using StrideA = typename Gemm::GemmKernel::StrideA;
+  using StrideB = typename Gemm::GemmKernel::StrideB;
+  using StrideC = typename Gemm::GemmKernel::StrideC;
+  using StrideD = typename Gemm::GemmKernel::StrideD;
+  StrideA sA = make_stride(static_cast<int64_t>(lda), _1{}, int64_t(0));
+  StrideB sB = make_stride(static_cast<int64_t>(ldb), _1{}, int64_t(0));
+  StrideC sC = make_stride(static_cast<int64_t>(ldd), _1{}, int64_t(0));
+  StrideD sD = make_stride(static_cast<int64_t>(ldd), _1{}, int64_t(0));
+
+  cutlass::KernelHardwareInfo hw;
+  hw.device_id = device;
+  hw.sm_count = sm_count(device);
+
+  // Few output tiles (the g_w GEMM: M = O, N = I, K = L/2): force stream-K so that every SM takes a
+  // share of K (the heuristic was seen to leave such problems data-parallel on a handful of SMs).
+  typename Gemm::GemmKernel::TileSchedulerArguments sched{};
+  const int64_t tiles = ((M + size<0>(TileShape{}) - 1) / size<0>(TileShape{})) *
+                        ((N + size<1>(TileShape{}) - 1) / size<1>(TileShape{}));
+  const int64_t k_tiles = (K + size<2>(TileShape{}) - 1) / size<2>(TileShape{});
+  if (2 * tiles <= hw.sm_count && k_tiles >= 16) {
+    sched.decomposition_mode = decltype(sched.decomposition_mode)::StreamK;
+    // int32 partial sums are exact in any order: no need to serialise the fix-up of the K slices.
+    sched.reduction_mode = decltype(sched.reduction_mode)::Nondeterministic;
+  }
+  typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
+                                {M, N, K, 1},
+                                {a, sA, b, sB},
+                                {fusion, nullptr, sC, static_cast<ElementD*>(d), sD},
+                                hw,
+                                sched};
+  Gemm gemm;
+  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return false;
+  const size_t ws_bytes = Gemm::get_workspace_size(args);
+  Scratch ws(ws_bytes, device, Stream{stream});
+  cutlass::Status st = gemm.initialize(args, ws.get(), stream);
+  HOT_CHECK(st == cutlass::Status::kSuccess, internal, "CUTLASS sm90 GEMM initialize failed: ",
+            cutlass::cutlassGetStatusString(st), " (M=", M, " N=", N, " K=", K, ")");
+  st = gemm.run(stream);
+  HOT_CHECK(st == cutlass::Status::kSuccess, internal, "CUTLASS sm90 GEMM run failed: ",
+            cutlass::cutlassGetStatusString(st), " (M=", M, " N=", N, " K=", K, ")");
+  HOT_CUDA_CHECK_LAUNCH();
+  return true;
+}
+
+template <typename ElementD>
+bool dequant_gemm(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, ElementD* d, int64_t ldd, int M, int N,
+                  int K, const float* sa, bool sa_per_row, const float* sb, float factor, int device,
+                  cudaStream_t stream) {
+  using Cfg = GemmConfig<ElementD, DequantEVT<ElementD>>;
+  typename DequantEVT<ElementD>::Arguments fusion{
+      {},                                                // acc
+      {                                                  // alpha = (sa * sb) * factor
+       {                                                 // sa * sb
+        {sa, 0.0f, {sa_per_row, _0{}, int64_t(0)}},      // sa: per-row vector or scalar broadcast
+        {{1.0f}, {sb}},                                  // sb (device scalar)
+        {}},                                             // multiplies
+       {{factor}, {nullptr}},                            // factor (host scalar)
+       {}},                                              // multiplies
+      {}};                                               // acc * alpha, cast
+  return run_gemm<Cfg>(a, lda, b, ldb, d, ldd, M, N, K, fusion, device, stream);
+}
+
+bool store_gemm(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, int32_t* d, int64_t ldd, int M, int N,
+                int K, int device, cudaStream_t stream);
+
+}  // namespace hot::cuda::sm90

@@ -1,0 +1,131 @@
+// Helpers of the CUDA GoogleTest suites: device copies of hot_test::HostTensor (same layout, padding
+// included), a non-default stream per test, poisoned outputs, and the GPU skip conditions.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "backend.h"
+#include "test_util.h"
+
+namespace hot_cuda_test {
+
+using hot::DType;
+using hot::TensorView;
+using hot_test::HostTensor;
+
+#define CUDA_OK(expr)                                                                   \
+  do {                                                                                  \
+    const cudaError_t e_ = (expr);                                                      \
+    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);              \
+  } while (0)
+
+inline int device_cc() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  return major * 10 + minor;
+}
+
+#define SKIP_WITHOUT_GPU()                                                                       \
+  do {                                                                                           \
+    if (!hot::cuda::available()) GTEST_SKIP() << "no CUDA device: " << hot::cuda::unavailable_reason(); \
+  } while (0)
+
+#define SKIP_UNLESS_SM90()                                                        \
+  do {                                                                            \
+    SKIP_WITHOUT_GPU();                                                           \
+    if (device_cc() != 90) GTEST_SKIP() << "needs an sm_90 GPU, have sm_" << device_cc(); \
+  } while (0)
+
+// A device buffer mirroring a HostTensor byte for byte (padding and all).
+class DevTensor {
+ public:
+  DevTensor() = default;
+  explicit DevTensor(const HostTensor& h) : host_(h) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, h.nbytes() + 16) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
+    ptr_.reset(p, [](void* q) { cudaFree(q); });
+    if (cudaMemcpy(p, h.bytes(), h.nbytes(), cudaMemcpyHostToDevice) != cudaSuccess)
+      throw std::runtime_error("cudaMemcpy H2D failed");
+    // A pageable H2D cudaMemcpy may return before the DMA lands, and the tests' non-blocking stream
+    // does not order after the legacy stream: wait here so no kernel races the upload.
+    if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("cudaDeviceSynchronize failed");
+  }
+  TensorView view() const {
+    TensorView v = host_.view();
+    v.data = ptr_.get();
+    v.device = hot::Device::cuda(0);
+    return v;
+  }
+  operator TensorView() const { return view(); }
+  // The device contents in a HostTensor of the same layout.
+  HostTensor to_host() const {
+    HostTensor h = host_;
+    if (cudaMemcpy(h.bytes(), ptr_.get(), h.nbytes(), cudaMemcpyDeviceToHost) != cudaSuccess)
+      throw std::runtime_error("cudaMemcpy D2H failed");
+    return h;
+  }
+
+ private:
+  HostTensor host_;
+  std::shared_ptr<void> ptr_;
+};
+
+// Every byte of the tensor (logical and padding) set to `byte`: outputs start poisoned.
+inline HostTensor poisoned(HostTensor h, uint8_t byte = 0x5a) {
+  std::memset(h.bytes(), byte, h.nbytes());
+  return h;
+}
+inline HostTensor out2d(DType dt, int64_t r, int64_t c, int64_t ld = -1) {
+  return poisoned(HostTensor::make2d(dt, r, c, ld));
+}
+inline HostTensor out1d(DType dt, int64_t n) { return poisoned(HostTensor::make1d(dt, n)); }
+
+// A test fixture with a non-default stream; every CUDA call of the tests runs on it.
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!hot::cuda::available()) GTEST_SKIP() << "no CUDA device: " << hot::cuda::unavailable_reason();
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+  }
+  void TearDown() override {
+    if (stream_) {
+      EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+      EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+      cudaStreamDestroy(stream_);
+    }
+  }
+  hot::Stream st() const { return hot::Stream{stream_}; }
+  void sync() { ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess); }
+  cudaStream_t stream_ = nullptr;
+};
+
+// HOT_CUDA_TEST_SMALL=1 (used under compute-sanitizer): skip the largest shapes.
+inline bool small_run() {
+  const char* e = std::getenv("HOT_CUDA_TEST_SMALL");
+  return e != nullptr && e[0] != '\0' && e[0] != '0';
+}
+
+inline const char* dt_name(DType d) { return hot::dtype_name(d); }
+
+// Random float matrix rounded to dt, with optional row stride > cols.
+inline HostTensor rand_float(DType dt, int64_t r, int64_t c, uint64_t seed, int64_t ld = -1, float sigma = 1.0f) {
+  return hot_test::host_from(dt, r, c, hot_test::randn(static_cast<size_t>(r * c), seed, sigma), ld);
+}
+inline HostTensor rand_int(DType dt, int64_t r, int64_t c, int64_t lo, int64_t hi, uint64_t seed, int64_t ld = -1) {
+  return hot_test::host_from_int(dt, r, c, hot_test::randint(static_cast<size_t>(r * c), seed, lo, hi), ld);
+}
+
+// Byte-identical logical elements.
+inline ::testing::AssertionResult same_bits(const HostTensor& a, const HostTensor& b) {
+  return hot_test::bits_equal(a, b);
+}
+
+}  // namespace hot_cuda_test

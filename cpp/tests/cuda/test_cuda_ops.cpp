@@ -1,0 +1,552 @@
+// CUDA backend vs the CPU backend (the reference): every integer result bit for bit, on a
+// non-default stream, over odd and large shapes and the three float dtypes. Outputs start poisoned and
+// are compared byte for byte including row padding, so unwritten or overwritten elements show.
+#include <cmath>
+#include <tuple>
+#include <vector>
+
+#include "cuda_test_util.h"
+
+namespace hot_cuda_test {
+namespace {
+
+using hot::Device;
+using hot::ScaleMode;
+using hot::Rounding;
+
+const DType kFloatTypes[] = {DType::f32, DType::bf16, DType::f16};
+
+::testing::AssertionResult all_bytes_equal(const HostTensor& a, const HostTensor& b) {
+  if (a.nbytes() != b.nbytes()) return ::testing::AssertionFailure() << "sizes differ";
+  for (size_t i = 0; i < a.nbytes(); ++i)
+    if (a.bytes()[i] != b.bytes()[i]) {
+      const int64_t eb = std::max(1, hot::dtype_bits(a.dtype()) / 8);
+      const int64_t e = static_cast<int64_t>(i) / eb;
+      return ::testing::AssertionFailure() << "byte " << i << " differs (element row " << e / a.ld() << ", col "
+                                           << e % a.ld() << " of " << a.rows() << " x " << a.cols() << ", ld "
+                                           << a.ld() << "): cpu " << int(a.bytes()[i]) << " cuda "
+                                           << int(b.bytes()[i]);
+    }
+  return ::testing::AssertionSuccess();
+}
+
+// ---- Hadamard / HLA ----------------------------------------------------------------------------------
+
+class Cuda_Hadamard : public CudaTest {};
+TEST_F(Cuda_Hadamard, BitExactVsCpu) {
+  const std::vector<std::tuple<int64_t, int64_t, int>> cases = {
+      {1, 1, 1}, {3, 16, 16}, {32, 5, 16}, {7, 256, 256}, {256, 3, 256}, {64, 96, 32}, {130, 24, 8}, {33, 50, 2}};
+  uint64_t seed = 1;
+  for (DType dt : kFloatTypes)
+    for (auto [R, C, block] : cases)
+      for (int axis : {0, 1}) {
+        if ((axis == 0 ? R : C) % block != 0) continue;
+        SCOPED_TRACE(testing::Message() << dt_name(dt) << " " << R << "x" << C << " block " << block << " axis "
+                                        << axis);
+        HostTensor in = rand_float(dt, R, C, seed++, C + 3);
+        HostTensor oc = out2d(DType::f32, R, C, C + 1), og = oc;
+        DevTensor din(in), dout(og);
+        hot::hadamard_transform(in, oc, block, axis);
+        hot::hadamard_transform(din, dout, block, axis, st());
+        sync();
+        EXPECT_TRUE(all_bytes_equal(oc, dout.to_host()));
+      }
+}
+
+class Cuda_Hla : public CudaTest {};
+TEST_F(Cuda_Hla, BitExactVsCpu) {
+  uint64_t seed = 100;
+  for (DType dt : kFloatTypes)
+    for (int64_t L : {1, 15, 17, 333, 4097})
+      for (int64_t C : {1, 7, 64})
+        for (int rank : {1, 8, 16}) {
+          SCOPED_TRACE(testing::Message() << dt_name(dt) << " L " << L << " C " << C << " rank " << rank);
+          HostTensor in = rand_float(dt, L, C, seed++);
+          const int64_t K = hot::hla_rows(L, rank);
+          HostTensor oc = out2d(DType::f32, K, C), og = oc;
+          DevTensor din(in), dout(og);
+          hot::hla_project(in, oc, rank);
+          hot::hla_project(din, dout, rank, st());
+          sync();
+          EXPECT_TRUE(all_bytes_equal(oc, dout.to_host()));
+        }
+}
+
+// ---- quantise / dequantise / int4 --------------------------------------------------------------------
+
+class Cuda_Quantize : public CudaTest {};
+TEST_F(Cuda_Quantize, BitExactVsCpu) {
+  uint64_t seed = 200;
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1}, {3, 1}, {37, 53}, {1000, 129}, {5, 4099}};
+  for (DType dt : kFloatTypes)
+    for (auto [R, C] : shapes)
+      for (int bits : {4, 8})
+        for (ScaleMode sm : {ScaleMode::tensor, ScaleMode::token})
+          for (Rounding rd : {Rounding::nearest, Rounding::stochastic}) {
+            SCOPED_TRACE(testing::Message() << dt_name(dt) << " " << R << "x" << C << " bits " << bits << " "
+                                            << hot::scale_mode_name(sm) << " " << hot::rounding_name(rd));
+            HostTensor in = rand_float(dt, R, C, seed++, C + 2, 3.0f);
+            hot::QuantizeParams p;
+            p.bits = bits;
+            p.scale = sm;
+            p.rounding = rd;
+            p.seed = 0x1234567890abcdefull + seed;
+            p.rng_stream = static_cast<uint32_t>(seed % 3);
+            const int64_t ns = sm == ScaleMode::tensor ? 1 : R;
+            HostTensor qc = out2d(DType::s8, R, C, C + 5), qg = qc;
+            HostTensor sc = out1d(DType::f32, ns), sg = sc;
+            DevTensor din(in), dq(qg), ds(sg);
+            hot::quantize(in, qc, sc, p);
+            hot::quantize(din, dq, ds, p, st());
+            sync();
+            EXPECT_TRUE(all_bytes_equal(qc, dq.to_host()));
+            EXPECT_TRUE(all_bytes_equal(sc, ds.to_host()));
+          }
+}
+
+TEST_F(Cuda_Quantize, NonFiniteGivesNaNScaleAndZeros) {
+  for (ScaleMode sm : {ScaleMode::tensor, ScaleMode::token}) {
+    std::vector<float> v = hot_test::randn(6 * 40, 7);
+    v[2 * 40 + 5] = std::nanf("");
+    v[4 * 40 + 1] = INFINITY;
+    HostTensor in = hot_test::host_from(DType::f32, 6, 40, v);
+    hot::QuantizeParams p;
+    p.bits = 8;
+    p.scale = sm;
+    p.rounding = Rounding::stochastic;
+    p.seed = 5;
+    const int64_t ns = sm == ScaleMode::tensor ? 1 : 6;
+    HostTensor qc = out2d(DType::s8, 6, 40), qg = qc, sc = out1d(DType::f32, ns), sg = sc;
+    DevTensor din(in), dq(qg), ds(sg);
+    hot::quantize(in, qc, sc, p);
+    hot::quantize(din, dq, ds, p, st());
+    sync();
+    const HostTensor qh = dq.to_host(), sh = ds.to_host();
+    EXPECT_TRUE(all_bytes_equal(qc, qh));
+    for (int64_t i = 0; i < ns; ++i) {
+      const bool bad_row = sm == ScaleMode::tensor || i == 2 || i == 4;
+      EXPECT_EQ(std::isnan(sh.getf(i)), bad_row) << "scale " << i;
+      EXPECT_EQ(std::isnan(sc.getf(i)), bad_row) << "cpu scale " << i;
+    }
+  }
+}
+
+// amax below ~3.7e-37: qmax / amax overflows, the rules pre-scale by 2^64 (QuantScale::pre).
+TEST_F(Cuda_Quantize, TinyAmaxBitExactVsCpu) {
+  uint64_t seed = 250;
+  for (DType dt : {DType::f32, DType::bf16})
+    for (ScaleMode sm : {ScaleMode::tensor, ScaleMode::token})
+      for (Rounding rd : {Rounding::nearest, Rounding::stochastic}) {
+        HostTensor in = rand_float(dt, 33, 70, seed++, -1, 1e-38f);
+        hot::QuantizeParams p;
+        p.bits = 8;
+        p.scale = sm;
+        p.rounding = rd;
+        p.seed = seed;
+        const int64_t ns = sm == ScaleMode::tensor ? 1 : 33;
+        HostTensor qc = out2d(DType::s8, 33, 70), qg = qc, sc = out1d(DType::f32, ns), sg = sc;
+        DevTensor din(in), dq(qg), ds(sg);
+        hot::quantize(in, qc, sc, p);
+        hot::quantize(din, dq, ds, p, st());
+        sync();
+        EXPECT_TRUE(all_bytes_equal(qc, dq.to_host())) << dt_name(dt);
+        EXPECT_TRUE(all_bytes_equal(sc, ds.to_host())) << dt_name(dt);
+      }
+  // and through the fused g_y pass
+  for (ScaleMode sm : {ScaleMode::tensor, ScaleMode::token}) {
+    const int64_t L = 70, O = 48;
+    HostTensor gy = rand_float(DType::f32, L, O, seed++, -1, 1e-38f);
+    hot::GradOutputPlan plan;
+    plan.gx = plan.gw = true;
+    plan.gx_bits = 4;
+    plan.block = 16;
+    plan.gx_scale = sm;
+    plan.seed = 9;
+    const int64_t Kp = hot::padded_k(hot::hla_rows(L, 8));
+    HostTensor qg = out2d(DType::s8, L, 48), sg = out1d(DType::f32, sm == ScaleMode::tensor ? 1 : L);
+    HostTensor qh = out2d(DType::s8, O, Kp), sh = out1d(DType::f32, 1);
+    DevTensor dqg(qg), dsg(sg), dqh(qh), dsh(sh), dgy(gy);
+    hot::GradOutputQuant oc, og;
+    oc.q_g = qg, oc.s_g = sg, oc.q_gh_t = qh, oc.s_gh = sh;
+    og.q_g = dqg, og.s_g = dsg, og.q_gh_t = dqh, og.s_gh = dsh;
+    hot::cpu::quantize_grad_output(gy, plan, oc, {});
+    hot::cuda::quantize_grad_output(dgy, plan, og, st());
+    sync();
+    EXPECT_TRUE(all_bytes_equal(qg, dqg.to_host()));
+    EXPECT_TRUE(all_bytes_equal(sg, dsg.to_host()));
+    EXPECT_TRUE(all_bytes_equal(qh, dqh.to_host()));
+    EXPECT_TRUE(all_bytes_equal(sh, dsh.to_host()));
+  }
+}
+
+class Cuda_Dequantize : public CudaTest {};
+TEST_F(Cuda_Dequantize, BitExactVsCpu) {
+  uint64_t seed = 300;
+  for (DType dt : kFloatTypes)
+    for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {17, 33}, {300, 257}})
+      for (bool per_row : {false, true}) {
+        HostTensor q = rand_int(DType::s8, R, C, -127, 127, seed++, C + 1);
+        HostTensor s = hot_test::host_from(DType::f32, 1, per_row ? R : 1,
+                                           hot_test::randn(static_cast<size_t>(per_row ? R : 1), seed++, 0.1f));
+        HostTensor s1 = HostTensor::make1d(DType::f32, per_row ? R : 1);
+        for (int64_t i = 0; i < s1.cols(); ++i) s1.setf(i, std::fabs(s.getf(0, i)));
+        HostTensor oc = out2d(dt, R, C, C + 2), og = oc;
+        DevTensor dq(q), ds(s1), dout(og);
+        hot::dequantize(q, s1, oc);
+        hot::dequantize(dq, ds, dout, st());
+        sync();
+        EXPECT_TRUE(all_bytes_equal(oc, dout.to_host())) << dt_name(dt) << " " << R << "x" << C;
+      }
+}
+
+class Cuda_Int4 : public CudaTest {};
+TEST_F(Cuda_Int4, PackUnpackBitExactVsCpu) {
+  uint64_t seed = 400;
+  for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 2}, {7, 34}, {129, 1000}}) {
+    HostTensor q = rand_int(DType::s8, R, C, -8, 7, seed++, C + 4);
+    HostTensor pc = out2d(DType::s4, R, C, C + 6), pg = pc;
+    DevTensor dq(q), dp(pg);
+    hot::pack_int4(q, pc);
+    hot::pack_int4(dq, dp, st());
+    sync();
+    const HostTensor ph = dp.to_host();
+    EXPECT_TRUE(all_bytes_equal(pc, ph));
+    HostTensor uc = out2d(DType::s8, R, C, C + 2), ug = uc;
+    DevTensor du(ug), dp2(ph);
+    hot::unpack_int4(pc, uc);
+    hot::unpack_int4(dp2, du, st());
+    sync();
+    const HostTensor uh = du.to_host();
+    EXPECT_TRUE(all_bytes_equal(uc, uh));
+    EXPECT_TRUE(same_bits(q, uh));  // round trip
+  }
+}
+
+// ---- integer GEMMs ---------------------------------------------------------------------------------
+
+// int64 reference of selected entries of A B^T (for shapes too large for the CPU backend in a test).
+::testing::AssertionResult check_sampled(const HostTensor& a, const HostTensor& b, const HostTensor& c, int samples,
+                                         uint64_t seed) {
+  std::mt19937_64 g(seed);
+  const int64_t M = a.rows(), N = b.rows(), K = a.cols();
+  for (int s = 0; s < samples; ++s) {
+    const int64_t m = (s == 0) ? M - 1 : static_cast<int64_t>(g() % M);
+    const int64_t n = (s == 0) ? N - 1 : static_cast<int64_t>(g() % N);
+    int64_t acc = 0;
+    for (int64_t k = 0; k < K; ++k) acc += a.geti(m, k) * b.geti(n, k);
+    if (acc != c.geti(m, n))
+      return ::testing::AssertionFailure() << "C[" << m << "," << n << "] = " << c.geti(m, n) << ", expected " << acc;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+class Cuda_GemmS8 : public CudaTest {};
+TEST_F(Cuda_GemmS8, BitExactVsCpu) {
+  uint64_t seed = 500;
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
+      {1, 1, 1}, {1, 1, 16}, {17, 33, 48}, {129, 257, 512}, {300, 77, 1000}, {64, 128, 32}, {333, 200, 96},
+      {1000, 40, 1024}, {7, 300, 2048}};
+  for (auto [M, N, K] : shapes) {
+    SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " K " << K);
+    HostTensor a = rand_int(DType::s8, M, K, -127, 127, seed++);
+    HostTensor b = rand_int(DType::s8, N, K, -127, 127, seed++);
+    HostTensor cc = out2d(DType::s32, M, N), cg = cc;
+    DevTensor da(a), db(b), dc(cg);
+    hot::gemm_s8s8s32(a, b, cc);
+    hot::gemm_s8s8s32(da, db, dc, st());
+    sync();
+    EXPECT_TRUE(all_bytes_equal(cc, dc.to_host()));
+  }
+}
+
+TEST_F(Cuda_GemmS8, ExtremeValuesAndLargeShapes) {
+  // All -127 / 127: the largest int32 sums the contraction allows.
+  for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{256, 256, 8192}, {4096, 2304, 4096}}) {
+    if (M > 256 && small_run()) continue;
+    HostTensor a = rand_int(DType::s8, M, K, -127, 127, 11);
+    HostTensor b = rand_int(DType::s8, N, K, -127, 127, 12);
+    if (M == 256)
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t k = 0; k < K; ++k) a.seti(i, k, (i % 2) ? 127 : -127), b.seti(i % N, k, -127);
+    HostTensor cg = out2d(DType::s32, M, N);
+    DevTensor da(a), db(b), dc(cg);
+    hot::gemm_s8s8s32(da, db, dc, st());
+    sync();
+    EXPECT_TRUE(check_sampled(a, b, dc.to_host(), 3000, M + N));
+  }
+}
+
+class Cuda_GemmS4 : public CudaTest {};
+TEST_F(Cuda_GemmS4, BitExactVsCpu) {
+  uint64_t seed = 600;
+  for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {1, 1, 2}, {17, 33, 64}, {129, 257, 512}, {300, 77, 1000}, {64, 128, 30}}) {
+    SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " K " << K);
+    HostTensor a = rand_int(DType::s4, M, K, -8, 7, seed++);
+    HostTensor b = rand_int(DType::s4, N, K, -8, 7, seed++);
+    HostTensor cc = out2d(DType::s32, M, N), cg = cc;
+    DevTensor da(a), db(b), dc(cg);
+    hot::gemm_s4s4s32(a, b, cc);
+    hot::gemm_s4s4s32(da, db, dc, st());
+    sync();
+    EXPECT_TRUE(all_bytes_equal(cc, dc.to_host()));
+  }
+}
+
+class Cuda_GemmDequant : public CudaTest {};
+TEST_F(Cuda_GemmDequant, BitExactVsCpu) {
+  uint64_t seed = 700;
+  for (DType dt : kFloatTypes)
+    for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {1, 1, 16}, {37, 77, 48}, {200, 768, 2304}, {513, 40, 1008}, {100, 33, 30}, {2048, 512, 512}})
+      for (bool per_row : {false, true})
+        for (int bits : {4, 8}) {
+          SCOPED_TRACE(testing::Message() << dt_name(dt) << " M " << M << " N " << N << " K " << K << " per_row "
+                                          << per_row << " bits " << bits);
+          const int qmax = bits == 4 ? 7 : 127;
+          HostTensor a = rand_int(DType::s8, M, K, -qmax, qmax, seed++);
+          HostTensor b = rand_int(DType::s8, N, K, -qmax, qmax, seed++);
+          HostTensor sa = HostTensor::make1d(DType::f32, per_row ? M : 1);
+          std::vector<float> r = hot_test::randn(static_cast<size_t>(sa.cols()), seed++);
+          for (int64_t i = 0; i < sa.cols(); ++i) sa.setf(i, 1e-3f * (1.0f + std::fabs(r[i])));
+          HostTensor sb = HostTensor::make1d(DType::f32, 1);
+          sb.setf(0, 0.0123f);
+          const float factor = bits == 4 ? 1.0f / 16 : 1.0f / 16;
+          HostTensor oc = out2d(dt, M, N), og = oc;
+          DevTensor da(a), db(b), dsa(sa), dsb(sb), dout(og);
+          hot::cpu::gemm_s8_dequant(a, b, sa, sb, factor, bits, oc, {});
+          hot::cuda::gemm_s8_dequant(da, db, dsa, dsb, factor, bits, dout, st());
+          sync();
+          EXPECT_TRUE(all_bytes_equal(oc, dout.to_host()));
+        }
+}
+
+// ---- layer operations ----------------------------------------------------------------------------------
+
+class Cuda_CompressActivation : public CudaTest {};
+TEST_F(Cuda_CompressActivation, BitExactVsCpu) {
+  uint64_t seed = 800;
+  for (DType dt : kFloatTypes)
+    for (int64_t L : {1, 31, 1000, 20011})
+      for (int64_t I : {8, 77, 130})
+        for (int rank : {1, 3, 8, 16}) {
+          if (L == 20011 && (rank == 3 || I == 8 || small_run())) continue;
+          SCOPED_TRACE(testing::Message() << dt_name(dt) << " L " << L << " I " << I << " rank " << rank);
+          HostTensor x = rand_float(dt, L, I, seed++, I + (L % 3));
+          const int64_t Kp = hot::padded_k(hot::hla_rows(L, rank));
+          HostTensor qc = out2d(DType::s8, I, Kp), qg = qc, sc = out1d(DType::f32, 1), sg = sc;
+          DevTensor dx(x), dq(qg), ds(sg);
+          hot::cpu::compress_activation(x, qc, sc, rank, {});
+          hot::cuda::compress_activation(dx, dq, ds, rank, st());
+          sync();
+          EXPECT_TRUE(all_bytes_equal(qc, dq.to_host()));
+          EXPECT_TRUE(all_bytes_equal(sc, ds.to_host()));
+        }
+}
+
+class Cuda_QuantizeWeight : public CudaTest {};
+TEST_F(Cuda_QuantizeWeight, BitExactVsCpu) {
+  uint64_t seed = 900;
+  for (DType dt : kFloatTypes)
+    for (auto [O, I] : std::vector<std::pair<int64_t, int64_t>>{{16, 5}, {48, 64}, {100, 33}, {7, 9}, {2304, 768}})
+      for (int bits : {4, 8}) {
+        const int b = hot::hq_block_size(O);
+        SCOPED_TRACE(testing::Message() << dt_name(dt) << " O " << O << " I " << I << " bits " << bits << " b " << b);
+        HostTensor w = rand_float(dt, O, I, seed++, I + 1, 0.05f);
+        const int64_t Op = hot::padded_k(O);
+        HostTensor qc = out2d(DType::s8, I, Op), qg = qc, sc = out1d(DType::f32, 1), sg = sc;
+        DevTensor dw(w), dq(qg), ds(sg);
+        hot::cpu::quantize_weight(w, qc, sc, bits, b, {});
+        hot::cuda::quantize_weight(dw, dq, ds, bits, b, st());
+        sync();
+        EXPECT_TRUE(all_bytes_equal(qc, dq.to_host()));
+        EXPECT_TRUE(all_bytes_equal(sc, ds.to_host()));
+      }
+}
+
+struct QgoCase {
+  int64_t L, O;
+  int bits;
+  ScaleMode sm;
+  Rounding rd;
+  bool gx, gw, bias;
+  int rank;
+};
+
+class Cuda_QuantizeGradOutput : public CudaTest {};
+TEST_F(Cuda_QuantizeGradOutput, BitExactVsCpu) {
+  std::vector<QgoCase> cases;
+  for (int64_t L : {1, 17, 513, 20003})
+    for (int64_t O : {16, 24, 30, 7, 129, 2304}) {
+      if (L == 20003 && (O == 2304 || small_run())) continue;
+      cases.push_back({L, O, 4, ScaleMode::tensor, Rounding::stochastic, true, true, true, 8});
+      cases.push_back({L, O, 8, ScaleMode::token, Rounding::stochastic, true, true, false, 16});
+      if (L == 513) {
+        cases.push_back({L, O, 4, ScaleMode::token, Rounding::nearest, true, false, true, 3});
+        cases.push_back({L, O, 8, ScaleMode::tensor, Rounding::nearest, false, true, false, 1});
+        cases.push_back({L, O, 4, ScaleMode::tensor, Rounding::stochastic, false, false, true, 8});
+      }
+    }
+  uint64_t seed = 1000;
+  for (DType dt : kFloatTypes)
+    for (const QgoCase& c : cases) {
+      SCOPED_TRACE(testing::Message() << dt_name(dt) << " L " << c.L << " O " << c.O << " bits " << c.bits << " "
+                                      << hot::scale_mode_name(c.sm) << " " << hot::rounding_name(c.rd) << " gx " << c.gx
+                                      << " gw " << c.gw << " bias " << c.bias << " rank " << c.rank);
+      HostTensor gy = rand_float(dt, c.L, c.O, seed++, c.O + (c.L % 2));
+      hot::GradOutputPlan plan;
+      plan.gx = c.gx;
+      plan.gx_bits = c.bits;
+      plan.block = hot::hq_block_size(c.O);
+      plan.gx_scale = c.sm;
+      plan.gw = c.gw;
+      plan.rank = c.rank;
+      plan.rounding = c.rd;
+      plan.seed = 0xfeedbeef00000000ull + seed;
+      plan.bias = c.bias;
+      const int64_t Op = hot::padded_k(c.O), Kp = hot::padded_k(hot::hla_rows(c.L, c.rank));
+      HostTensor qg = out2d(DType::s8, c.L, Op), sg = out1d(DType::f32, c.sm == ScaleMode::tensor ? 1 : c.L);
+      HostTensor qh = out2d(DType::s8, c.O, Kp), sh = out1d(DType::f32, 1), gb = out1d(DType::f32, c.O);
+      DevTensor dqg(qg), dsg(sg), dqh(qh), dsh(sh), dgb(gb);
+      hot::GradOutputQuant oc, og;
+      if (c.gx) oc.q_g = qg, oc.s_g = sg, og.q_g = dqg, og.s_g = dsg;
+      if (c.gw) oc.q_gh_t = qh, oc.s_gh = sh, og.q_gh_t = dqh, og.s_gh = dsh;
+      if (c.bias) oc.g_b = gb, og.g_b = dgb;
+      DevTensor dgy(gy);
+      hot::cpu::quantize_grad_output(gy, plan, oc, {});
+      hot::cuda::quantize_grad_output(dgy, plan, og, st());
+      sync();
+      if (c.gx) {
+        EXPECT_TRUE(all_bytes_equal(qg, dqg.to_host())) << "q_g";
+        EXPECT_TRUE(all_bytes_equal(sg, dsg.to_host())) << "s_g";
+      }
+      if (c.gw) {
+        EXPECT_TRUE(all_bytes_equal(qh, dqh.to_host())) << "q_gh_t";
+        EXPECT_TRUE(all_bytes_equal(sh, dsh.to_host())) << "s_gh";
+      }
+      if (c.bias) {
+        // g_b is a float sum: different (fixed) association orders, so compare against float64 with
+        // the fp32 summation bound n * u * sum|g|.
+        const std::vector<float> g = gy.to_f32();
+        const HostTensor got = dgb.to_host();
+        for (int64_t o = 0; o < c.O; ++o) {
+          double s = 0, sa = 0;
+          for (int64_t l = 0; l < c.L; ++l) s += g[l * c.O + o], sa += std::fabs(g[l * c.O + o]);
+          const double tol = 2.0 * c.L * std::ldexp(1.0, -24) * sa + 1e-30;
+          ASSERT_NEAR(got.getf(o), s, tol) << "g_b[" << o << "]";
+        }
+      }
+    }
+}
+
+// ---- bias and exact matmul --------------------------------------------------------------------------------
+
+class Cuda_BiasGrad : public CudaTest {};
+TEST_F(Cuda_BiasGrad, MatchesFloat64) {
+  uint64_t seed = 1100;
+  for (DType dt : kFloatTypes)
+    for (auto [L, O] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {333, 17}, {25216, 768}}) {
+      if (L > 20000 && small_run()) continue;
+      HostTensor gy = rand_float(dt, L, O, seed++);
+      for (DType ot : {DType::f32, dt}) {
+        HostTensor og = out1d(ot, O);
+        DevTensor dgy(gy), dout(og);
+        hot::cuda::bias_grad(dgy, dout, st());
+        sync();
+        const HostTensor got = dout.to_host();
+        const std::vector<float> g = gy.to_f32();
+        for (int64_t o = 0; o < O; ++o) {
+          double s = 0, sa = 0;
+          for (int64_t l = 0; l < L; ++l) s += g[l * O + o], sa += std::fabs(g[l * O + o]);
+          const double tol = 2.0 * L * std::ldexp(1.0, -24) * sa + hot_test::unit_roundoff(ot) * std::fabs(s) + 1e-30;
+          ASSERT_NEAR(got.getf(o), s, tol) << dt_name(dt) << " L " << L << " O " << O << " col " << o;
+        }
+      }
+    }
+}
+
+class Cuda_MatmulExact : public CudaTest {};
+TEST_F(Cuda_MatmulExact, MatchesFloat64) {
+  uint64_t seed = 1200;
+  for (DType dt : kFloatTypes)
+    for (auto [M, K, N] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 1, 1}, {37, 65, 19}, {300, 512, 129}})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true})
+          for (DType ot : {DType::f32, dt}) {
+            HostTensor a = ta ? rand_float(dt, K, M, seed++) : rand_float(dt, M, K, seed++);
+            HostTensor b = tb ? rand_float(dt, N, K, seed++) : rand_float(dt, K, N, seed++);
+            HostTensor og = out2d(ot, M, N, N + 3);
+            DevTensor da(a), db(b), dout(og);
+            hot::cuda::matmul_exact(da, ta, db, tb, dout, st());
+            sync();
+            const std::vector<double> ref =
+                hot_test::matmul64(hot_test::to64(a.to_f32()), M, K, ta, hot_test::to64(b.to_f32()), N, tb);
+            const std::vector<double> refabs = hot_test::matmul64(hot_test::abs64(hot_test::to64(a.to_f32())), M, K,
+                                                                  ta, hot_test::abs64(hot_test::to64(b.to_f32())), N, tb);
+            const HostTensor got = dout.to_host();
+            for (int64_t i = 0; i < M * N; ++i) {
+              const double tol = 2.0 * K * std::ldexp(1.0, -24) * refabs[i] + hot_test::unit_roundoff(ot) * std::fabs(ref[i]) + 1e-30;
+              ASSERT_NEAR(got.getf(i / N, i % N), ref[i], tol)
+                  << dt_name(dt) << "->" << dt_name(ot) << " " << M << "x" << K << "x" << N << " ta " << ta << " tb " << tb;
+            }
+          }
+}
+
+// ---- end to end: public backward_linear on both devices ----------------------------------------------
+
+class Cuda_BackwardLinear : public CudaTest {};
+TEST_F(Cuda_BackwardLinear, BitExactVsCpu) {
+  struct Shape3 {
+    int64_t L, O, I;
+  };
+  uint64_t seed = 1300;
+  for (DType dt : kFloatTypes)
+    for (Shape3 s : {Shape3{1, 16, 8}, Shape3{197, 48, 40}, Shape3{515, 30, 77}, Shape3{20001, 64, 48}})
+      for (int bits : {4, 8})
+        for (ScaleMode sm : {ScaleMode::tensor, ScaleMode::token}) {
+          if (s.L > 20000 && small_run()) continue;
+          SCOPED_TRACE(testing::Message() << dt_name(dt) << " L " << s.L << " O " << s.O << " I " << s.I << " bits "
+                                          << bits << " " << hot::scale_mode_name(sm));
+          hot::Config cfg;
+          cfg.gx_bits = bits;
+          cfg.gx_scale = sm;
+          HostTensor x = rand_float(dt, s.L, s.I, seed++);
+          HostTensor w = rand_float(dt, s.O, s.I, seed++, -1, 0.05f);
+          HostTensor gy = rand_float(dt, s.L, s.O, seed++);
+          DevTensor dx(x), dw(w), dgy(gy);
+          hot::SavedActivation sc = hot::compress_activation(x, cfg.rank);
+          hot::SavedActivation sg = hot::compress_activation(dx, cfg.rank, st());
+          HostTensor gxc = out2d(dt, s.L, s.I), gwc = out2d(dt, s.O, s.I), gbc = out1d(DType::f32, s.O);
+          HostTensor gxg = gxc, gwg = gwc, gbg = gbc;
+          DevTensor dgx(gxg), dgw(gwg), dgb(gbg);
+          hot::backward_linear(gy, w, &sc, cfg, 42, {gxc, gwc, gbc});
+          hot::backward_linear(dgy, dw, &sg, cfg, 42, {dgx, dgw, dgb}, st());
+          sync();
+          EXPECT_TRUE(all_bytes_equal(gxc, dgx.to_host())) << "grad_input";
+          EXPECT_TRUE(all_bytes_equal(gwc, dgw.to_host())) << "grad_weight";
+        }
+}
+
+// ---- sm_90a: the wgmma kernels themselves -------------------------------------------------------------
+
+class Cuda_Sm90_GemmS8 : public CudaTest {};
+TEST_F(Cuda_Sm90_GemmS8, WgmmaPathSelectedAndExact) {
+  SKIP_UNLESS_SM90();
+  const std::string info = hot::cuda::build_info();
+  EXPECT_NE(info.find("sm90a CUTLASS 3.x wgmma"), std::string::npos) << info;
+  // Large, tile-unaligned M and N, stream-K friendly (small M N, long K) and wide shapes.
+  for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {25216, 768, 2304}, {2304, 768, 12608}, {333, 4096, 1024}, {129, 130, 16}}) {
+    if (M * N * K > (int64_t(1) << 32) && small_run()) continue;
+    HostTensor a = rand_int(DType::s8, M, K, -127, 127, M);
+    HostTensor b = rand_int(DType::s8, N, K, -127, 127, N);
+    HostTensor cg = out2d(DType::s32, M, N);
+    DevTensor da(a), db(b), dc(cg);
+    hot::gemm_s8s8s32(da, db, dc, st());
+    sync();
+    EXPECT_TRUE(check_sampled(a, b, dc.to_host(), 2000, M * 7 + N)) << M << "x" << N << "x" << K;
+  }
+}
+
+}  // namespace
+}  // namespace hot_cuda_test

@@ -70,7 +70,7 @@ _MASK = np.uint64(0xFFFFFFFF)
 def philox_uniform(seed: int, stream: int, index: np.ndarray) -> np.ndarray:
     """u in [0, 1) (float32) for element indices `index` of RNG stream `stream` under `seed`."""
     index = np.asarray(index, dtype=np.uint64)
-    group = index >> np.uint64(2)
+    group = index >> np.uint64(3)  # one Philox call per 8 elements, 16-bit uniforms (rng.h)
     c0 = group & _MASK
     c1 = group >> np.uint64(32)
     c2 = np.full_like(c0, stream)
@@ -87,8 +87,9 @@ def philox_uniform(seed: int, stream: int, index: np.ndarray) -> np.ndarray:
         k0 = (k0 + _W0) & 0xFFFFFFFF
         k1 = (k1 + _W1) & 0xFFFFFFFF
     words = np.stack([c0, c1, c2, c3])
-    w = np.take_along_axis(words, (index & np.uint64(3)).astype(np.int64)[None], axis=0)[0]
-    return ((w >> np.uint64(8)).astype(np.float32) * np.float32(1.0 / 16777216.0)).astype(np.float32)
+    w = np.take_along_axis(words, ((index >> np.uint64(1)) & np.uint64(3)).astype(np.int64)[None], axis=0)[0]
+    half = (w >> (np.uint64(16) * (index & np.uint64(1)))) & np.uint64(0xFFFF)
+    return (half.astype(np.float32) * np.float32(1.0 / 65536.0)).astype(np.float32)
 
 
 # ---- quantiser (SPEC §5) --------------------------------------------------------------------------

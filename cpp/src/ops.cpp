@@ -14,6 +14,12 @@ namespace {
 
 bool requested(const TensorView& v) { return v.data != nullptr; }
 
+// CUDA tensors need a usable CUDA backend: compiled in and a device present.
+void require_cuda() {
+  if (!cuda::available())
+    HOT_FAIL(unavailable, "CUDA tensors given, but the CUDA backend is unavailable: ", cuda::unavailable_reason());
+}
+
 const char* kFloatTypes = "float32, float16 or bfloat16";
 
 // A 2-D, non-empty, row-major operand with unit column stride.
@@ -79,7 +85,7 @@ void check_k_fits(const char* op, const char* what, int64_t k, int qmax_a, int q
 }
 
 #define HOT_DISPATCH(device, fn, ...) \
-  ((device).is_cpu() ? cpu::fn(__VA_ARGS__) : cuda::fn(__VA_ARGS__))
+  ((device).is_cpu() ? cpu::fn(__VA_ARGS__) : (require_cuda(), cuda::fn(__VA_ARGS__)))
 
 }  // namespace
 

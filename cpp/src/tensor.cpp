@@ -96,6 +96,8 @@ Tensor Tensor::empty(DType dtype, const Shape& shape, Device device, Stream stre
     HOT_CHECK(p != nullptr, internal, "out of host memory allocating ", alloc, " bytes");
     t.storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   } else {
+    HOT_CHECK(cuda::available(), unavailable, "cannot allocate on ", device_str(device),
+              ": the CUDA backend is unavailable: ", cuda::unavailable_reason());
     const int dev = device.index;
     void* p = cuda::allocate(alloc, dev, stream);
     t.storage_ = std::shared_ptr<void>(p, [dev, stream](void* q) { cuda::deallocate(q, dev, stream); });

@@ -34,7 +34,7 @@ TEST(Cpu_Rng, Philox4x32_10KnownAnswers) {
 
 TEST(Cpu_Rng, UniformFollowsDocumentedCounterLayout) {
   const uint64_t seeds[] = {0ull, 1ull, 0x123456789abcdef0ull, ~0ull};
-  const uint64_t idx[] = {0, 1, 2, 3, 4, 5, 7, 1000003, (1ull << 34) - 1, (1ull << 34), (1ull << 34) + 6,
+  const uint64_t idx[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 1000003, (1ull << 35) - 1, (1ull << 35), (1ull << 35) + 6,
                           0xfedcba9876543ull};
   for (uint64_t s : seeds)
     for (uint32_t st : {0u, 1u, 7u})
@@ -43,16 +43,28 @@ TEST(Cpu_Rng, UniformFollowsDocumentedCounterLayout) {
         EXPECT_EQ(f32_bits(u), f32_bits(ref_uniform(s, st, e))) << "seed " << s << " stream " << st << " index " << e;
         EXPECT_GE(u, 0.0f);
         EXPECT_LT(u, 1.0f);
-        const hot::Philox4 g = hot::sr_group_bits(s, st, e >> 2);
-        EXPECT_EQ(f32_bits(u), f32_bits(hot::sr_bits_to_uniform(g.v[e & 3])));
+        const hot::Philox4 g = hot::sr_group_bits(s, st, e >> 3);
+        EXPECT_EQ(f32_bits(u), f32_bits(hot::sr_group_uniform(g, static_cast<unsigned>(e & 7))));
+        // Spelled out: word (e >> 1) & 3, low half for even e, high half for odd e.
+        const uint32_t w = g.v[(e >> 1) & 3];
+        EXPECT_EQ(u, static_cast<float>((e & 1) ? (w >> 16) : (w & 0xffffu)) / 65536.0f);
       }
+  // Eight consecutive elements share one Philox call: their uniforms are the 8 halves of its 4 words.
+  const hot::Philox4 g = hot::sr_group_bits(99, 1, 5);
+  for (unsigned j = 0; j < 8; ++j) {
+    const uint32_t h = (g.v[j / 2] >> (16 * (j % 2))) & 0xffffu;
+    EXPECT_EQ(hot::sr_uniform(99, 1, 40 + j), static_cast<float>(h) * std::ldexp(1.0f, -16)) << "element " << j;
+  }
 }
 
 TEST(Cpu_Rng, UniformExtremesAreInRange) {
-  EXPECT_EQ(hot::sr_bits_to_uniform(0u), 0.0f);
-  EXPECT_LT(hot::sr_bits_to_uniform(0xffffffffu), 1.0f);
-  EXPECT_EQ(hot::sr_bits_to_uniform(0xffffffffu), 1.0f - std::ldexp(1.0f, -24));
-  EXPECT_EQ(hot::sr_bits_to_uniform(0x80000000u), 0.5f);
+  EXPECT_EQ(hot::sr_half_to_uniform(0u), 0.0f);
+  EXPECT_LT(hot::sr_half_to_uniform(0xffffu), 1.0f);
+  EXPECT_EQ(hot::sr_half_to_uniform(0xffffu), 1.0f - std::ldexp(1.0f, -16));
+  EXPECT_EQ(hot::sr_half_to_uniform(0x8000u), 0.5f);
+  EXPECT_EQ(hot::sr_half_to_uniform(0xffff8000u), 0.5f);  // only the low 16 bits count
+  const hot::Philox4 ones{{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}};
+  for (unsigned j = 0; j < 8; ++j) EXPECT_EQ(hot::sr_group_uniform(ones, j), 1.0f - std::ldexp(1.0f, -16));
 }
 
 TEST(Cpu_Rng, UniformMomentsAndBuckets) {
@@ -75,20 +87,30 @@ TEST(Cpu_Rng, UniformMomentsAndBuckets) {
 }
 
 TEST(Cpu_Rng, StreamsSeedsAndIndicesDecorrelate) {
+  // The Philox words behind the uniforms (32 bits each): 3 seeds x 2 streams x 128 groups x 4 words.
   std::set<uint32_t> seen;
   int collisions = 0;
   for (uint64_t seed : {1ull, 2ull, (1ull << 32) + 1})
     for (uint32_t st : {0u, 1u})
-      for (uint64_t e = 0; e < 512; ++e) {
-        const float u = hot::sr_uniform(seed, st, e);
-        if (!seen.insert(f32_bits(u)).second) ++collisions;
+      for (uint64_t g = 0; g < 128; ++g) {
+        const hot::Philox4 r = hot::sr_group_bits(seed, st, g);
+        for (uint32_t w : r.v)
+          if (!seen.insert(w).second) ++collisions;
       }
-  // 3072 draws out of 2^24 values: expected collisions ~0.28.
-  EXPECT_LE(collisions, 4);
+  // 3072 draws out of 2^32 values: expected collisions ~0.001.
+  EXPECT_LE(collisions, 1);
+  // 16-bit uniforms: 3072 draws out of 2^16 values collide ~n^2 / 2^17 = 72 times (sd ~8.5).
+  std::set<uint32_t> seen16;
+  int coll16 = 0;
+  for (uint64_t e = 0; e < 3072; ++e)
+    if (!seen16.insert(f32_bits(hot::sr_uniform(3, 0, e))).second) ++coll16;
+  EXPECT_GT(coll16, 72 - 45);
+  EXPECT_LT(coll16, 72 + 45);
   // The high word of the seed matters, the stream matters, the high part of the index matters.
-  EXPECT_NE(hot::sr_uniform(1, 0, 5), hot::sr_uniform(1 + (1ull << 32), 0, 5));
-  EXPECT_NE(hot::sr_uniform(1, 0, 5), hot::sr_uniform(1, 1, 5));
-  EXPECT_NE(hot::sr_uniform(1, 0, 5), hot::sr_uniform(1, 0, 5 + (1ull << 34)));
+  EXPECT_NE(hot::sr_group_bits(1, 0, 5).v[0], hot::sr_group_bits(1 + (1ull << 32), 0, 5).v[0]);
+  EXPECT_NE(hot::sr_group_bits(1, 0, 5).v[0], hot::sr_group_bits(1, 1, 5).v[0]);
+  EXPECT_NE(hot::sr_group_bits(1, 0, 5).v[0], hot::sr_group_bits(1, 0, 5 + (1ull << 32)).v[0]);
+  EXPECT_NE(hot::sr_uniform(1, 0, 5), hot::sr_uniform(1, 0, 5 + (1ull << 35)));
 }
 
 }  // namespace

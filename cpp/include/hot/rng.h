@@ -4,11 +4,19 @@
 //   multipliers 0xD2511F53, 0xCD9E8D57; Weyl increments 0x9E3779B9, 0xBB67AE85.
 // For element index e (row-major index in the logical, unpadded operand) of RNG stream s under seed k:
 //   key     = (k & 0xffffffff, k >> 32)
-//   counter = ((e >> 2) & 0xffffffff, (e >> 34), s, 0)
-//   w       = word (e & 3) of Philox4x32-10(counter, key)
-//   u       = (w >> 8) * 2^-24                       (a float in [0, 1), exact in fp32)
+//   counter = ((e >> 3) & 0xffffffff, (e >> 35), s, 0)
+//   w       = word ((e >> 1) & 3) of Philox4x32-10(counter, key)
+//   u       = ((w >> (16 * (e & 1))) & 0xffff) * 2^-16   (a float in [0, 1), exact in fp32)
+// i.e. one Philox call serves 8 consecutive elements with 16-bit uniforms (low half first).
 // The value depends only on (seed, stream, element index), so every thread count, tiling and backend
 // draws the same u for the same element. Streams in use: see rng_stream below.
+//
+// Bias of 16-bit uniforms: u takes the values j * 2^-16 (j = 0 .. 65535). For t = v * inv with
+// fractional part f, P(floor(t + u) = floor(t) + 1) = #{j : j >= (1 - f) 2^16} / 2^16 = floor(f 2^16) / 2^16,
+// which lies in (f - 2^-16, f]: E[q] - t is in (-2^-16, 0], i.e. at most 2^-16 of a quantisation step
+// (zero when f is a multiple of 2^-16; 24-bit uniforms would give 2^-24). The fp32 rounding of t + u
+// adds the same tiny effect as with any uniform width. For the 4- and 8-bit grids of HOT this is far
+// below the noise of stochastic rounding itself (variance f (1 - f) of a step squared).
 #pragma once
 
 #include <cstdint>
@@ -57,18 +65,27 @@ HOT_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
   return Philox4{{c0, c1, c2, c3}};
 }
 
-// All four uniforms of the group of elements 4g .. 4g+3.
+// Number of consecutive elements served by one Philox call.
+constexpr int kSrGroup = 8;
+
+// The random bits of the group of elements 8g .. 8g+7 (g = e >> 3).
 HOT_HD Philox4 sr_group_bits(uint64_t seed, uint32_t stream, uint64_t group) {
   return philox4x32_10(static_cast<uint32_t>(group), static_cast<uint32_t>(group >> 32), stream, 0u,
                        static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 
-HOT_HD float sr_bits_to_uniform(uint32_t w) { return static_cast<float>(w >> 8) * (1.0f / 16777216.0f); }
+// A 16-bit value h (0 .. 65535) as the uniform h * 2^-16.
+HOT_HD float sr_half_to_uniform(uint32_t h) { return static_cast<float>(h & 0xffffu) * (1.0f / 65536.0f); }
+
+// u of element j (0 .. 7) of a group: the low (j even) or high (j odd) half of word j >> 1.
+HOT_HD float sr_group_uniform(const Philox4& r, unsigned j) {
+  return sr_half_to_uniform(r.v[(j >> 1) & 3] >> (16 * (j & 1)));
+}
 
 // u in [0, 1) for element `index` of RNG stream `stream` under `seed`.
 HOT_HD float sr_uniform(uint64_t seed, uint32_t stream, uint64_t index) {
-  Philox4 r = sr_group_bits(seed, stream, index >> 2);
-  return sr_bits_to_uniform(r.v[index & 3]);
+  const Philox4 r = sr_group_bits(seed, stream, index >> 3);
+  return sr_group_uniform(r, static_cast<unsigned>(index & 7));
 }
 
 }  // namespace hot

@@ -58,9 +58,9 @@ void quantize_row(const float* v, int64_t n, QuantScale s, int qmax, Rounding ro
   int64_t c = 0;
   while (c < n) {
     const uint64_t idx = index0 + static_cast<uint64_t>(c);
-    const Philox4 r = sr_group_bits(seed, stream, idx >> 2);
-    for (int w = static_cast<int>(idx & 3); w < 4 && c < n; ++w, ++c)
-      dst[c * dst_stride] = quantize_stochastic(v[c], s, qmax, sr_bits_to_uniform(r.v[w]));
+    const Philox4 r = sr_group_bits(seed, stream, idx >> 3);  // one call per 8 elements (rng.h)
+    for (unsigned j = static_cast<unsigned>(idx & 7); j < 8 && c < n; ++j, ++c)
+      dst[c * dst_stride] = quantize_stochastic(v[c], s, qmax, sr_group_uniform(r, j));
   }
 }
 

@@ -15,6 +15,11 @@
 // 256 threads. G~: a thread transforms 16 consecutive columns of one row in registers (4 such units);
 // G^: a thread transforms 4 columns of one 16-row block in registers (1 unit). No shuffles; the
 // butterfly order is the one of the CPU backend, so fp32 values, and therefore integers, are identical.
+// Stochastic rounding (rng.h: one Philox4x32-10 call per 8 consecutive elements, 16-bit uniforms): when
+// O % 8 == 0 every 8-element group is aligned and all in or all out of a row; a G~ unit (16 columns)
+// makes 2 calls, and for G^ the two lanes holding columns 8i .. 8i+7 of a row block split the rows
+// k, k+1 between them and swap the other half of each call by one shuffle pair. Other O take the
+// generic per-element path (quant_slow).
 #include <algorithm>
 
 #include "common.cuh"
@@ -59,6 +64,7 @@ struct QgoParams {
   const float* inv_gw;  // [1]
   const float* pre_gx;  // [1] or [L]: QuantScale::pre (1, or 2^64 for a tiny amax)
   const float* pre_gw;  // [1]
+  bool sr8;             // stochastic and O % 8 == 0: every aligned 8-element RNG group is all in or all out
   bool vec_load;        // 4 consecutive columns load as one vector
   bool vec_store_qg;    // 4 consecutive q_g bytes store as one word
   bool word_store_qgh;  // q_gh_t rows can be written in 4-byte words
@@ -88,25 +94,35 @@ __device__ __forceinline__ int8_t q_stochastic(float v, float inv, float pre, in
   return static_cast<int8_t>(max(-qmax, min(qmax, i)));
 }
 
-// Rounding of 4 consecutive logical elements e0 .. e0+3 of one row, n of them valid (n <= 4): one
-// Philox call when the group is aligned and full, else the out-of-line generic path.
+// Rounding of 4 consecutive logical elements e0 .. e0+3 of one row, n of them valid (n <= 4), where the
+// 8-element RNG fast paths do not apply: inline round-to-nearest, else the out-of-line generic path.
 __device__ __forceinline__ void quant4(const float (&v)[4], int n, float inv, float pre, int qmax, bool stochastic, uint64_t seed,
                                        uint32_t stream, uint64_t e0, int8_t (&q)[4]) {
-  if (n == 4 && ((e0 & 3) == 0 || !stochastic)) {
-    if (!stochastic) {
+  if (n == 4 && !stochastic) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) q[i] = q_nearest(v[i], inv, pre, qmax);
-    } else {
-      const Philox4 bits = sr_group_bits(seed, stream, e0 >> 2);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) q[i] = q_stochastic(v[i], inv, pre, qmax, sr_bits_to_uniform(bits.v[i]));
-    }
+    for (int i = 0; i < 4; ++i) q[i] = q_nearest(v[i], inv, pre, qmax);
   } else {
     float vv[4] = {v[0], v[1], v[2], v[3]};
     int8_t qq[4] = {0, 0, 0, 0};
     quant_slow(vv, n, inv, pre, qmax, stochastic, seed, stream, e0, qq);
     q[0] = qq[0], q[1] = qq[1], q[2] = qq[2], q[3] = qq[3];
   }
+}
+
+// The 16-bit uniforms of rng.h (low / high half of a Philox word, times 2^-16) without an int-to-float
+// conversion: 1 + h * 2^-16 is exact in fp32 (16 mantissa bits), so subtracting 1 gives h * 2^-16 exactly.
+__device__ __forceinline__ float u16_lo(uint32_t w) { return __fsub_rn(__uint_as_float(0x3f800000u | ((w & 0xffffu) << 7)), 1.0f); }
+__device__ __forceinline__ float u16_hi(uint32_t w) { return __fsub_rn(__uint_as_float(0x3f800000u | ((w >> 9) & 0x7fff80u)), 1.0f); }
+
+// Stochastic rounding of 4 values whose uniforms are the 4 halves of words a (elements 0, 1) and b (2, 3).
+__device__ __forceinline__ uint32_t sr4_packed(float v0, float v1, float v2, float v3, uint32_t a, uint32_t b, float inv,
+                                               float pre, int qmax) {
+  const int8_t q0 = q_stochastic(v0, inv, pre, qmax, u16_lo(a));
+  const int8_t q1 = q_stochastic(v1, inv, pre, qmax, u16_hi(a));
+  const int8_t q2 = q_stochastic(v2, inv, pre, qmax, u16_lo(b));
+  const int8_t q3 = q_stochastic(v3, inv, pre, qmax, u16_hi(b));
+  return static_cast<uint32_t>(static_cast<uint8_t>(q0)) | (static_cast<uint32_t>(static_cast<uint8_t>(q1)) << 8) |
+         (static_cast<uint32_t>(static_cast<uint8_t>(q2)) << 16) | (static_cast<uint32_t>(static_cast<uint8_t>(q3)) << 24);
 }
 
 __device__ __forceinline__ uint32_t pack4(const int8_t (&q)[4]) {
@@ -231,6 +247,19 @@ __global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo_kernel(const 
         if (c < p.O) {
           const float inv = p.gx_per_row ? p.inv_gx[r] : p.inv_gx[0];
           const float pre = p.gx_per_row ? p.pre_gx[r] : p.pre_gx[0];
+          if (p.sr8) {
+            // Two aligned 8-element RNG groups (r * O + c is a multiple of 8), each all in or all out.
+            const uint64_t g0 = static_cast<uint64_t>(r * p.O + c) >> 3;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              if (c + 8 * h < p.O) {
+                const Philox4 b = sr_group_bits(p.seed, rng_stream::gx_grad, g0 + h);
+                w[2 * h] = sr4_packed(x[8 * h], x[8 * h + 1], x[8 * h + 2], x[8 * h + 3], b.v[0], b.v[1], inv, pre, p.gx_qmax);
+                w[2 * h + 1] =
+                    sr4_packed(x[8 * h + 4], x[8 * h + 5], x[8 * h + 6], x[8 * h + 7], b.v[2], b.v[3], inv, pre, p.gx_qmax);
+              }
+            }
+          } else {
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const int64_t ci = c + 4 * i;
@@ -242,6 +271,7 @@ __global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo_kernel(const 
                      static_cast<uint64_t>(r * p.O + ci), q);
             }
             w[i] = pack4(q);
+          }
           }
         }
         int8_t* dst = p.q_g + r * p.ld_qg + c;
@@ -285,6 +315,41 @@ __global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo_kernel(const 
     uint32_t packed[4][4] = {};  // pass 2: [v][k / 4] bytes of q
     const int64_t cg = c0 + c4;
     const int nvalid = static_cast<int>(std::min<int64_t>(4, std::max<int64_t>(0, p.O - cg)));
+    if (PASS == 2 && p.sr8) {
+      // One Philox call per (row k, 8 columns) serves two neighbouring threads (lanes 2i, 2i+1 hold
+      // columns cg8 .. cg8+3 and cg8+4 .. cg8+7): for the row pair (k, k+1) the even lane draws row k, the
+      // odd lane row k+1, and each passes the partner the two words of the partner's columns. The
+      // conditions of the loop are warp-uniform (jb is per warp), so every lane reaches the shuffles.
+      const int par = lane & 1;
+      const int64_t cg8 = cg - 4 * par;  // multiple of 8
+      const float inv = p.inv_gw[0], pre = p.pre_gw[0];
+      if (jglob < nb) {
+#pragma unroll
+        for (int k = 0; k < 16; k += 2) {
+          if (k < p.rank) {
+            const uint64_t e = static_cast<uint64_t>((jglob * p.rank + k + par) * p.O + cg8);
+            const Philox4 b = sr_group_bits(p.seed, rng_stream::gw_grad, e >> 3);
+            const uint32_t s0 = par ? b.v[0] : b.v[2], s1 = par ? b.v[1] : b.v[3];
+            const uint32_t m0 = par ? b.v[2] : b.v[0], m1 = par ? b.v[3] : b.v[1];
+            const uint32_t r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+            if (nvalid > 0) {
+              const int ka = hla_order(k);
+              const uint32_t qa = sr4_packed(hx[ka][0], hx[ka][1], hx[ka][2], hx[ka][3], par ? r0 : m0, par ? r1 : m1, inv,
+                                             pre, 127);
+#pragma unroll
+              for (int v = 0; v < 4; ++v) packed[v][k >> 2] |= ((qa >> (8 * v)) & 0xffu) << (8 * (k & 3));
+              if (k + 1 < p.rank) {
+                const int kb = hla_order(k + 1);
+                const uint32_t qb = sr4_packed(hx[kb][0], hx[kb][1], hx[kb][2], hx[kb][3], par ? m0 : r0, par ? m1 : r1,
+                                               inv, pre, 127);
+#pragma unroll
+                for (int v = 0; v < 4; ++v) packed[v][(k + 1) >> 2] |= ((qb >> (8 * v)) & 0xffu) << (8 * ((k + 1) & 3));
+              }
+            }
+          }
+        }
+      }
+    } else {
 #pragma unroll
     for (int k = 0; k < 16; ++k) {
       if (k < p.rank) {
@@ -301,6 +366,7 @@ __global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo_kernel(const 
             packed[v][k >> 2] |= static_cast<uint32_t>(static_cast<uint8_t>(q[v])) << (8 * (k & 3));
         }
       }
+    }
     }
     if (PASS == 2) {
       // Staging aliases the fp32 tile: wait until every thread is done reading it.
@@ -441,6 +507,7 @@ void run_qgo(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQ
   p.bias_partial = plan.bias ? reinterpret_cast<float*>(scratch.as<char>() + keys_bytes + inv_bytes) : nullptr;
   HOT_CUDA_CHECK(cudaMemsetAsync(keys, 0, keys_bytes, s));
 
+  p.sr8 = p.stochastic && O % kSrGroup == 0;
   const int vec = gy.dtype == DType::f32 ? 4 : 8;  // elements per 16-byte load
   p.vec_load = O % vec == 0 && p.ld_in % vec == 0 && aligned(gy.data, 16);
   p.vec_store_qg = plan.gx && p.ld_qg % 16 == 0 && aligned(p.q_g, 16) && p.O_pad % 16 == 0;

@@ -115,24 +115,24 @@ __global__ void finalize_scales_kernel(const unsigned* keys, int64_t n, int qmax
   }
 }
 
-// One thread per group of 4 logical elements (one Philox call per group).
+// One thread per group of 8 logical elements (one Philox call per group, 16-bit uniforms: rng.h).
 template <typename T>
 __global__ void quantize_kernel(Mat<const T> in, Mat<int8_t> q, const float* inv, const float* pre, bool per_row, int qmax,
                                 bool stochastic, uint64_t seed, uint32_t rng) {
   const int64_t n = in.rows * in.cols;
-  const int64_t ngroups = (n + 3) / 4;
+  const int64_t ngroups = (n + kSrGroup - 1) / kSrGroup;
   for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < ngroups;
        g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     Philox4 bits{};
     if (stochastic) bits = sr_group_bits(seed, rng, static_cast<uint64_t>(g));
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const int64_t e = g * 4 + w;
+    for (int j = 0; j < kSrGroup; ++j) {
+      const int64_t e = g * kSrGroup + j;
       if (e >= n) break;
       const int64_t r = e / in.cols, c = e % in.cols;
       const float v = load_f(in.p + r * in.ld + c);
       const QuantScale qs{inv[per_row ? r : 0], 0.0f, pre[per_row ? r : 0]};
-      q.p[r * q.ld + c] = stochastic ? quantize_stochastic(v, qs, qmax, sr_bits_to_uniform(bits.v[w]))
+      q.p[r * q.ld + c] = stochastic ? quantize_stochastic(v, qs, qmax, sr_group_uniform(bits, static_cast<unsigned>(j)))
                                      : quantize_nearest(v, qs, qmax);
     }
   }
@@ -267,7 +267,7 @@ void quantize(const TensorView& in, const TensorView& q, const TensorView& scale
     finalize_scales_kernel<<<grid_1d(ns, kThreads), kThreads, 0, s>>>(keys, ns, qmax, static_cast<float*>(scale.data),
                                                                       inv, pre);
     HOT_CUDA_CHECK_LAUNCH();
-    quantize_kernel<T><<<grid_1d(ceil_div(in.numel(), 4), kThreads), kThreads, 0, s>>>(
+    quantize_kernel<T><<<grid_1d(ceil_div(in.numel(), kSrGroup), kThreads), kThreads, 0, s>>>(
         mi, mat<int8_t>(q), inv, pre, per_row, qmax, p.rounding == Rounding::stochastic, p.seed, p.rng_stream);
     HOT_CUDA_CHECK_LAUNCH();
   });

@@ -381,6 +381,8 @@ TEST_F(Cuda_QuantizeGradOutput, BitExactVsCpu) {
       if (L == 20003 && (O == 2304 || small_run())) continue;
       cases.push_back({L, O, 4, ScaleMode::tensor, Rounding::stochastic, true, true, true, 8});
       cases.push_back({L, O, 8, ScaleMode::token, Rounding::stochastic, true, true, false, 16});
+      cases.push_back({L, O, 4, ScaleMode::tensor, Rounding::stochastic, true, true, false, 5});
+      cases.push_back({L, O, 8, ScaleMode::token, Rounding::stochastic, false, true, false, 1});
       if (L == 513) {
         cases.push_back({L, O, 4, ScaleMode::token, Rounding::nearest, true, false, true, 3});
         cases.push_back({L, O, 8, ScaleMode::tensor, Rounding::nearest, false, true, false, 1});

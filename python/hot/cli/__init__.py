@@ -1,0 +1,114 @@
+"""The ``hot`` command: ``hot demo`` (exact vs HOT training of a small ViT on scikit-learn's digits),
+``hot info`` (version, backends, GPU, kernels compiled in) and ``hot summary MODEL`` (per-layer table of a
+built-in model converted to HOT)."""
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from typing import List, Optional
+
+
+def _torch():
+    try:
+        import torch  # noqa: F401
+
+        return torch
+    except ImportError:
+        return None
+
+
+def cmd_info(args) -> int:
+    import hot
+
+    print(f"hot {hot.__version__}  (python {platform.python_version()}, {platform.machine()})")
+    print("backends / kernels compiled in:")
+    for line in hot.build_info().splitlines():
+        print(f"  {line}")
+    print(f"threads (cpu backend): {hot.get_num_threads()}")
+    if hot.cuda_available():
+        print("cuda: available")
+    else:
+        print(f"cuda: unavailable ({hot.cuda_unavailable_reason()})")
+    torch = _torch()
+    if torch is None:
+        print("torch: not installed (hot.torch needs it)")
+        return 0
+    print(f"torch: {torch.__version__}" + (f", CUDA {torch.version.cuda}" if torch.version.cuda else ", CPU build"))
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            print(f"gpu {i}: {p.name}, sm_{p.major}{p.minor}, {p.total_memory / 2**30:.1f} GiB")
+    else:
+        print("gpu: none visible to torch")
+    return 0
+
+
+def cmd_summary(args) -> int:
+    torch = _torch()
+    if torch is None:
+        print("hot summary: needs torch (pip install torch)", file=sys.stderr)
+        return 2
+    import hot
+    import hot.torch as ht
+
+    torch.manual_seed(0)
+    model = ht.models.build(args.model)
+    report = ht.convert(model, hot.Config(rank=args.rank, gx_bits=args.gx_bits))
+    print(report)
+    print()
+    x = torch.randn(args.batch, 1, 8, 8)
+    print(f"{args.model}: per-layer HOT summary for a batch of {args.batch} 8x8 images")
+    model.train()
+    model(x)
+    ht.summary(model)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hot", description="HOT: Hadamard-based Optimized Training (integer backward "
+                                "passes and compressed activations for linear and conv layers)")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+    d = sub.add_parser("demo", help="train a small ViT on scikit-learn's digits, exact vs HOT, side by side")
+    d.add_argument("--model", choices=["vit", "cnn"], default="vit")
+    d.add_argument("--steps", type=int, default=300, help="training steps per run (default 300)")
+    d.add_argument("--batch", type=int, default=128)
+    d.add_argument("--lr", type=float, default=3e-3)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    d.add_argument("--rank", type=int, default=8, help="HLA rank of the g_w path (1..16)")
+    d.add_argument("--gx-bits", type=int, default=4, choices=[4, 8])
+    d.add_argument("--no-lqs", action="store_true", help="skip LQS calibration (all layers per-tensor)")
+    d.add_argument("--hot-input-layer", action="store_true",
+                   help="also convert the input layer (patch embedding / stem); kept exact by default")
+    d.add_argument("--amp", choices=["off", "bf16", "fp16"], default="off", help="autocast dtype")
+    d.add_argument("--no-progress", action="store_true", help="no progress bar")
+    d.set_defaults(fn=cmd_demo)
+    i = sub.add_parser("info", help="version, backends, GPU and arch, kernels compiled in")
+    i.set_defaults(fn=cmd_info)
+    s = sub.add_parser("summary", help="per-layer HOT table of a built-in model")
+    s.add_argument("model", choices=["vit", "cnn"])
+    s.add_argument("--batch", type=int, default=128)
+    s.add_argument("--rank", type=int, default=8)
+    s.add_argument("--gx-bits", type=int, default=4, choices=[4, 8])
+    s.set_defaults(fn=cmd_summary)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "fn", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.fn(args) or 0)
+    except ImportError as e:
+        print(f"hot {args.cmd}: error: {e}", file=sys.stderr)
+        return 1

@@ -1,0 +1,268 @@
+"""``hot demo``: train a small vision transformer on scikit-learn's digits (8x8 images), once exact and
+once with HOT (hot.torch.convert + LQS), and print accuracy, bytes kept for backward, peak memory and
+step time side by side."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+def load_digits(device, seed: int = 0):
+    """(x_train, y_train, x_test, y_test): digits as N x 1 x 8 x 8 float32, standardised; a fixed 80/20
+    split (stratified by a seeded permutation)."""
+    import numpy as np
+    import torch
+    from sklearn.datasets import load_digits as _load
+
+    d = _load()
+    x = d.images.astype(np.float32) / 16.0
+    y = d.target.astype(np.int64)
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(len(x))
+    n_test = len(x) // 5
+    te, tr = perm[:n_test], perm[n_test:]
+    mean, std = x[tr].mean(), x[tr].std()
+    x = (x - mean) / std
+    t = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
+    return t(x[tr][:, None]), t(y[tr]), t(x[te][:, None]), t(y[te])
+
+
+class SavedBytes:
+    """Counts the bytes of every tensor autograd keeps for the backward pass (saved_tensors_hooks),
+    parameters excluded, each storage once."""
+
+    def __init__(self, model) -> None:
+        self.params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.seen = {}
+
+    def pack(self, t):
+        import torch
+
+        if isinstance(t, torch.Tensor):
+            try:
+                st = t.untyped_storage()
+                ptr = st.data_ptr()
+                if ptr not in self.params and ptr not in self.seen:
+                    self.seen[ptr] = st.nbytes()
+            except (RuntimeError, NotImplementedError):
+                pass
+        return t
+
+    @staticmethod
+    def unpack(t):
+        return t
+
+    @property
+    def total(self) -> int:
+        return sum(self.seen.values())
+
+
+def _rss_kib(field_name: str) -> Optional[int]:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Return freed heap memory to the OS (glibc malloc_trim) and reset the process's peak RSS (VmHWM)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+@dataclass
+class RunResult:
+    name: str
+    accuracy: float = 0.0
+    kept_bytes: int = 0
+    peak_bytes: Optional[int] = None
+    peak_kind: str = ""
+    step_ms: float = 0.0
+    layer_bytes: Optional[tuple] = None  # (HOT, exact) bytes kept by the converted layers for their inputs
+    losses: list = field(default_factory=list)
+
+
+def train(model, data, steps: int, batch: int, lr: float, seed: int, device, amp: str = "off", progress=None,
+          measure: bool = True) -> RunResult:
+    """Train ``model`` with AdamW + cosine schedule for ``steps`` steps; returns accuracy and measurements."""
+    import torch
+    import torch.nn.functional as F
+
+    xtr, ytr, xte, yte = data
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
+    dev_type = torch.device(device).type
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
+    scaler = torch.amp.GradScaler(dev_type, enabled=(amp == "fp16"))
+    res = RunResult(name="")
+    times = []
+    perm = torch.randperm(len(xtr), generator=g)
+    pos = 0
+    model.train()
+    for step in range(steps):
+        if pos + batch > len(xtr):
+            perm = torch.randperm(len(xtr), generator=g)
+            pos = 0
+        idx = perm[pos:pos + batch].to(xtr.device)
+        pos += batch
+        xb, yb = xtr[idx], ytr[idx]
+        meas = measure and step == steps // 2
+        if dev_type == "cuda":
+            torch.cuda.synchronize()
+            if meas:
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+        elif meas:
+            ok = _reset_peak_rss()
+            base_rss = _rss_kib("VmRSS")
+        t0 = time.perf_counter()
+        counter = SavedBytes(model) if meas else None
+        hooks = torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack) if meas else \
+            contextlib.nullcontext()
+        ac = torch.autocast(dev_type, dtype=amp_dtype) if amp_dtype is not None else contextlib.nullcontext()
+        with hooks, ac:
+            loss = F.cross_entropy(model(xb), yb)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        sched.step()
+        if dev_type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        if meas:
+            res.kept_bytes = counter.total
+            if dev_type == "cuda":
+                res.peak_bytes = torch.cuda.max_memory_allocated() - base
+                res.peak_kind = "peak GPU memory above the model (torch allocator)"
+            elif ok and base_rss is not None:
+                hwm = _rss_kib("VmHWM")
+                res.peak_bytes = max(0, (hwm - base_rss)) * 1024 if hwm is not None else None
+                res.peak_kind = "peak RSS rise during one step (CPU; approximate)"
+        res.losses.append(float(loss.detach()))
+        if progress is not None:
+            progress.update(1)
+            if step % 10 == 0:
+                progress.set_postfix(loss=f"{res.losses[-1]:.3f}")
+    res.step_ms = 1e3 * statistics.median(times[min(10, len(times) // 4):])
+    try:
+        from hot.torch.summary import summary_rows
+
+        rows = summary_rows(model)
+        if rows and all(r["unit"] == "batch" for r in rows):
+            res.layer_bytes = (sum(r["hot_bytes"] for r in rows), sum(r["exact_bytes"] for r in rows))
+    except ImportError:
+        pass
+    model.eval()
+    with torch.no_grad():
+        pred = model(xte).argmax(1)
+    res.accuracy = 100.0 * float((pred == yte).float().mean())
+    return res
+
+
+def _fmt_bytes(b) -> str:
+    if b is None:
+        return "n/a"
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= div:
+            return f"{b / div:.2f} {unit}"
+    return f"{b} B"
+
+
+def run_demo(args) -> int:
+    import torch
+    import torch.nn.functional as F
+
+    import hot
+    import hot.torch as ht
+
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        tqdm = None
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.device(device).type == "cuda" and not hot.cuda_available():
+        print(f"hot demo: torch sees a GPU but hot's CUDA backend is unavailable "
+              f"({hot.cuda_unavailable_reason()}); running on cpu", file=sys.stderr)
+        device = "cpu"
+    data = load_digits(device, seed=args.seed)
+    print(f"hot demo: {args.model} on scikit-learn digits ({len(data[0])} train / {len(data[2])} test 8x8 images), "
+          f"{args.steps} steps of batch {args.batch}, device {device}"
+          + (f" ({torch.cuda.get_device_name(torch.device(device))})" if device.startswith("cuda") else
+             f" ({torch.get_num_threads()} threads)") + (f", autocast {args.amp}" if args.amp != "off" else ""))
+    torch.manual_seed(args.seed)
+    base = ht.models.build(args.model).to(device)
+    results = []
+    for name in ("exact", "HOT"):
+        model = copy.deepcopy(base)
+        torch.manual_seed(args.seed + 1)
+        note = ""
+        if name == "HOT":
+            cfg = hot.Config(rank=args.rank, gx_bits=args.gx_bits)
+            # The input layer (ViT patch embedding / CNN stem) stays exact unless asked: its input needs no
+            # gradient, its K = C*kh*kw is tiny (4 or 9), and HLA rank 8 over neighbouring 2x2 patches of
+            # 8x8 digits (not smooth, unlike upsampled natural images) costs ~3 points here.
+            exclude = None if args.hot_input_layer else ["patch", "stem"]
+            report = ht.convert(model, cfg, exclude=exclude)
+            if not args.no_lqs:
+                xb, yb = data[0][:args.batch], data[1][:args.batch]
+                choices = ht.calibrate(model, (xb, yb), F.cross_entropy)
+                n_tok = sum(1 for v in choices.values() if v["choice"] == "token")
+                note = f"LQS: {n_tok}/{len(choices)} layers per-token"
+            print(f"converted {len(report.converted)} layers to HOT (gx int{cfg.gx_bits}, gw int8 HLA r={cfg.rank})"
+                  + (f"; {note}" if note else "")
+                  + ("" if args.hot_input_layer else "; input layer kept exact (--hot-input-layer to convert it)"))
+        bar = None
+        if tqdm is not None and not args.no_progress:
+            bar = tqdm(total=args.steps, desc=f"{name:>5}", unit="step", leave=True, dynamic_ncols=True, mininterval=0.5)
+        r = train(model, data, args.steps, args.batch, args.lr, args.seed, device, amp=args.amp, progress=bar)
+        if bar is not None:
+            bar.close()
+        r.name = name
+        results.append(r)
+    ex, ho = results
+    rows = [
+        ("test accuracy (%)", f"{ex.accuracy:.2f}", f"{ho.accuracy:.2f}", f"{ho.accuracy - ex.accuracy:+.2f} pt"),
+        ("final train loss", f"{statistics.mean(ex.losses[-20:]):.4f}", f"{statistics.mean(ho.losses[-20:]):.4f}", ""),
+        ("kept for backward / step", _fmt_bytes(ex.kept_bytes), _fmt_bytes(ho.kept_bytes),
+         f"{ho.kept_bytes / ex.kept_bytes:.3f}x" if ex.kept_bytes else ""),
+    ]
+    if ho.layer_bytes is not None:
+        h, e = ho.layer_bytes
+        rows.append((" of which inputs of converted layers", _fmt_bytes(e), _fmt_bytes(h), f"{h / e:.3f}x" if e else ""))
+    rows += [
+        (ex.peak_kind or "peak memory", _fmt_bytes(ex.peak_bytes), _fmt_bytes(ho.peak_bytes),
+         f"{ho.peak_bytes / ex.peak_bytes:.3f}x" if ex.peak_bytes and ho.peak_bytes is not None else ""),
+        ("step time (median, ms)", f"{ex.step_ms:.1f}", f"{ho.step_ms:.1f}", f"{ho.step_ms / ex.step_ms:.2f}x"),
+    ]
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows + [("", "exact")])
+    w2 = max(len(r[2]) for r in rows + [("", "", "HOT")])
+    print()
+    print(f"{'':<{w0}}  {'exact':>{w1}}  {'HOT':>{w2}}  HOT/exact")
+    for r in rows:
+        print(f"{r[0]:<{w0}}  {r[1]:>{w1}}  {r[2]:>{w2}}  {r[3]}")
+    if torch.device(device).type == "cpu":
+        print("\nnote: on CPU hot runs its bit-exact reference backend; the speed-ups of HOT need a GPU's integer "
+              "tensor cores. 'kept for backward' counts every tensor autograd saves (parameters excluded).")
+    return 0

@@ -1,0 +1,213 @@
+"""``hot.torch.convert``: swap eligible layers of a model for HOT layers, in place (SPEC §8).
+
+Eligible: modules whose type is exactly ``nn.Linear`` or ``nn.Conv2d`` with ``groups == 1``, zero
+padding and float32/float16/bfloat16 parameters on one device. The swap changes the module's class in
+place (``module.__class__``), so the module object, its parameters (and any optimizer holding them),
+hooks and state_dict keys stay the same. Every module that is a Linear/Conv2d (or a known container of
+matmul weights such as ``nn.MultiheadAttention``) and is not converted gets a line in the report with
+the reason. LoRA (peft-style ``base_layer`` / ``lora_A`` / ``lora_B``): the base layer is converted
+and the adapters stay exact (SPEC §8).
+
+Converting a model in which nothing is eligible raises ``ValueError`` (with the report), because a run
+that silently trains without HOT is worse than a stopped one; a model whose eligible layers are all
+already HOT layers only warns.
+"""
+from __future__ import annotations
+
+import fnmatch
+import warnings
+from typing import Callable, Iterable, List, Optional, Tuple, Union
+
+import torch
+import torch.nn as nn
+
+import hot
+
+from .layers import Conv2d, Linear, HOT_LAYERS, conv_padding
+
+Matcher = Union[None, str, Iterable[str], Callable[[str, nn.Module], bool]]
+
+_LORA_ADAPTER_NAMES = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude_vector")
+
+
+def _matcher(spec: Matcher, what: str) -> Optional[Callable[[str, nn.Module], bool]]:
+    if spec is None:
+        return None
+    if callable(spec):
+        return spec
+    pats = [spec] if isinstance(spec, str) else list(spec)
+    for p in pats:
+        if not isinstance(p, str):
+            raise TypeError(f"hot.torch.convert: {what} must be a name pattern, a list of them or a predicate "
+                            f"(name, module) -> bool; got an element of type {type(p).__name__}")
+
+    def match(name: str, module: nn.Module) -> bool:
+        for p in pats:
+            if fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, p + ".*"):
+                return True
+        return False
+
+    return match
+
+
+class ConvertReport:
+    """What ``convert`` did: ``converted`` and ``skipped`` lists of (name, type, detail) tuples."""
+
+    def __init__(self, config) -> None:
+        self.config = config
+        self.converted: List[Tuple[str, str, str]] = []
+        self.skipped: List[Tuple[str, str, str]] = []
+
+    def __len__(self) -> int:
+        return len(self.converted)
+
+    def __str__(self) -> str:
+        c = self.config
+        lines = [f"hot.torch.convert: {len(self.converted)} layer(s) converted, {len(self.skipped)} left alone "
+                 f"(config: gx {c.gx_bits}-bit {c.gx_scale}, gw HLA r={c.rank}, {c.rounding}"
+                 f"{', exact' if c.exact else ''})"]
+        rows = [("", "layer", "type", "detail")]
+        rows += [("+", n or "<root>", t, d) for n, t, d in self.converted]
+        rows += [("-", n or "<root>", t, d) for n, t, d in self.skipped]
+        w1 = max(len(r[1]) for r in rows)
+        w2 = max(len(r[2]) for r in rows)
+        for mark, n, t, d in rows:
+            lines.append(f"  {mark:1} {n:<{w1}}  {t:<{w2}}  {d}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def _describe(m: nn.Module) -> str:
+    if isinstance(m, nn.Linear):
+        return f"{m.out_features} x {m.in_features}" + ("" if m.bias is not None else ", no bias")
+    if isinstance(m, nn.Conv2d):
+        return (f"{m.out_channels} x {m.in_channels} x {m.kernel_size[0]}x{m.kernel_size[1]}, stride {m.stride}"
+                + ("" if m.bias is not None else ", no bias"))
+    return ""
+
+
+def _param_problem(m: nn.Module) -> Optional[str]:
+    params = [p for p in (m.weight, getattr(m, "bias", None)) if p is not None]
+    for p in params:
+        if isinstance(p, nn.parameter.UninitializedParameter):
+            return "uninitialized (lazy) parameters: run one forward pass before converting"
+    dts = {p.dtype for p in params}
+    devs = {p.device for p in params}
+    if len(dts) > 1:
+        return f"mixed parameter dtypes {sorted(str(d) for d in dts)}"
+    if len(devs) > 1:
+        return f"parameters on several devices {sorted(str(d) for d in devs)}"
+    dt = params[0].dtype
+    if dt not in (torch.float32, torch.float16, torch.bfloat16):
+        return f"dtype {dt} is not supported by the hot engine (float32, float16, bfloat16)"
+    if params[0].device.type == "meta":
+        return "parameters on the meta device"
+    return None
+
+
+def _ineligible(m: nn.Module) -> Optional[str]:
+    """Reason a Linear/Conv2d-like module cannot be converted, or None."""
+    if type(m) is nn.Linear:
+        return _param_problem(m)
+    if type(m) is nn.Conv2d:
+        if m.groups != 1:
+            kind = "depthwise" if m.groups == m.in_channels == m.out_channels else "grouped"
+            return f"{kind} conv (groups={m.groups}); only groups=1 is supported"
+        if m.padding_mode != "zeros":
+            return f"padding_mode={m.padding_mode!r} unsupported (only 'zeros')"
+        if conv_padding(m) is None:
+            return f"padding='same' needs asymmetric padding for kernel {m.kernel_size}, dilation {m.dilation}"
+        return _param_problem(m)
+    if isinstance(m, nn.Linear):
+        if isinstance(m, nn.modules.linear.NonDynamicallyQuantizableLinear):
+            return "nn.MultiheadAttention out_proj: its weight is used directly by F.multi_head_attention_forward"
+        return f"subclass {type(m).__qualname__} of nn.Linear (may override forward); not converted"
+    if isinstance(m, nn.Conv2d):
+        return f"subclass {type(m).__qualname__} of nn.Conv2d (may override forward); not converted"
+    if isinstance(m, (nn.Conv1d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)):
+        return f"{type(m).__name__} is not supported (Linear and Conv2d only)"
+    if isinstance(m, nn.MultiheadAttention):
+        return "nn.MultiheadAttention computes its projections with F.multi_head_attention_forward; not converted"
+    if isinstance(m, nn.Bilinear):
+        return "nn.Bilinear is not supported"
+    return "not a Linear/Conv2d"
+
+
+def _reportable(m: nn.Module) -> bool:
+    return isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+                          nn.ConvTranspose3d, nn.MultiheadAttention, nn.Bilinear))
+
+
+def _lora_adapter(name: str) -> bool:
+    parts = name.split(".")
+    return any(p in _LORA_ADAPTER_NAMES for p in parts)
+
+
+def convert(model: nn.Module, config=None, include: Matcher = None, exclude: Matcher = None) -> ConvertReport:
+    """Swap eligible layers of ``model`` for HOT layers in place; returns a printable ConvertReport.
+
+    config: a ``hot.Config`` (default ``hot.Config()``) given to every converted layer.
+    include / exclude: a glob pattern on the qualified module name (``"blocks.*.mlp.*"``; a pattern
+    also matches everything below the named module), a list of patterns, or a predicate
+    ``f(name, module) -> bool``. With ``include`` only matching layers are candidates; ``exclude``
+    removes layers. Layers left alone are listed in the report with the reason.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"hot.torch.convert: model must be a torch.nn.Module, got {type(model).__name__}")
+    if config is None:
+        config = hot.Config()
+    elif not isinstance(config, hot.Config):
+        raise TypeError(f"hot.torch.convert: config must be a hot.Config, got {type(config).__name__}")
+    inc = _matcher(include, "include")
+    exc = _matcher(exclude, "exclude")
+    report = ConvertReport(config)
+    already = 0
+    mha_children = set()
+    for name, m in model.named_modules():
+        if isinstance(m, nn.MultiheadAttention):
+            for cname, c in m.named_modules():
+                if c is not m:
+                    mha_children.add(id(c))
+    for name, m in model.named_modules():
+        if isinstance(m, HOT_LAYERS):
+            report.skipped.append((name, type(m).__name__, "already a HOT layer"))
+            already += 1
+            continue
+        if not _reportable(m):
+            continue
+        tname = type(m).__name__
+        if id(m) in mha_children:
+            report.skipped.append((name, tname, "inside nn.MultiheadAttention (weight used directly by "
+                                                "F.multi_head_attention_forward)"))
+            continue
+        if _lora_adapter(name):
+            report.skipped.append((name, tname, "LoRA adapter: stays exact (SPEC §8)"))
+            continue
+        if inc is not None and not inc(name, m):
+            report.skipped.append((name, tname, "not matched by include"))
+            continue
+        if exc is not None and exc(name, m):
+            report.skipped.append((name, tname, "excluded by name/predicate"))
+            continue
+        why = _ineligible(m)
+        if why is not None:
+            report.skipped.append((name, tname, why))
+            continue
+        new_cls = Linear if type(m) is nn.Linear else Conv2d
+        m.__class__ = new_cls
+        m._hot_init(config)
+        report.converted.append((name, tname, _describe(m)))
+    if not report.converted:
+        if already:
+            warnings.warn("hot.torch.convert: nothing new to convert; every eligible layer is already a HOT layer\n"
+                          + str(report), stacklevel=2)
+        else:
+            raise ValueError("hot.torch.convert: no eligible layer (Linear, or Conv2d with groups=1 and zero "
+                             "padding) in the model\n" + str(report))
+    return report
+
+
+def hot_layers(model: nn.Module):
+    """(name, layer) for every HOT layer in ``model``."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, HOT_LAYERS)]

@@ -1,0 +1,253 @@
+"""Drop-in HOT layers: ``hot.torch.Linear`` and ``hot.torch.Conv2d`` (SPEC §2-§4, §7, §8).
+
+They subclass ``nn.Linear`` / ``nn.Conv2d`` and keep their parameters and state_dict keys; only the
+backward pass changes (integer GEMMs after Hadamard transforms) and what is kept for it (the ABC
+buffer instead of the input). ``hot.torch.convert`` swaps existing layers in place (the module object,
+its parameters, hooks and optimizer references are preserved).
+
+The HOT configuration of a layer is ``layer.hot_config`` (a ``hot.Config``). After
+``hot.torch.calibrate`` (LQS, SPEC §7) the layer also carries ``layer.hot_lqs`` (the measured errors
+and the choice); then, and only then, its state_dict gains one entry ``<name>._extra_state`` holding
+the configuration and the LQS result, restored by ``load_state_dict``. A state_dict without it (for
+example one of the original ``nn.Linear`` model) loads into a converted model with ``strict=True``.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+import hot
+
+from . import ops
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_EXTRA_STATE_VERSION = 1
+
+
+def _grad_wanted(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    return x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+
+
+def _check_inputs(kind: str, x: Tensor, weight: Tensor, bias: Optional[Tensor], autocast: bool) -> None:
+    if x.device != weight.device:
+        raise ValueError(f"hot.torch.{kind}: input is on {x.device} but the weight is on {weight.device}; "
+                         f"move the input or the layer to one device")
+    if bias is not None and bias.device != weight.device:
+        raise ValueError(f"hot.torch.{kind}: bias is on {bias.device} but the weight is on {weight.device}")
+    if not x.is_floating_point():
+        raise TypeError(f"hot.torch.{kind}: input has dtype {x.dtype}, expected a floating dtype "
+                        f"(float32, float16 or bfloat16)")
+    if autocast:
+        return
+    if x.dtype != weight.dtype:
+        raise TypeError(f"hot.torch.{kind}: input dtype {x.dtype} differs from weight dtype {weight.dtype}; "
+                        f"cast the input, or run under torch.autocast")
+    if bias is not None and bias.dtype != weight.dtype:
+        raise TypeError(f"hot.torch.{kind}: bias dtype {bias.dtype} differs from weight dtype {weight.dtype}")
+    if weight.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"hot.torch.{kind}: weight dtype {weight.dtype} is not supported by the hot engine, "
+                        f"expected float32, float16 or bfloat16")
+
+
+def _autocast_on(dev: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(dev)
+    except RuntimeError:  # a device type autocast does not know (e.g. meta)
+        return False
+
+
+def _autocast_cast(x: Tensor, weight: Tensor, bias: Optional[Tensor]):
+    dev = x.device.type
+    if not _autocast_on(dev):
+        return x, weight, bias, False
+    dt = torch.get_autocast_dtype(dev)
+    return x.to(dt), weight.to(dt), (bias.to(dt) if bias is not None else None), True
+
+
+def _keep_mode(weight: Tensor, config) -> int:
+    if not weight.requires_grad:
+        return ops.KEEP_NOTHING  # frozen weight: g_x needs only W; nothing is kept (SPEC §2)
+    return ops.KEEP_RAW if config.exact else ops.KEEP_COMPRESSED
+
+
+def _seed(config) -> Tensor:
+    if config.rounding == "stochastic" and not config.exact:
+        return ops.draw_seed()
+    return torch.zeros((), dtype=torch.int64)
+
+
+def hot_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, config=None) -> Tensor:
+    """Functional HOT linear: ``F.linear`` forward, HOT backward."""
+    config = config if config is not None else hot.Config()
+    if not _grad_wanted(x, weight, bias):
+        return F.linear(x, weight, bias)
+    if x.device != weight.device:
+        _check_inputs("Linear", x, weight, bias, True)
+    x, weight, bias, ac = _autocast_cast(x, weight, bias)
+    _check_inputs("Linear", x, weight, bias, ac)
+    y, _, _ = torch.ops.hot.linear(x, weight, bias, _seed(config), _keep_mode(weight, config), config.gx_bits,
+                                   config.rank, config.rounding, config.gx_scale)
+    return y
+
+
+def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding, dilation, config=None) -> Tensor:
+    """Functional HOT conv2d (groups = 1, zero padding given as two ints): ``F.conv2d`` forward, HOT backward."""
+    config = config if config is not None else hot.Config()
+    if not _grad_wanted(x, weight, bias):
+        return F.conv2d(x, weight, bias, stride, padding, dilation)
+    unbatched = x.dim() == 3
+    if unbatched:
+        x = x.unsqueeze(0)
+    if x.dim() != 4:
+        raise ValueError(f"hot.torch.Conv2d: input has {x.dim()} dims, expected 3 (C, H, W) or 4 (N, C, H, W)")
+    if x.device != weight.device:
+        _check_inputs("Conv2d", x, weight, bias, True)
+    x, weight, bias, ac = _autocast_cast(x, weight, bias)
+    _check_inputs("Conv2d", x, weight, bias, ac)
+    y, _, _ = torch.ops.hot.conv2d(x, weight, bias, _seed(config), list(stride), list(padding), list(dilation),
+                                   _keep_mode(weight, config), config.gx_bits, config.rank, config.rounding,
+                                   config.gx_scale)
+    return y.squeeze(0) if unbatched else y
+
+
+class _HotMixin:
+    """State shared by the HOT layers: configuration, LQS result, last seen input, extra state."""
+
+    hot_config: Any
+    hot_lqs: Optional[Dict[str, Any]]
+
+    def _hot_init(self, config) -> None:
+        if config is None:
+            config = hot.Config()
+        elif not isinstance(config, hot.Config):
+            raise TypeError(f"hot.torch: config must be a hot.Config, got {type(config).__name__}")
+        self.hot_config = config
+        self.hot_lqs = None
+        self._hot_seen = None  # (rows L, input shape, input dtype) of the last forward with gradients
+        self._hot_capture = None  # list, set by calibrate() to collect outputs
+
+    def _hot_record(self, x: Tensor, rows: int) -> None:
+        if not torch.compiler.is_compiling():
+            dt = torch.get_autocast_dtype(x.device.type) if _autocast_on(x.device.type) else x.dtype
+            self._hot_seen = (int(rows), tuple(x.shape), dt)
+
+    # state_dict: one `_extra_state` entry, only once LQS has run -------------------------------------------------
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        nn.Module._save_to_state_dict(self, destination, prefix, keep_vars)
+        if self.hot_lqs is not None:
+            destination[prefix + "_extra_state"] = {"version": _EXTRA_STATE_VERSION,
+                                                    "config": self.hot_config.to_dict(),
+                                                    "lqs": dict(self.hot_lqs)}
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        key = prefix + "_extra_state"
+        extra = state_dict.get(key)
+        nn.Module._load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                                        unexpected_keys, error_msgs)
+        if key in unexpected_keys:
+            unexpected_keys.remove(key)
+        if extra is not None:
+            if not isinstance(extra, dict) or "config" not in extra:
+                error_msgs.append(f"{key}: expected a dict with 'config' and 'lqs' (hot.torch extra state), "
+                                  f"got {type(extra).__name__}")
+                return
+            self.hot_config = hot.Config.from_dict(dict(extra["config"]))
+            self.hot_lqs = dict(extra["lqs"]) if extra.get("lqs") is not None else None
+
+    def set_lqs(self, choice: str, e_tensor: float = float("nan"), e_token: float = float("nan")) -> None:
+        """Fix this layer's g_x scale choice ('tensor' or 'token')."""
+        self.hot_config = self.hot_config.replace(gx_scale=choice)
+        self.hot_lqs = {"choice": choice, "e_tensor": float(e_tensor), "e_token": float(e_token)}
+
+
+class Linear(_HotMixin, nn.Linear):
+    """``nn.Linear`` whose backward pass is HOT's (SPEC §3, §4) and which keeps the ABC buffer (§2)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
+                 config=None) -> None:
+        nn.Linear.__init__(self, in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self._hot_init(config)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self._hot_capture is not None:  # calibration: exact forward, output collected for its gradient
+            y = F.linear(x, self.weight, self.bias)
+            self._hot_capture.append(y)
+            return y
+        self._hot_record(x, x.numel() // max(x.shape[-1], 1))
+        return hot_linear(x, self.weight, self.bias, self.hot_config)
+
+    def extra_repr(self) -> str:
+        c = self.hot_config
+        s = nn.Linear.extra_repr(self)
+        if c.exact:
+            return s + ", hot=exact"
+        return s + f", hot=(gx {c.gx_bits}-bit {c.gx_scale}, gw 8-bit HLA r={c.rank}, {c.rounding})"
+
+
+def conv_padding(m: nn.Conv2d) -> Optional[Tuple[int, int]]:
+    """Explicit symmetric (ph, pw) of a conv, or None when it cannot be expressed so (asymmetric 'same')."""
+    p = m.padding
+    if isinstance(p, str):
+        if p == "valid":
+            return (0, 0)
+        out = []
+        for k, d in zip(m.kernel_size, m.dilation):
+            total = d * (k - 1)
+            if total % 2:
+                return None
+            out.append(total // 2)
+        return tuple(out)
+    return tuple(p)
+
+
+class Conv2d(_HotMixin, nn.Conv2d):
+    """``nn.Conv2d`` (groups = 1, zero padding) with HOT's backward; keeps an int8 copy of its input."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True, padding_mode: str = "zeros", device=None, dtype=None,
+                 config=None) -> None:
+        if groups != 1:
+            raise ValueError(f"hot.torch.Conv2d: groups={groups} is not supported, expected 1 "
+                             f"(grouped and depthwise convolutions stay nn.Conv2d)")
+        if padding_mode != "zeros":
+            raise ValueError(f"hot.torch.Conv2d: padding_mode={padding_mode!r} is not supported, expected 'zeros'")
+        nn.Conv2d.__init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                           padding_mode, device=device, dtype=dtype)
+        if conv_padding(self) is None:
+            raise ValueError(f"hot.torch.Conv2d: padding='same' with kernel {self.kernel_size} and dilation "
+                             f"{self.dilation} needs asymmetric padding, which is not supported")
+        self._hot_init(config)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self._hot_capture is not None:
+            y = F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation)
+            self._hot_capture.append(y)
+            return y
+        if not torch.compiler.is_compiling():
+            rows = 0
+            if x.dim() in (3, 4):
+                n = x.shape[0] if x.dim() == 4 else 1
+                ho = ops._conv_out(x.shape[-2], self.kernel_size[0], self.stride[0], conv_padding(self)[0],
+                                   self.dilation[0])
+                wo = ops._conv_out(x.shape[-1], self.kernel_size[1], self.stride[1], conv_padding(self)[1],
+                                   self.dilation[1])
+                rows = n * ho * wo
+            self._hot_record(x, rows)
+        return hot_conv2d(x, self.weight, self.bias, self.stride, conv_padding(self), self.dilation, self.hot_config)
+
+    def extra_repr(self) -> str:
+        c = self.hot_config
+        s = nn.Conv2d.extra_repr(self)
+        if c.exact:
+            return s + ", hot=exact"
+        return s + f", hot=(gx {c.gx_bits}-bit {c.gx_scale}, gw 8-bit HLA r={c.rank}, {c.rounding}, int8 fmap)"
+
+
+HOT_LAYERS = (Linear, Conv2d)

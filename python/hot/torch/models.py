@@ -1,0 +1,117 @@
+"""Small built-in models for the demo, ``hot summary`` and tests: a vision transformer and a
+ResNet-style CNN sized for 8x8 single-channel images (scikit-learn's digits)."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with nn.Linear projections (so they can be converted); the score and
+    value matmuls stay in the framework's precision (SPEC §8)."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, T, D = x.shape
+        qkv = self.qkv(x).reshape(B, T, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
+        return self.proj(y.transpose(1, 2).reshape(B, T, D))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int, mlp: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, mlp)
+        self.fc2 = nn.Linear(mlp, dim)
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+class ViT(nn.Module):
+    """Vision transformer: Conv2d patch embedding, pre-norm blocks, linear head.
+
+    pool="mean" (default): no class token; the head reads the mean of the patch tokens. With 8x8 images
+    and 2x2 patches each image is exactly 16 tokens (a 4x4 grid in raster order), so every HLA block of
+    16 consecutive rows is one image's patch grid and H_16 = H_4 (x) H_4 acts as a 2-D transform over
+    it: the low-sequency rows HLA keeps are a 2-D low-pass over neighbouring patches (the LBP-WHT view
+    HOT adopts, SPEC §4). pool="cls" prepends a class token (17 tokens per image), which shifts the
+    blocks across images and makes rank-8 HLA noticeably less accurate on this tiny model."""
+
+    def __init__(self, image: int = 8, patch: int = 2, channels: int = 1, classes: int = 10, dim: int = 64,
+                 depth: int = 2, heads: int = 4, mlp: int = 128, pool: str = "mean") -> None:
+        super().__init__()
+        if pool not in ("mean", "cls"):
+            raise ValueError(f"ViT: pool must be 'mean' or 'cls', got {pool!r}")
+        self.pool = pool
+        self.patch = nn.Conv2d(channels, dim, patch, stride=patch)
+        n = (image // patch) ** 2
+        self.cls = nn.Parameter(torch.zeros(1, 1, dim)) if pool == "cls" else None
+        self.pos = nn.Parameter(torch.randn(1, n + (pool == "cls"), dim) * 0.02)
+        self.blocks = nn.ModuleList(Block(dim, heads, mlp) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x):
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        if self.cls is not None:
+            x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], 1)
+        x = x + self.pos
+        for b in self.blocks:
+            x = b(x)
+        x = x[:, 0] if self.cls is not None else x.mean(1)
+        return self.head(self.norm(x))
+
+
+class ResBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.short = None
+        if stride != 1 or cin != cout:
+            self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return F.relu(y + (x if self.short is None else self.short(x)))
+
+
+class ResNet(nn.Module):
+    """ResNet-style CNN: 3x3 stem, two residual stages, global average pool, linear head."""
+
+    def __init__(self, channels: int = 1, classes: int = 10, width: int = 32) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(channels, width, 3, 1, 1, bias=False)
+        self.bn = nn.BatchNorm2d(width)
+        self.layer1 = ResBlock(width, width)
+        self.layer2 = ResBlock(width, 2 * width, stride=2)
+        self.head = nn.Linear(2 * width, classes)
+
+    def forward(self, x):
+        x = F.relu(self.bn(self.stem(x)))
+        x = self.layer2(self.layer1(x))
+        return self.head(x.mean((2, 3)))
+
+
+MODELS = {"vit": ViT, "cnn": ResNet}
+
+
+def build(name: str, **kw) -> nn.Module:
+    """A built-in model by name: 'vit' or 'cnn'."""
+    if name not in MODELS:
+        raise ValueError(f"hot.torch.models.build: unknown model {name!r}, expected one of {sorted(MODELS)}")
+    return MODELS[name](**kw)

@@ -1,0 +1,253 @@
+"""torch.library custom ops around the hot engine (SPEC §2-§4, §8).
+
+Every call into the engine is a ``torch.library.custom_op`` with a fake (meta) implementation and a
+registered autograd formula, so converted models run under ``torch.compile(fullgraph=True)`` without
+graph breaks, and under autocast, DDP and GradScaler like the native layers.
+
+Ops (namespace ``hot``):
+
+``hot::linear(x, weight, bias, seed, keep, ...) -> (y, q, scale)``
+    ``y = F.linear(x, weight, bias)`` in the framework's precision; what is kept for the backward
+    pass depends on ``keep``: 0 nothing (frozen weight: the g_x path needs only W), 1 the ABC buffer
+    ``compress_activation(x)`` (int8 ``I x K_pad`` + one f32 scale), 2 the raw x (``Config.exact``).
+``hot::linear_backward(...) -> (g_x, g_w, g_b)``
+    ``hot.backward_linear`` on the tensors' device; results not requested are empty tensors.
+``hot::conv2d(x, weight, bias, seed, stride, padding, dilation, keep, ...) -> (y, q, scale)``
+    ``y = F.conv2d(...)``; with ``keep == 1`` the layer keeps the INPUT FEATURE MAP quantised to int8
+    (per-tensor round-to-nearest, ``hot.quantize``), not the im2col matrix (SPEC §8).
+``hot::conv2d_backward(...) -> (g_x, g_w, g_b)``
+    Dequantises the feature map, forms the im2col columns with ``F.unfold`` and passes them to
+    ``hot.backward_linear`` as the raw x, which compresses them on the fly (HLA + Q8, the same
+    compression a linear layer applies in its forward pass). The column gradient is folded back with
+    ``F.fold`` (col2im). Choice: compressing the columns on the fly costs one HLA pass over the
+    ``L x C*kh*kw`` columns in backward, but keeps the stored buffer at one byte per input element
+    (instead of ``r/16 * kh*kw`` bytes per element for an ABC buffer of the columns), which is what
+    SPEC §8 asks for; the double quantisation (8-bit feature map, then 8-bit HLA) adds at most
+    ``s_fmap/2`` per input element before the projection.
+
+Stochastic-rounding seeds are drawn from torch's default CPU generator at each forward call of each
+layer (one int64 draw), so ``torch.manual_seed`` makes runs reproducible and seeds differ per step and
+per layer. The seed travels as a 0-d int64 CPU tensor, so compiled graphs do not specialise on it.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+import hot
+
+KEEP_NOTHING = 0
+KEEP_COMPRESSED = 1
+KEEP_RAW = 2
+
+_SEED_HIGH = 2**62
+
+
+def padded_k(rows, rank: int):
+    """K_pad of an ABC buffer of ``rows`` rows at rank ``rank`` (works with SymInts)."""
+    k = (rows + 15) // 16 * rank
+    return (k + 15) // 16 * 16
+
+
+def draw_seed() -> Tensor:
+    """One stochastic-rounding seed from torch's default generator (0-d int64, CPU)."""
+    return torch.randint(0, _SEED_HIGH, (), dtype=torch.int64)
+
+
+def _config(gx_bits: int, rank: int, rounding: str, gx_scale: str, exact: bool):
+    return hot.Config(gx_bits=gx_bits, rank=rank, rounding=rounding, gx_scale=gx_scale, exact=exact)
+
+
+def _make_saved(q: Tensor, scale: Tensor, shape: Sequence[int], rank: int):
+    """Rebuild a hot.SavedActivation from its tensors (they cross the custom-op boundary as tensors)."""
+    shape = tuple(int(s) for s in shape)
+    return hot.SavedActivation(q, scale, shape, rank)
+
+
+def _empty(like: Tensor, dtype=None) -> Tensor:
+    return like.new_empty((0,), dtype=dtype if dtype is not None else like.dtype)
+
+
+def _or_empty(t: Optional[Tensor], like: Tensor) -> Tensor:
+    return _empty(like) if t is None else t
+
+
+# ------------------------------------------------------------------------------------------------
+# linear
+# ------------------------------------------------------------------------------------------------
+@torch.library.custom_op("hot::linear", mutates_args=())
+def linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep: int, gx_bits: int,
+              rank: int, rounding: str, gx_scale: str) -> Tuple[Tensor, Tensor, Tensor]:
+    y = F.linear(x, weight, bias)
+    if keep == KEEP_COMPRESSED:
+        saved = hot.compress_activation(x.reshape(-1, x.shape[-1]), hot.Config(rank=rank))
+        return y, saved.q, saved.scale
+    return y, _empty(x, torch.int8), _empty(x, torch.float32)
+
+
+@linear_op.register_fake
+def _linear_fake(x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale):
+    y = x.new_empty((*x.shape[:-1], weight.shape[0]))
+    if keep == KEEP_COMPRESSED:
+        rows = x.numel() // x.shape[-1]
+        return (y, x.new_empty((x.shape[-1], padded_k(rows, rank)), dtype=torch.int8),
+                x.new_empty((1,), dtype=torch.float32))
+    return y, x.new_empty((0,), dtype=torch.int8), x.new_empty((0,), dtype=torch.float32)
+
+
+@torch.library.custom_op("hot::linear_backward", mutates_args=())
+def linear_backward_op(grad_y: Tensor, weight: Tensor, x: Optional[Tensor], q: Tensor, scale: Tensor,
+                       seed: Tensor, x_shape: List[int], gx_bits: int, rank: int, rounding: str, gx_scale: str,
+                       exact: bool, need_gx: bool, need_gw: bool, need_gb: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    O, I = weight.shape
+    g = grad_y.contiguous().reshape(-1, O)
+    cfg = _config(gx_bits, rank, rounding, gx_scale, exact)
+    saved = None
+    if need_gw:
+        if x is not None:
+            saved = x.contiguous().reshape(-1, I)
+        else:
+            saved = _make_saved(q.detach(), scale.detach(), (g.shape[0], I), rank)
+    gx, gw, gb = hot.backward_linear(g, weight.contiguous(), saved, bias=need_gb, config=cfg, seed=int(seed.item()),
+                                     need_grad_input=need_gx, need_grad_weight=need_gw)
+    if gx is not None:
+        gx = gx.reshape(x_shape)
+    return _or_empty(gx, grad_y), _or_empty(gw, grad_y), _or_empty(gb, grad_y)
+
+
+@linear_backward_op.register_fake
+def _linear_backward_fake(grad_y, weight, x, q, scale, seed, x_shape, gx_bits, rank, rounding, gx_scale, exact,
+                          need_gx, need_gw, need_gb):
+    gx = grad_y.new_empty(x_shape) if need_gx else grad_y.new_empty((0,))
+    gw = grad_y.new_empty(weight.shape) if need_gw else grad_y.new_empty((0,))
+    gb = grad_y.new_empty((weight.shape[0],)) if need_gb else grad_y.new_empty((0,))
+    return gx, gw, gb
+
+
+def _linear_setup(ctx, inputs, output):
+    x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale = inputs
+    _, q, scale = output
+    ctx.mark_non_differentiable(q, scale)
+    ctx.save_for_backward(x if keep == KEEP_RAW else None, weight, q, scale, seed)
+    ctx.x_shape = list(x.shape)
+    ctx.has_bias = bias is not None
+    ctx.keep = keep
+    ctx.cfg = (gx_bits, rank, rounding, gx_scale, keep == KEEP_RAW)
+
+
+def _linear_backward(ctx, grad_y, _gq, _gs):
+    x, weight, q, scale, seed = ctx.saved_tensors
+    need_gx = ctx.needs_input_grad[0]
+    need_gw = ctx.needs_input_grad[1] and ctx.keep != KEEP_NOTHING
+    need_gb = ctx.has_bias and ctx.needs_input_grad[2]
+    if not (need_gx or need_gw or need_gb):
+        return None, None, None, None, None, None, None, None, None
+    gx, gw, gb = torch.ops.hot.linear_backward(grad_y, weight, x, q, scale, seed, ctx.x_shape, *ctx.cfg,
+                                               need_gx, need_gw, need_gb)
+    return (gx if need_gx else None, gw if need_gw else None, gb if need_gb else None,
+            None, None, None, None, None, None)
+
+
+linear_op.register_autograd(_linear_backward, setup_context=_linear_setup)
+
+
+# ------------------------------------------------------------------------------------------------
+# conv2d
+# ------------------------------------------------------------------------------------------------
+def _conv_out(size, k, s, p, d):
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+@torch.library.custom_op("hot::conv2d", mutates_args=())
+def conv2d_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, stride: List[int],
+              padding: List[int], dilation: List[int], keep: int, gx_bits: int, rank: int, rounding: str,
+              gx_scale: str) -> Tuple[Tensor, Tensor, Tensor]:
+    y = F.conv2d(x, weight, bias, stride, padding, dilation)
+    if keep == KEEP_COMPRESSED:
+        xc = x.contiguous()
+        q, s = hot.quantize(xc.reshape(xc.shape[0] * xc.shape[1], -1), bits=8, scale="tensor", rounding="nearest")
+        return y, q, s
+    return y, _empty(x, torch.int8), _empty(x, torch.float32)
+
+
+@conv2d_op.register_fake
+def _conv2d_fake(x, weight, bias, seed, stride, padding, dilation, keep, gx_bits, rank, rounding, gx_scale):
+    N, _, H, W = x.shape
+    O, _, kh, kw = weight.shape
+    Ho = _conv_out(H, kh, stride[0], padding[0], dilation[0])
+    Wo = _conv_out(W, kw, stride[1], padding[1], dilation[1])
+    y = x.new_empty((N, O, Ho, Wo))
+    if keep == KEEP_COMPRESSED:
+        return y, x.new_empty((N * x.shape[1], H * W), dtype=torch.int8), x.new_empty((1,), dtype=torch.float32)
+    return y, x.new_empty((0,), dtype=torch.int8), x.new_empty((0,), dtype=torch.float32)
+
+
+@torch.library.custom_op("hot::conv2d_backward", mutates_args=())
+def conv2d_backward_op(grad_y: Tensor, weight: Tensor, x: Optional[Tensor], q: Tensor, scale: Tensor, seed: Tensor,
+                       x_shape: List[int], stride: List[int], padding: List[int], dilation: List[int], gx_bits: int,
+                       rank: int, rounding: str, gx_scale: str, exact: bool, need_gx: bool, need_gw: bool,
+                       need_gb: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    N, C, H, W = x_shape
+    O, _, kh, kw = weight.shape
+    Ho, Wo = grad_y.shape[2], grad_y.shape[3]
+    P = Ho * Wo
+    CKK = C * kh * kw
+    g = grad_y.permute(0, 2, 3, 1).reshape(N * P, O).contiguous()
+    cols = None
+    if need_gw:
+        if x is not None:
+            xf = x
+        else:
+            xf = hot.dequantize(q.detach(), scale.detach(), dtype=torch.float32).reshape(N, C, H, W)
+        cols = F.unfold(xf, (kh, kw), dilation=dilation, padding=padding, stride=stride)  # N x CKK x P
+        cols = cols.transpose(1, 2).reshape(N * P, CKK).contiguous()
+    cfg = _config(gx_bits, rank, rounding, gx_scale, exact)
+    gcols, gw, gb = hot.backward_linear(g, weight.reshape(O, CKK).contiguous(), cols, bias=need_gb, config=cfg,
+                                        seed=int(seed.item()), need_grad_input=need_gx, need_grad_weight=need_gw)
+    gx = None
+    if need_gx:
+        gcols = gcols.reshape(N, P, CKK).transpose(1, 2)
+        gx = F.fold(gcols, (H, W), (kh, kw), dilation=dilation, padding=padding, stride=stride)
+    if gw is not None:
+        gw = gw.reshape(weight.shape)
+    return _or_empty(gx, grad_y), _or_empty(gw, grad_y), _or_empty(gb, grad_y)
+
+
+@conv2d_backward_op.register_fake
+def _conv2d_backward_fake(grad_y, weight, x, q, scale, seed, x_shape, stride, padding, dilation, gx_bits, rank,
+                          rounding, gx_scale, exact, need_gx, need_gw, need_gb):
+    gx = grad_y.new_empty(x_shape) if need_gx else grad_y.new_empty((0,))
+    gw = grad_y.new_empty(weight.shape) if need_gw else grad_y.new_empty((0,))
+    gb = grad_y.new_empty((weight.shape[0],)) if need_gb else grad_y.new_empty((0,))
+    return gx, gw, gb
+
+
+def _conv2d_setup(ctx, inputs, output):
+    x, weight, bias, seed, stride, padding, dilation, keep, gx_bits, rank, rounding, gx_scale = inputs
+    _, q, scale = output
+    ctx.mark_non_differentiable(q, scale)
+    ctx.save_for_backward(x if keep == KEEP_RAW else None, weight, q, scale, seed)
+    ctx.x_shape = list(x.shape)
+    ctx.geom = (list(stride), list(padding), list(dilation))
+    ctx.has_bias = bias is not None
+    ctx.keep = keep
+    ctx.cfg = (gx_bits, rank, rounding, gx_scale, keep == KEEP_RAW)
+
+
+def _conv2d_backward(ctx, grad_y, _gq, _gs):
+    x, weight, q, scale, seed = ctx.saved_tensors
+    need_gx = ctx.needs_input_grad[0]
+    need_gw = ctx.needs_input_grad[1] and ctx.keep != KEEP_NOTHING
+    need_gb = ctx.has_bias and ctx.needs_input_grad[2]
+    nones = (None,) * 9
+    if not (need_gx or need_gw or need_gb):
+        return (None, None, None) + nones
+    gx, gw, gb = torch.ops.hot.conv2d_backward(grad_y, weight, x, q, scale, seed, ctx.x_shape, *ctx.geom, *ctx.cfg,
+                                               need_gx, need_gw, need_gb)
+    return (gx if need_gx else None, gw if need_gw else None, gb if need_gb else None) + nones
+
+
+conv2d_op.register_autograd(_conv2d_backward, setup_context=_conv2d_setup)

@@ -1,0 +1,44 @@
+"""The hot command: info, summary, demo (short run), python -m hot."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import hot
+from hot.__main__ import main
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def test_info(capsys):
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert f"hot {hot.__version__}" in out and "cpu backend" in out and "cuda:" in out and "torch:" in out
+
+
+@pytest.mark.parametrize("model", ["vit", "cnn"])
+def test_summary(model, capsys):
+    assert main(["summary", model, "--batch", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "converted" in out and "kept (HOT)" in out and "int8 HLA r=8" in out
+
+
+def test_no_command_prints_help(capsys):
+    assert main([]) == 2
+    assert "demo" in capsys.readouterr().out
+
+
+def test_demo_short_run(capsys):
+    pytest.importorskip("sklearn")
+    assert main(["demo", "--steps", "12", "--batch", "32", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    for key in ("test accuracy (%)", "kept for backward", "step time", "exact", "HOT"):
+        assert key in out
+
+
+def test_python_dash_m():
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    r = subprocess.run([sys.executable, "-m", "hot", "info"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "backends" in r.stdout

@@ -1,0 +1,153 @@
+"""torch.compile (fullgraph, no graph breaks), autocast (bf16/fp16) and GradScaler."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import hot
+import hot.torch as ht
+from conftest import DEVICES
+
+
+def _small_models():
+    torch.manual_seed(0)
+    vit = ht.models.build("vit", dim=32, depth=1, heads=2, mlp=64)
+    cnn = ht.models.build("cnn", width=8)
+    return {"vit": vit, "cnn": cnn}
+
+
+@pytest.mark.parametrize("name", ["vit", "cnn"])
+def test_compile_fullgraph_no_graph_breaks(name):
+    import torch._dynamo as dynamo
+
+    model = _small_models()[name]
+    ht.convert(model, hot.Config(rounding="nearest"))
+    x = torch.randn(8, 1, 8, 8)
+    y = torch.randint(0, 10, (8,))
+
+    def step(m, x, y):
+        return F.cross_entropy(m(x), y)
+
+    dynamo.reset()
+    explain = dynamo.explain(step)(model, x, y)
+    assert explain.graph_break_count == 0, explain.break_reasons
+    assert explain.graph_count == 1
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    loss_c = compiled(model, x, y)
+    loss_c.backward()
+    g_c = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    loss_e = step(model, x, y)
+    loss_e.backward()
+    torch.testing.assert_close(loss_c, loss_e)
+    # nearest rounding: the same integer backward in both (compiled graphs may reorder fp32 sums elsewhere)
+    for a, p in zip(g_c, model.parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_compile_traces_custom_ops():
+    """The compiled graph calls the hot custom ops (not a fallback to exact layers)."""
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+
+    layer = ht.Linear(16, 16)
+    backend = AotEagerAndRecordGraphs()
+    f = torch.compile(lambda x: layer(x).sum(), backend=backend, fullgraph=True)
+    f(torch.randn(4, 16, requires_grad=True)).backward()
+    fw = "\n".join(g.code for g in backend.fw_graphs)
+    bw = "\n".join(g.code for g in backend.bw_graphs)
+    assert "hot.linear" in fw and "hot.linear_backward" in bw
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("kind", ["linear", "conv"])
+def test_autocast_dtypes(kind, dtype, device):
+    torch.manual_seed(1)
+    cfg = hot.Config(rounding="nearest", rank=16, gx_bits=8)  # isolate the autocast plumbing from HLA/4-bit error
+    if kind == "linear":
+        ref = nn.Linear(32, 48)
+        layer = ht.Linear(32, 48, config=cfg)
+        x = torch.randn(64, 32)
+    else:
+        ref = nn.Conv2d(4, 16, 3, padding=1)
+        layer = ht.Conv2d(4, 16, 3, padding=1, config=cfg)
+        x = torch.randn(2, 4, 6, 6)
+    layer.load_state_dict(ref.state_dict())
+    ref, layer, x = ref.to(device), layer.to(device), x.to(device)
+    xr, xh = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with torch.autocast(device, dtype=dtype):
+        yr, yh = ref(xr), layer(xh)
+    assert yh.dtype == dtype and yr.dtype == dtype
+    torch.testing.assert_close(yh, yr)
+    gy = torch.randn(yh.shape, device=device)
+    yr.backward(gy.to(dtype))
+    yh.backward(gy.to(dtype))
+    # grads come back in each input's dtype: fp32 weight, bias and input
+    assert layer.weight.grad.dtype == torch.float32 and layer.bias.grad.dtype == torch.float32
+    assert xh.grad.dtype == torch.float32
+    # HOT gradient (8-bit, full rank) close to the autocast reference: relative Frobenius error
+    for a, b in ((xh.grad, xr.grad), (layer.weight.grad, ref.weight.grad)):
+        rel = float((a - b).norm() / b.norm())
+        assert rel < 0.05, rel
+    torch.testing.assert_close(layer.bias.grad, ref.bias.grad, rtol=2e-2, atol=2e-2)
+
+
+def test_gradscaler_sees_inf():
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    ht.convert(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    w0 = [p.detach().clone() for p in model.parameters()]
+    x = torch.randn(8, 16)
+
+    def poison(g):
+        g = g.clone()
+        g[0, 0] = float("inf")
+        return g
+
+    with torch.autocast("cpu", dtype=torch.float16):
+        h = model[0](x)
+        h.register_hook(poison)
+        out = model[2](model[1](h))
+    scaler.scale(out.float().sum()).backward()
+    assert not torch.isfinite(model[0].weight.grad).all()
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() == 2.0**9  # the step was skipped and the scale backed off
+    for a, p in zip(w0, model.parameters()):
+        assert torch.equal(a, p)
+    # a clean step goes through
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = model(x)
+    scaler.scale(out.float().sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert not torch.equal(w0[0], model[0].weight)
+
+
+def test_mixed_devices_error():
+    layer = ht.Linear(4, 4)
+    x = torch.randn(2, 4, device="meta", requires_grad=True)
+    with pytest.raises(ValueError, match="input is on meta but the weight is on cpu"):
+        layer(x)
+
+
+@pytest.mark.slow
+def test_compile_inductor_trains():
+    """The inductor backend (generates C++ on CPU; slow to compile) runs a converted model, fullgraph."""
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+    ht.convert(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(64, 16), torch.randint(0, 4, (64,))
+    step = torch.compile(lambda: F.cross_entropy(model(x), y), fullgraph=True, backend="inductor")
+    losses = []
+    for _ in range(20):
+        opt.zero_grad()
+        loss = step()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    assert losses[-1] < losses[0]

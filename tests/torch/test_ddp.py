@@ -1,0 +1,71 @@
+"""DistributedDataParallel (gloo, 2 CPU processes): gradients equal a single-process run with the
+same seeds. HOT quantises each rank's batch on its own (per-tensor scales over the local batch), so
+the single-process reference computes each rank's shard with that rank's seed and averages them."""
+import os
+import socket
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+WORLD = 2
+
+
+def _model():
+    import hot.torch as ht
+
+    torch.manual_seed(0)
+    m = ht.models.build("vit", dim=32, depth=1, heads=2, mlp=64)
+    ht.convert(m)
+    return m
+
+
+def _data():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(16, 1, 8, 8, generator=g), torch.randint(0, 10, (16,), generator=g)
+
+
+def _worker(rank, port, out_dir):
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    model = torch.nn.parallel.DistributedDataParallel(_model())
+    x, y = _data()
+    xs, ys = x.chunk(WORLD)[rank], y.chunk(WORLD)[rank]
+    torch.manual_seed(100 + rank)  # per-rank stochastic-rounding seeds
+    F.cross_entropy(model(xs), ys).backward()
+    if rank == 0:
+        torch.save({n: p.grad for n, p in model.module.named_parameters()}, os.path.join(out_dir, "ddp.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ddp_matches_single_process():
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(_worker, args=(_free_port(), d), nprocs=WORLD, join=True)
+        ddp = torch.load(os.path.join(d, "ddp.pt"))
+    model = _model()
+    x, y = _data()
+    acc = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+    for rank in range(WORLD):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(100 + rank)
+        F.cross_entropy(model(x.chunk(WORLD)[rank]), y.chunk(WORLD)[rank]).backward()
+        for n, p in model.named_parameters():
+            acc[n] += p.grad / WORLD
+    for n in acc:
+        torch.testing.assert_close(ddp[n], acc[n], rtol=1e-6, atol=1e-7, msg=n)

@@ -1,0 +1,216 @@
+"""Gradients of hot.torch.Linear / Conv2d against a float64 reference, within bounds derived from
+SPEC §5 (round-to-nearest via config), plus exact mode, frozen weights, inputs without grad, seeds."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hot
+import hot.torch as ht
+from conftest import DEVICES
+from reference import check_bound, gw_reference, gx_reference
+
+NEAREST = hot.Config(rounding="nearest")
+
+
+def _data(L, I, O, seed, outliers=True):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(L, I, generator=g)
+    if outliers:
+        x[:, 0] *= 20.0  # a channel outlier, which the Hadamard transforms spread
+    gy = torch.randn(L, O, generator=g)
+    return x, gy
+
+
+LIN_CASES = [(64, 32, 48), (37, 24, 20), (100, 64, 16), (16, 8, 7), (1, 16, 32), (300, 40, 24)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("gx_scale", ["tensor", "token"])
+@pytest.mark.parametrize("gx_bits", [4, 8])
+@pytest.mark.parametrize("L,I,O", LIN_CASES, ids=[f"L{a}_I{b}_O{c}" for a, b, c in LIN_CASES])
+def test_linear_grads_within_derived_bounds(L, I, O, gx_bits, gx_scale, device):
+    torch.manual_seed(0)
+    cfg = NEAREST.replace(gx_bits=gx_bits, gx_scale=gx_scale)
+    layer = ht.Linear(I, O, config=cfg).to(device)
+    x, gy = _data(L, I, O, seed=L * 7 + O)
+    xd = x.clone().to(device).requires_grad_(True)
+    y = layer(xd)
+    assert torch.allclose(y.cpu(), F.linear(x, layer.weight.detach().cpu(), layer.bias.detach().cpu()), atol=1e-5)
+    y.backward(gy.to(device))
+    w = layer.weight.detach().cpu()
+    ref, bound, mag = gx_reference(gy, w, gx_bits, gx_scale == "token")
+    check_bound(xd.grad.cpu(), ref, bound, mag, what="g_x")
+    proj, bound, mag = gw_reference(gy, x, cfg.rank)
+    check_bound(layer.weight.grad.cpu(), proj, bound, mag, what="g_w")
+    torch.testing.assert_close(layer.bias.grad.cpu().double(), gy.double().sum(0), rtol=1e-5, atol=1e-5 * L)
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 24), (3, 1, 1, 24)], ids=["3d", "4d"])
+def test_linear_nd_input_rank16_full(shape):
+    """Batched (..., I) inputs; rank 16 makes HLA the identity, so g_w approximates g_y^T x itself."""
+    torch.manual_seed(1)
+    cfg = NEAREST.replace(rank=16, gx_bits=8)
+    layer = ht.Linear(24, 32, bias=False, config=cfg)
+    assert layer.bias is None
+    x = torch.randn(*shape, requires_grad=True)
+    gy = torch.randn(*shape[:-1], 32)
+    layer(x).backward(gy)
+    g2, x2 = gy.reshape(-1, 32), x.detach().reshape(-1, 24)
+    proj, bound, mag = gw_reference(g2, x2, 16)
+    torch.testing.assert_close(proj, g2.double().t() @ x2.double())  # P = I at r = 16
+    check_bound(layer.weight.grad, proj, bound, mag, what="g_w")
+    ref, bound, mag = gx_reference(g2, layer.weight.detach(), 8, False)
+    check_bound(x.grad.reshape(-1, 24), ref, bound, mag, what="g_x")
+    assert x.grad.shape == x.shape
+
+
+CONV_CASES = [
+    dict(N=2, C=3, H=9, W=8, O=16, k=3, stride=1, padding=1, dilation=1),
+    dict(N=3, C=4, H=10, W=10, O=12, k=3, stride=2, padding=0, dilation=1),
+    dict(N=1, C=2, H=11, W=9, O=8, k=(3, 2), stride=(2, 1), padding=(1, 0), dilation=(2, 1)),
+    dict(N=2, C=8, H=6, W=6, O=32, k=1, stride=1, padding=0, dilation=1),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CONV_CASES, ids=[f"conv{i}" for i in range(len(CONV_CASES))])
+def test_conv2d_grads_within_derived_bounds(case, device):
+    torch.manual_seed(2)
+    c = dict(case)
+    N, C, H, W, O = c.pop("N"), c.pop("C"), c.pop("H"), c.pop("W"), c.pop("O")
+    layer = ht.Conv2d(C, O, c["k"], c["stride"], c["padding"], c["dilation"], config=NEAREST).to(device)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(N, C, H, W, generator=g)
+    xd = x.clone().to(device).requires_grad_(True)
+    y = layer(xd)
+    wt = layer.weight.detach().cpu()
+    torch.testing.assert_close(y.detach().cpu(), F.conv2d(x, wt, layer.bias.detach().cpu(), layer.stride,
+                                                          layer.padding, layer.dilation), rtol=1e-5, atol=1e-5)
+    gy = torch.randn(y.shape, generator=g)
+    y.backward(gy.to(device))
+    # what the layer keeps: the int8 RTN feature map (the engine's quantiser, deterministic)
+    q, s = hot.quantize(x.reshape(N * C, -1), bits=8, scale="tensor", rounding="nearest")
+    assert float((q.double() * s.double() - x.reshape(N * C, -1).double()).abs().max()) <= float(s) / 2 * (1 + 1e-5)
+    xq = (q.double() * s.double()).reshape(N, C, H, W)
+    k = layer.kernel_size
+    cols = F.unfold(xq, k, dilation=layer.dilation, padding=layer.padding, stride=layer.stride)
+    P = cols.shape[-1]
+    cols = cols.transpose(1, 2).reshape(N * P, -1)
+    g2 = gy.permute(0, 2, 3, 1).reshape(N * P, O)
+    proj, bound, mag = gw_reference(g2, cols, 8)
+    check_bound(layer.weight.grad.cpu().reshape(O, -1), proj, bound, mag, what="conv g_w")
+    ref, bound, mag = gx_reference(g2, wt.reshape(O, -1), 4, False)
+    fold = lambda t: F.fold(t.reshape(N, P, -1).transpose(1, 2), (H, W), k, dilation=layer.dilation,  # noqa: E731
+                            padding=layer.padding, stride=layer.stride)
+    check_bound(xd.grad.cpu(), fold(ref), fold(bound), fold(mag), what="conv g_x")
+    torch.testing.assert_close(layer.bias.grad.cpu().double(), gy.double().sum((0, 2, 3)), rtol=1e-5, atol=1e-4)
+
+
+def test_exact_mode_matches_torch():
+    torch.manual_seed(4)
+    lin = torch.nn.Linear(24, 40)
+    conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+    hl, hc = ht.Linear(24, 40, config=hot.Config(exact=True)), ht.Conv2d(3, 8, 3, padding=1, config=hot.Config(exact=True))
+    hl.load_state_dict(lin.state_dict())
+    hc.load_state_dict(conv.state_dict())
+    for ref, mod, shape in ((lin, hl, (5, 7, 24)), (conv, hc, (2, 3, 6, 5))):
+        x = torch.randn(shape)
+        x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ref(x1).square().sum().backward()
+        mod(x2).square().sum().backward()
+        torch.testing.assert_close(x2.grad, x1.grad, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(mod.weight.grad, ref.weight.grad, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(mod.bias.grad, ref.bias.grad, rtol=1e-5, atol=1e-4)
+
+
+def _count_saved(fn):
+    sizes = []
+
+    def pack(t):
+        sizes.append((t.dtype, t.numel()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sizes
+
+
+@pytest.mark.parametrize("kind", ["linear", "conv"])
+def test_frozen_weight_keeps_nothing_and_gives_gx_only(kind):
+    torch.manual_seed(5)
+    layer = ht.Linear(32, 16, config=NEAREST) if kind == "linear" else ht.Conv2d(4, 16, 3, config=NEAREST)
+    layer.weight.requires_grad_(False)
+    x = torch.randn((40, 32) if kind == "linear" else (2, 4, 7, 7), requires_grad=True)
+    y, saved = _count_saved(lambda: layer(x))
+    assert not any(dt == torch.int8 and n > 0 for dt, n in saved), saved  # no ABC buffer / feature map
+    assert not any(n == x.numel() and dt == x.dtype for dt, n in saved)  # and not x itself
+    y.sum().backward()
+    assert layer.weight.grad is None and x.grad is not None and layer.bias.grad is not None
+
+
+def test_abc_buffer_size_linear():
+    layer = ht.Linear(64, 32)
+    x = torch.randn(100, 64)
+    _, saved = _count_saved(lambda: layer(x))
+    int8 = [n for dt, n in saved if dt == torch.int8 and n > 0]
+    # I x K_pad with K = ceil(100/16) * 8 = 56 -> K_pad = 64
+    assert int8 == [64 * 64]
+    assert not any(dt == torch.float32 and n == x.numel() for dt, n in saved)
+
+
+def test_input_without_grad_computes_no_gx(monkeypatch):
+    calls = []
+    real = hot.backward_linear
+
+    def spy(*a, **kw):
+        calls.append(kw["need_grad_input"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(hot, "backward_linear", spy)
+    layer = ht.Linear(16, 16)
+    layer(torch.randn(8, 16)).sum().backward()
+    assert calls == [False] and layer.weight.grad is not None
+
+
+def test_seeds_vary_per_step_and_are_reproducible():
+    def run():
+        torch.manual_seed(123)
+        layer = ht.Linear(32, 32)
+        x = torch.randn(64, 32)
+        grads = []
+        for _ in range(2):
+            layer.weight.grad = None
+            xi = x.clone().requires_grad_()
+            layer(xi).backward(torch.ones(64, 32) + torch.linspace(0, 1, 32))
+            grads.append((xi.grad.clone(), layer.weight.grad.clone()))
+        return grads
+
+    a, b = run(), run()
+    for (gx1, gw1), (gx2, gw2) in zip(a, b):
+        assert torch.equal(gx1, gx2) and torch.equal(gw1, gw2)
+    assert not torch.equal(a[0][0], a[1][0])  # stochastic rounding: a new seed per step
+
+
+def test_nonfinite_gradient_stays_visible():
+    layer = ht.Linear(16, 16)
+    x = torch.randn(20, 16, requires_grad=True)
+    gy = torch.randn(20, 16)
+    gy[3, 5] = float("inf")
+    layer(x).backward(gy)
+    assert not torch.isfinite(x.grad).all()
+    assert not torch.isfinite(layer.weight.grad).all()
+    assert not torch.isfinite(layer.bias.grad).all()
+
+
+def test_bad_inputs_raise_clear_errors():
+    layer = ht.Linear(8, 4)
+    with pytest.raises(TypeError, match="input dtype torch.float16 differs from weight dtype torch.float32"):
+        layer(torch.randn(3, 8, dtype=torch.float16, requires_grad=True))
+    with pytest.raises(TypeError, match="float64"):
+        ht.Linear(8, 4).double()(torch.randn(3, 8, dtype=torch.float64, requires_grad=True))
+    with pytest.raises(ValueError, match="groups=2"):
+        ht.Conv2d(4, 4, 3, groups=2)
+    with pytest.raises(ValueError, match="padding_mode"):
+        ht.Conv2d(4, 4, 3, padding_mode="reflect")
+    with pytest.raises(TypeError, match="hot.Config"):
+        ht.Linear(8, 4, config={"rank": 8})

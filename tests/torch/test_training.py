@@ -1,0 +1,27 @@
+"""A small model trained a few hundred steps on scikit-learn's digits: HOT within 1 point of exact."""
+import copy
+
+import pytest
+import torch
+
+import hot
+import hot.torch as ht
+
+pytest.importorskip("sklearn")
+from hot.cli.demo import load_digits, train  # noqa: E402
+
+
+@pytest.mark.parametrize("model", ["cnn"])
+def test_digits_accuracy_close_to_exact(model):
+    data = load_digits("cpu")
+    torch.manual_seed(0)
+    base = ht.models.build(model, width=16) if model == "cnn" else ht.models.build(model)
+    acc = {}
+    for name in ("exact", "hot"):
+        m = copy.deepcopy(base)
+        torch.manual_seed(1)
+        if name == "hot":
+            ht.convert(m, hot.Config())
+        acc[name] = train(m, data, 300, 64, 3e-3, 0, "cpu", measure=False).accuracy
+    assert acc["exact"] > 90.0, acc
+    assert acc["hot"] >= acc["exact"] - 1.0, acc

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 import hot
 import hot.torch as ht
 from conftest import DEVICES
-from reference import check_bound, gw_reference, gx_reference
+from torch_reference import check_bound, gw_reference, gx_reference
 
 NEAREST = hot.Config(rounding="nearest")
 

@@ -3,9 +3,6 @@ import sys
 
 import pytest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-if os.path.join(ROOT, "python") not in sys.path:
-    sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.dirname(__file__))
 
 torch = pytest.importorskip("torch")

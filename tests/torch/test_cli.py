@@ -1,5 +1,4 @@
 """The hot command: info, summary, demo (short run), python -m hot."""
-import os
 import subprocess
 import sys
 
@@ -7,8 +6,6 @@ import pytest
 
 import hot
 from hot.__main__ import main
-
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def test_info(capsys):
@@ -37,8 +34,9 @@ def test_demo_short_run(capsys):
         assert key in out
 
 
-def test_python_dash_m():
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
-    r = subprocess.run([sys.executable, "-m", "hot", "info"], capture_output=True, text=True, env=env, timeout=120)
+def test_python_dash_m(tmp_path):
+    # The same interpreter and environment as this test run, so the same hot package.
+    r = subprocess.run([sys.executable, "-m", "hot", "info"], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=120)
     assert r.returncode == 0, r.stderr
     assert "backends" in r.stdout

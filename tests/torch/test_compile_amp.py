@@ -16,14 +16,15 @@ def _small_models():
     return {"vit": vit, "cnn": cnn}
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["vit", "cnn"])
-def test_compile_fullgraph_no_graph_breaks(name):
+def test_compile_fullgraph_no_graph_breaks(name, device):
     import torch._dynamo as dynamo
 
-    model = _small_models()[name]
+    model = _small_models()[name].to(device)
     ht.convert(model, hot.Config(rounding="nearest"))
-    x = torch.randn(8, 1, 8, 8)
-    y = torch.randint(0, 10, (8,))
+    x = torch.randn(8, 1, 8, 8, device=device)
+    y = torch.randint(0, 10, (8,), device=device)
 
     def step(m, x, y):
         return F.cross_entropy(m(x), y)
@@ -151,3 +152,22 @@ def test_compile_inductor_trains():
         opt.step()
         losses.append(float(loss))
     assert losses[-1] < losses[0]
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a CUDA GPU and hot's CUDA backend")
+def test_compile_inductor_trains_cuda():
+    """The inductor backend (Triton kernels around the hot custom ops) on the GPU, fullgraph."""
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 8)).cuda()
+    ht.convert(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(256, 64, device="cuda"), torch.randint(0, 8, (256,), device="cuda")
+    step = torch.compile(lambda: F.cross_entropy(model(x), y), fullgraph=True, backend="inductor")
+    losses = []
+    for _ in range(30):
+        opt.zero_grad()
+        loss = step()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < 0.8 * losses[0]

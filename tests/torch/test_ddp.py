@@ -1,5 +1,5 @@
-"""DistributedDataParallel (gloo, 2 CPU processes): gradients equal a single-process run with the
-same seeds. HOT quantises each rank's batch on its own (per-tensor scales over the local batch), so
+"""DistributedDataParallel (gloo with 2 CPU processes; NCCL with 2 GPUs where there are two): gradients
+equal a single-process run with the same seeds. HOT quantises each rank's batch on its own (per-tensor scales over the local batch), so
 the single-process reference computes each rank's shard with that rank's seed and averages them."""
 import os
 import socket
@@ -28,17 +28,21 @@ def _data():
     return torch.randn(16, 1, 8, 8, generator=g), torch.randint(0, 10, (16,), generator=g)
 
 
-def _worker(rank, port, out_dir):
+def _worker(rank, port, out_dir, backend="gloo"):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    model = torch.nn.parallel.DistributedDataParallel(_model())
+    dev = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    dist.init_process_group(backend, rank=rank, world_size=WORLD)
+    model = _model().to(dev)
+    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank] if dev.type == "cuda" else None)
     x, y = _data()
-    xs, ys = x.chunk(WORLD)[rank], y.chunk(WORLD)[rank]
+    xs, ys = x.chunk(WORLD)[rank].to(dev), y.chunk(WORLD)[rank].to(dev)
     torch.manual_seed(100 + rank)  # per-rank stochastic-rounding seeds
     F.cross_entropy(model(xs), ys).backward()
     if rank == 0:
-        torch.save({n: p.grad for n, p in model.module.named_parameters()}, os.path.join(out_dir, "ddp.pt"))
+        torch.save({n: p.grad.cpu() for n, p in model.module.named_parameters()}, os.path.join(out_dir, "ddp.pt"))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -49,20 +53,34 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_ddp_matches_single_process():
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
+def _run_and_compare(backend, device):
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_worker, args=(_free_port(), d), nprocs=WORLD, join=True)
+        mp.spawn(_worker, args=(_free_port(), d, backend), nprocs=WORLD, join=True)
         ddp = torch.load(os.path.join(d, "ddp.pt"))
-    model = _model()
+    model = _model().to(device)
     x, y = _data()
     acc = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
     for rank in range(WORLD):
         model.zero_grad(set_to_none=True)
         torch.manual_seed(100 + rank)
-        F.cross_entropy(model(x.chunk(WORLD)[rank]), y.chunk(WORLD)[rank]).backward()
+        F.cross_entropy(model(x.chunk(WORLD)[rank].to(device)), y.chunk(WORLD)[rank].to(device)).backward()
         for n, p in model.named_parameters():
             acc[n] += p.grad / WORLD
     for n in acc:
-        torch.testing.assert_close(ddp[n], acc[n], rtol=1e-6, atol=1e-7, msg=n)
+        torch.testing.assert_close(ddp[n], acc[n].cpu(), rtol=1e-6, atol=1e-7, msg=n)
+
+
+def test_ddp_matches_single_process():
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    _run_and_compare("gloo", "cpu")
+
+
+def test_ddp_nccl_two_gpus_matches_single_process():
+    import hot
+
+    if not (torch.cuda.is_available() and torch.cuda.device_count() >= 2 and hot.cuda_available()):
+        pytest.skip("needs 2 CUDA GPUs and hot's CUDA backend")
+    if not dist.is_nccl_available():
+        pytest.skip("torch.distributed with NCCL is not available")
+    _run_and_compare("nccl", "cuda:0")

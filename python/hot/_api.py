@@ -132,6 +132,11 @@ class _Call:
         self.fw = fws.of(first)
         self.stream = self.fw.stream(first) if self.dev[0] != 1 else 0
 
+    def call(self, fn, *args):
+        """fn(*args) with the call's device current in its framework (CUDA arrays are exported there)."""
+        with self.fw.device_scope(self.like):
+            return fn(*args)
+
     def empty(self, shape, dtype):
         if not self.fw.can_allocate:
             return None
@@ -191,7 +196,7 @@ def hadamard_transform(x, block: int = 16, axis: int = -1):
     else:
         split, core_axis = axis + 1, 0
     out = c.empty(fws.shape(x), "float32")
-    r = _C.hadamard_transform(x, out, block, split, core_axis, c.stream)
+    r = c.call(_C.hadamard_transform, x, out, block, split, core_axis, c.stream)
     return c.result(out, r, fws.shape(x))
 
 
@@ -207,7 +212,7 @@ def hla(x, rank: int = 8):
     s = fws.shape(x)
     L, C = fws.prod(s[:-1]), s[-1]
     out = c.empty((_C.hla_rows(L, rank), C), "float32")
-    return c.result(out, _C.hla(x, out, rank, c.stream))
+    return c.result(out, c.call(_C.hla, x, out, rank, c.stream))
 
 
 def quantize(x, bits: int = 8, scale: str = "tensor", rounding: str = "nearest", seed: int = 0, rng_stream: int = 0):
@@ -228,7 +233,7 @@ def quantize(x, bits: int = 8, scale: str = "tensor", rounding: str = "nearest",
     rows = fws.prod(s[:-1])
     q = c.empty(s, "int8")
     sc = c.empty((1 if scale == "tensor" else rows,), "float32")
-    rq, rs = _C.quantize(x, q, sc, bits, scale, rounding, seed, rng_stream, c.stream)
+    rq, rs = c.call(_C.quantize, x, q, sc, bits, scale, rounding, seed, rng_stream, c.stream)
     return c.result(q, rq, s), c.result(sc, rs)
 
 
@@ -242,7 +247,7 @@ def dequantize(q, scale, dtype="float32"):
     name = _dtype_name(op, dtype)
     s = fws.shape(q)
     out = c.empty(s, name)
-    return c.result(out, _C.dequantize(q, scale, out, name, c.stream), s)
+    return c.result(out, c.call(_C.dequantize, q, scale, out, name, c.stream), s)
 
 
 def pack_int4(q):
@@ -257,7 +262,7 @@ def pack_int4(q):
         raise ValueError(f"{op}: q needs an even last dim to pack two values per byte, got shape {s}")
     shape = s[:-1] + (s[-1] // 2,)
     out = c.empty(shape, "uint8")
-    return c.result(out, _C.pack_int4(q, out, c.stream), shape)
+    return c.result(out, c.call(_C.pack_int4, q, out, c.stream), shape)
 
 
 def unpack_int4(packed):
@@ -270,7 +275,7 @@ def unpack_int4(packed):
     s = fws.shape(packed)
     shape = s[:-1] + (2 * s[-1],)
     out = c.empty(shape, "int8")
-    return c.result(out, _C.unpack_int4(packed, out, c.stream), shape)
+    return c.result(out, c.call(_C.unpack_int4, packed, out, c.stream), shape)
 
 
 def _gemm(op, fn, a, b, k_factor):
@@ -284,7 +289,7 @@ def _gemm(op, fn, a, b, k_factor):
     if Ka != Kb:
         raise ValueError(f"{op}: a is {(M, Ka)} and b is {(N, Kb)}; the inner dims (K) must agree")
     out = c.empty((M, N), "int32")
-    return c.result(out, fn(a, b, out, c.stream))
+    return c.result(out, c.call(fn, a, b, out, c.stream))
 
 
 def gemm_s8(a, b):
@@ -352,7 +357,7 @@ def compress_activation(x, config: Optional[Config] = None) -> SavedActivation:
     I = fws.shape(x)[-1]
     q = c.empty((I, _C.padded_k(_C.hla_rows(fws.prod(fws.shape(x)[:-1]), config.rank))), "int8")
     scale = c.empty((1,), "float32") if q is not None else None
-    core = _C.compress_activation(x, config.rank, c.stream, op, "x", q, scale)
+    core = c.call(_C.compress_activation, x, config.rank, c.stream, op, "x", q, scale)
     return SavedActivation(c.result(q, core.q), c.result(scale, core.scale), fws.shape(x), config.rank, core)
 
 
@@ -391,7 +396,7 @@ def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: O
             if saved.rows != L or saved.cols != I:
                 raise ValueError(f"{op}: saved holds x of shape {saved.shape} ({saved.rows} x {saved.cols}) but "
                                  f"grad_output has {L} rows and weight has {I} columns")
-            core_saved = saved._core(op, c.stream)
+            core_saved = c.call(saved._core, op, c.stream)
         else:
             xs = fws.shape(raw)
             if len(xs) < 1 or xs[-1] != I or fws.prod(xs[:-1]) != L:
@@ -400,7 +405,7 @@ def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: O
             if config.exact:
                 x = raw if c.fw.dtype_name(raw) == dt else c.fw.cast(raw, dt)
             else:
-                core_saved = _C.compress_activation(raw, config.rank, c.stream, op, "saved")
+                core_saved = c.call(_C.compress_activation, raw, config.rank, c.stream, op, "saved")
     if config.exact and c.fw.dtype_name(w) != dt:
         w = c.fw.cast(w, dt)
 
@@ -408,7 +413,7 @@ def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: O
     gi = c.empty(gi_shape, dt) if need_grad_input else None
     gw = c.empty((O, I), dt) if need_grad_weight else None
     gb = c.empty((O,), dt) if bias else None
-    rx, rw, rb = _C.backward_linear(
+    rx, rw, rb = c.call(_C.backward_linear,
         gy, w, core_saved, x, gi, gw, gb, bool(need_grad_input), bool(need_grad_weight), bool(bias),
         config.gx_bits, config.rank, config.rounding, config.gx_scale, bool(config.exact), seed, c.stream)
     return (

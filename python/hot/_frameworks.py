@@ -5,6 +5,7 @@ Frameworks are imported lazily: hot itself needs only numpy.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 
@@ -49,6 +50,11 @@ class Framework:
 
     def stream(self, like) -> int:
         return 0
+
+    def device_scope(self, like):
+        """A context in which `like`'s device is the framework's current device (DLPack exports of CUDA
+        arrays in torch require it)."""
+        return contextlib.nullcontext()
 
     def cast(self, x, dtype):
         return x.astype(dtype)
@@ -97,6 +103,13 @@ class Torch(Framework):
 
         return int(torch.cuda.current_stream(like.device).cuda_stream)
 
+    def device_scope(self, like):
+        if like.device.type != "cuda":
+            return contextlib.nullcontext()
+        import torch
+
+        return torch.cuda.device(like.device)
+
     def cast(self, x, dtype):
         return x.to(_torch_dtype(dtype))
 
@@ -123,6 +136,9 @@ class Cupy(Framework):
 
         with like.device:
             return int(cupy.cuda.get_current_stream().ptr)
+
+    def device_scope(self, like):
+        return like.device
 
     def copy_(self, dst, src):
         dst[...] = src

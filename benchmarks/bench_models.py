@@ -1101,6 +1101,9 @@ def parse_args(argv=None):
     ap.add_argument("--llama-seq", type=int, default=2048)
     ap.add_argument("--llama-kv-heads", type=int, default=8)
     ap.add_argument("--tf32", action="store_true", help="allow TF32 for fp32 matmuls (default: torch's default, off)")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="DIR",
+                    help="merge the bench_models.json of earlier runs (e.g. one process per configuration, see "
+                         "benchmarks/run_bench_models.sh) into one report in --out")
     a = ap.parse_args(argv)
     if a.cpu_smoke:
         a.device = a.device or "cpu"
@@ -1127,9 +1130,40 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     threads = torch.get_num_threads()
     try:
-        return _main(parse_args(argv))
+        a = parse_args(argv)
+        return merge_reports(a) if a.merge else _main(a)
     finally:
         torch.set_num_threads(threads)
+
+
+def merge_reports(a) -> int:
+    """One report from the JSON outputs of several runs (same environment)."""
+    docs = []
+    for d in a.merge:
+        path = os.path.join(d, "bench_models.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                docs.append(json.load(f))
+    if not docs:
+        print("bench_models --merge: no bench_models.json found", file=sys.stderr)
+        return 1
+    results, notes, titles = [], [], {}
+    for doc in docs:
+        results += doc["results"]
+        notes += [n for n in doc["notes"] if n not in notes]
+        titles.update(doc["models"])
+    names = list(titles)
+    order = {m: i for i, m in enumerate(MODES)}
+    results.sort(key=lambda r: (names.index(r["model"]) if r["model"] in names else 99, order.get(r["mode"], 9),
+                                r["dtype"] != "fp32", r["batch"]))
+    first = argparse.Namespace(**docs[0]["args"])
+    out_dir = a.out or os.environ.get("OUT") or "bench_models_out"
+    os.makedirs(out_dir, exist_ok=True)
+    md, js = os.path.join(out_dir, "bench_models.md"), os.path.join(out_dir, "bench_models.json")
+    write_report(md, js, docs[0]["environment"], results, notes, titles, first)
+    print(compact_table(results))
+    print(f"\nmerged {len(docs)} runs into {md} and {js}")
+    return 0
 
 
 def _main(a) -> int:

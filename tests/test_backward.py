@@ -282,3 +282,25 @@ def test_torch_requires_grad_inputs_are_accepted(rng):
     gy, w, x = (torch.tensor(a, dtype=torch.float32, requires_grad=True) for a in _inputs(rng, (16,), 8, 8))
     gi, gw, gb = hot.backward_linear(gy, w, x, bias=True)
     assert not gi.requires_grad and gi.shape == (16, 8)
+
+
+@pytest.mark.parametrize("source", ["raw_x", "saved"])
+def test_rows_past_the_int32_gw_limit_are_split(source):
+    """K = ceil(L/16)*rank past 133144 would overflow the int32 g_w GEMM: the call is split into row chunks
+    (g_w, g_b summed in float32) and still matches the float64 gradient to 8-bit accuracy."""
+    from hot import _api
+
+    cfg = hot.Config(gx_bits=8, rank=16, rounding="nearest")
+    L = _api._gw_chunk_rows(cfg.rank) + 300
+    assert hot._C.padded_k(hot._C.hla_rows(L, cfg.rank)) > _api._MAX_GW_K  # one GEMM would not fit
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((L, 16), dtype=np.float32)
+    w = rng.standard_normal((16, 16), dtype=np.float32)
+    gy = rng.standard_normal((L, 16), dtype=np.float32)
+    saved = x if source == "raw_x" else hot.compress_activation(x, cfg)
+    gx, gw, gb = hot.backward_linear(gy, w, saved, bias=True, config=cfg)
+    rel = lambda a, b: np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b)  # noqa: E731
+    # 8-bit per-tensor RTN of Gaussian operands: ~1% relative error each, so ~1.5% for a product.
+    assert rel(gx, gy.astype(np.float64) @ w) < 0.05
+    assert rel(gw, gy.astype(np.float64).T @ x) < 0.05
+    assert rel(gb, gy.sum(0, dtype=np.float64)) < 1e-5

@@ -386,6 +386,10 @@ def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: O
     L = fws.prod(lead)
     dt = c.fw.dtype_name(gy)
 
+    if need_grad_weight and not config.exact and saved is not None and L > _gw_chunk_rows(config.rank):
+        return _backward_linear_chunked(c, gy, w, saved, is_saved, raw, lead, L, O, I, dt, bias, config, seed,
+                                        need_grad_input)
+
     core_saved, x = None, None
     if need_grad_weight:
         if saved is None:
@@ -421,6 +425,58 @@ def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: O
         c.result(gw, rw) if need_grad_weight else None,
         c.result(gb, rb) if bias else None,
     )
+
+
+# The g_w GEMM contracts over K = ceil(L/16) * rank rows (padded to 16) with int32 accumulation of 8-bit
+# products, exact only while K * 127 * 127 < 2^31, i.e. K <= 133144 (L up to ~266k rows at rank 8, e.g.
+# the early convolutions of a ResNet-50 at batch 64, whose L = batch x H_out x W_out is 802,816).
+_MAX_GW_K = (2 ** 31 - 1) // (127 * 127)
+
+
+def _gw_chunk_rows(rank: int) -> int:
+    """Rows per chunk of a split backward: a multiple of 256 whose padded HLA rows fit _MAX_GW_K."""
+    return ((_MAX_GW_K // 16 * 16) // rank * 16) // 256 * 256
+
+
+def _backward_linear_chunked(c, gy, w, saved, is_saved, raw, lead, L, O, I, dt, bias, config, seed,
+                             need_grad_input):
+    """backward_linear over consecutive chunks of rows whose g_w contraction fits int32 accumulation; g_w and
+    g_b are summed in float32 over the chunks, g_x rows are written chunk by chunk. Each chunk quantises its own
+    G~ and G^ (per-tensor scales per chunk, not over all L rows) with its own seed; with a raw x each chunk
+    also compresses its own rows (the saved path keeps the one scale of the whole ABC buffer)."""
+    op = "backward_linear"
+    if not c.fw.can_allocate:
+        raise ValueError(f"{op}: {L} rows exceed one integer g_w GEMM ({_gw_chunk_rows(config.rank)} rows at rank "
+                         f"{config.rank}) and this array type cannot be split in place; split the batch")
+    step = _gw_chunk_rows(config.rank)
+    gy2 = c.fw.reshape(gy, (L, O))
+    x2 = None if is_saved else c.fw.reshape(raw, (L, I))
+    gi = c.empty(lead + (I,), dt) if need_grad_input else None
+    gi2 = c.fw.reshape(gi, (L, I)) if need_grad_input else None
+    gw_acc = c.empty((O, I), "float32")
+    gw_acc[...] = 0
+    gb_acc = None
+    if bias:
+        gb_acc = c.empty((O,), "float32")
+        gb_acc[...] = 0
+    for n, r0 in enumerate(range(0, L, step)):
+        r1 = min(L, r0 + step)
+        if is_saved:
+            k0 = _C.hla_rows(r0, config.rank)
+            k1 = k0 + _C.padded_k(_C.hla_rows(r1 - r0, config.rank))
+            part = SavedActivation(saved.q[:, k0:k1], saved.scale, (r1 - r0, I), config.rank)
+        else:
+            part = x2[r0:r1]
+        gx_c, gw_c, gb_c = backward_linear(gy2[r0:r1], w, part, bias=bias, config=config,
+                                           seed=(seed + n * 0x9E3779B97F4A7C15) % (1 << 64),
+                                           need_grad_input=need_grad_input, need_grad_weight=True)
+        if need_grad_input:
+            c.fw.copy_(gi2[r0:r1], gx_c)
+        gw_acc += c.fw.cast(gw_c, "float32")
+        if bias:
+            gb_acc += c.fw.cast(gb_c, "float32")
+    return (gi, c.fw.cast(gw_acc, dt) if dt != "float32" else gw_acc,
+            (c.fw.cast(gb_acc, dt) if dt != "float32" else gb_acc) if bias else None)
 
 
 # ---- backends ---------------------------------------------------------------------------------------

@@ -102,3 +102,42 @@ def test_plot_writes_png(captured, tmp_path):
     path = tmp_path / "fid.png"
     rep.plot(str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_single_path_methods_isolate_one_path(captured):
+    _, _, caps = captured
+    for c in caps:
+        gx_ref = c.gy.astype(np.float64) @ c.w.astype(np.float64)
+        gw_ref = c.gy.astype(np.float64).T @ c.x.astype(np.float64)
+        gx_h, gw_h = ha.method_fn("hot")(c.x, c.w, c.gy, 7)
+        gx_a, gw_a = ha.method_fn("hot-gx-only")(c.x, c.w, c.gy, 7)
+        gx_b, gw_b = ha.method_fn("hot-gw-only")(c.x, c.w, c.gy, 7)
+        gx_e, gw_e = ha.method_fn("exact")(c.x, c.w, c.gy, 7)
+        # The same seed gives the same stochastic rounding: each single-path method reproduces HOT's path bit
+        # for bit and the exact product (rounded to float32) on the other one.
+        np.testing.assert_array_equal(np.asarray(gx_a), np.asarray(gx_h))
+        np.testing.assert_array_equal(np.asarray(gw_b), np.asarray(gw_h))
+        np.testing.assert_array_equal(gw_a, gw_ref.astype(np.float32))
+        np.testing.assert_array_equal(gx_b, gx_ref.astype(np.float32))
+        np.testing.assert_array_equal(gx_e, gx_ref.astype(np.float32))
+        np.testing.assert_array_equal(gw_e, gw_ref.astype(np.float32))
+    rep = ha.fidelity_of_captures(caps, methods=("hot", "hot-gx8", "hot-gx8-r16", "hot-token"), seed=1)
+    for layer in rep.layers:
+        # 8-bit g_x: 16x finer steps than 4-bit, so a far smaller error (same Hadamard transform).
+        assert rep.get(layer, "hot-gx8").gx_rel < 0.5 * rep.get(layer, "hot").gx_rel
+        assert rep.get(layer, "hot-gx8").gw_rel == rep.get(layer, "hot").gw_rel
+        assert rep.get(layer, "hot-gx8-r16").gw_rel < rep.get(layer, "hot").gw_rel
+
+
+def test_cli_fidelity_writes_report(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("sklearn")
+    from hot.cli import main
+
+    out = tmp_path / "fid"
+    assert main(["fidelity", "--model", "vit", "--batch", "16", "--trained-steps", "0", "--methods",
+                 "naive-int4,lbp-wht,hot", "--out", str(out)]) == 0
+    md = (out / "fidelity.md").read_text()
+    assert "blocks.0.attn.qkv" in md and "naive-int4" in md and "HOT closer to exact than" in md
+    assert (out / "fidelity.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["fidelity", "--methods", "nope", "--out", str(out)]) == 2

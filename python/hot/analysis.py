@@ -18,6 +18,11 @@ method             what it is
 ``hot-r{2,4,8,16}``  HOT at HLA rank r
 =================  ===========================================================================
 
+Extra methods (not in the default set) that isolate one part of HOT, used by the accuracy-gap study
+of ``hot.parity``: ``exact`` (float64 reference, cast to float32), ``hot-gx-only`` (HOT's g_x, exact
+g_w), ``hot-gw-only`` (exact g_x, HOT's g_w), ``hot-gx8`` (8-bit g_x), ``hot-token`` (per-token g_x
+scales on every layer), ``hot-gx8-r16`` (8-bit g_x and full-rank g_w: only 8-bit quantisation left).
+
 Every method gets the same seed. The report gives, per layer and method, the cosine similarity and the
 relative error ‖ĝ − g‖_F / ‖g‖_F of g_x and g_w against the exact float64 gradients, as a markdown
 table and as a plot (``FidelityReport.plot``, matplotlib).
@@ -35,6 +40,7 @@ import hot
 HLA_ORDER = (0, 8, 2, 12, 10, 3, 4, 14, 11, 1, 6, 15, 9, 7, 13, 5)
 
 DEFAULT_METHODS = ("naive-int4", "lbp-wht", "hq-only", "hot", "hot+lqs", "hot-r2", "hot-r4", "hot-r8", "hot-r16")
+EXTRA_METHODS = ("exact", "hot-gx-only", "hot-gw-only", "hot-gx8", "hot-token", "hot-gx8-r16")
 
 
 @dataclasses.dataclass
@@ -115,6 +121,21 @@ def _hot(config: "hot.Config"):
     return run
 
 
+def _exact(x, w, gy, seed):
+    g = gy.astype(np.float64)
+    return (g @ w.astype(np.float64)).astype(np.float32), (g.T @ x.astype(np.float64)).astype(np.float32)
+
+
+def _hot_gx_only(x, w, gy, seed):
+    gx, _, _ = hot.backward_linear(gy, w, None, config=hot.Config(), seed=seed, need_grad_weight=False)
+    return gx, _exact(x, w, gy, seed)[1]
+
+
+def _hot_gw_only(x, w, gy, seed):
+    _, gw, _ = hot.backward_linear(gy, w, x, config=hot.Config(), seed=seed, need_grad_input=False)
+    return _exact(x, w, gy, seed)[0], gw
+
+
 def lqs_choice(gy: np.ndarray) -> str:
     """SPEC §7 on one layer: per-token iff e_token < 0.5 e_tensor for the 4-bit G̃ = g_y blockdiag(H_b)."""
     O = gy.shape[1]
@@ -145,6 +166,18 @@ def method_fn(name: str) -> Callable:
             return _hot(hot.Config(gx_scale=lqs_choice(gy)))(x, w, gy, seed)
 
         return run
+    if name == "exact":
+        return _exact
+    if name == "hot-gx-only":
+        return _hot_gx_only
+    if name == "hot-gw-only":
+        return _hot_gw_only
+    if name == "hot-gx8":
+        return _hot(hot.Config(gx_bits=8))
+    if name == "hot-token":
+        return _hot(hot.Config(gx_scale="token"))
+    if name == "hot-gx8-r16":
+        return _hot(hot.Config(gx_bits=8, rank=16))
     if name.startswith("hot-r"):
         try:
             r = int(name[5:])
@@ -152,7 +185,7 @@ def method_fn(name: str) -> Callable:
             r = 0
         if 1 <= r <= 16:
             return _hot(hot.Config(rank=r))
-    raise ValueError(f"fidelity: unknown method {name!r}, expected one of {list(DEFAULT_METHODS)} "
+    raise ValueError(f"fidelity: unknown method {name!r}, expected one of {list(DEFAULT_METHODS + EXTRA_METHODS)} "
                      f"(or hot-r<rank> with rank 1..16)")
 
 

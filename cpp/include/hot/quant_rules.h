@@ -119,12 +119,6 @@ HOT_HD int8_t quantize_stochastic(float v, const QuantScale& s, int qmax, float 
   return static_cast<int8_t>(clamp_q(floorf(hot_add(hot_mul(hot_mul(v, s.pre), s.inv), u)), qmax));
 }
 
-// Transitional forms taking only inv (exact only when pre == 1); kept until every caller passes QuantScale.
-HOT_HD int8_t quantize_nearest(float v, float inv, int qmax) { return quantize_nearest(v, QuantScale{inv, 0.0f, 1.0f}, qmax); }
-HOT_HD int8_t quantize_stochastic(float v, float inv, int qmax, float u) {
-  return quantize_stochastic(v, QuantScale{inv, 0.0f, 1.0f}, qmax, u);
-}
-
 // Block size of the g_x path for a contraction dimension O (SPEC §3): 16, or the largest power of
 // two <= 16 that divides O.
 HOT_HD int hq_block_size(int64_t O) {

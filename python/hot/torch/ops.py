@@ -127,8 +127,8 @@ def _linear_backward_fake(grad_y, weight, x, q, scale, seed, x_shape, gx_bits, r
     return gx, gw, gb
 
 
-def _linear_setup(ctx, inputs, output):
-    x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale = inputs
+def _save_for_backward(ctx, output, x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale):
+    """What the linear and conv2d ops keep for their backward (shared by both setup_context functions)."""
     _, q, scale = output
     ctx.mark_non_differentiable(q, scale)
     ctx.save_for_backward(x if keep == KEEP_RAW else None, weight, q, scale, seed)
@@ -136,6 +136,11 @@ def _linear_setup(ctx, inputs, output):
     ctx.has_bias = bias is not None
     ctx.keep = keep
     ctx.cfg = (gx_bits, rank, rounding, gx_scale, keep == KEEP_RAW)
+
+
+def _linear_setup(ctx, inputs, output):
+    x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale = inputs
+    _save_for_backward(ctx, output, x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale)
 
 
 def _linear_backward(ctx, grad_y, _gq, _gs):
@@ -227,14 +232,8 @@ def _conv2d_backward_fake(grad_y, weight, x, q, scale, seed, x_shape, stride, pa
 
 def _conv2d_setup(ctx, inputs, output):
     x, weight, bias, seed, stride, padding, dilation, keep, gx_bits, rank, rounding, gx_scale = inputs
-    _, q, scale = output
-    ctx.mark_non_differentiable(q, scale)
-    ctx.save_for_backward(x if keep == KEEP_RAW else None, weight, q, scale, seed)
-    ctx.x_shape = list(x.shape)
+    _save_for_backward(ctx, output, x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale)
     ctx.geom = (list(stride), list(padding), list(dilation))
-    ctx.has_bias = bias is not None
-    ctx.keep = keep
-    ctx.cfg = (gx_bits, rank, rounding, gx_scale, keep == KEEP_RAW)
 
 
 def _conv2d_backward(ctx, grad_y, _gq, _gs):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check of the Python layers, run on the GPU machine from the repository root: installs hot with
 # the CUDA backend (pip, scikit-build-core), then runs `hot info`, the whole pytest suite (numpy, torch,
-# cupy and jax CUDA cases included; nothing skips for lack of a GPU) and `hot demo` on the GPU.
+# cupy and jax CUDA cases included; nothing skips for lack of a GPU), `hot demo` on the GPU when DEMO_ARGS
+# is set and `hot parity $PARITY_ARGS` when PARITY_ARGS is set (its table printed; files under $OUT/parity).
 # Logs under $OUT. Needs the nvidia-cutlass wheel in .whl/ (carried) unless the submodule is checked out.
 set -u
 OUT=${OUT:-$PWD/gpu_out}
@@ -23,5 +24,12 @@ grep -E "^SKIPPED" "$OUT/pytest.log" | sed -E 's/^SKIPPED \[[0-9]+\] //' | sort 
 if [[ -n ${DEMO_ARGS+x} ]]; then
   (cd /tmp && timeout ${DEMO_TIMEOUT:-240} hot demo $DEMO_ARGS) > "$OUT/demo.txt" 2>&1
   echo "demo rc=$?"; tail -25 "$OUT/demo.txt"
+fi
+if [[ -n ${PARITY_ARGS:-} ]]; then
+  # e.g. PARITY_ARGS="--task synth --device cuda --methods exact,hot,naive-int4,lbp-wht --seeds 3 --steps 600
+  #   --n-train 20000 --n-test 5000" (about 2.5-4 min on one H100: an estimate, not yet measured)
+  (cd /tmp && PYTHONUNBUFFERED=1 timeout ${PARITY_TIMEOUT:-300} hot parity $PARITY_ARGS --out "$OUT/parity") > "$OUT/parity.txt" 2>&1
+  echo "parity rc=$?"; grep -E "^hot parity|seed [0-9]+ " "$OUT/parity.txt" | tail -40
+  if ls "$OUT"/parity/*.md >/dev/null 2>&1; then cat "$OUT"/parity/*.md; else tail -20 "$OUT/parity.txt"; fi
 fi
 echo "total $(( $(date +%s) - T0 )) s"

@@ -79,9 +79,22 @@ def _metrics(est: np.ndarray, ref: np.ndarray) -> Tuple[float, float]:
 # ---- methods, each a function (x, w, gy, seed) -> (g_x, g_w) on float32 numpy arrays ---------------------
 
 
+# hot.gemm_s8 accumulates in int32 and refuses contractions past (2^31 - 1) / 128² = 131,071 terms; longer
+# ones (naive INT4's g_w over L rows, e.g. a 32x32 conv at batch 128: L = 131,072) run in chunks summed in int64.
+GEMM_K_CHUNK = (2 ** 31 - 1) // (128 * 128) // 16 * 16
+
+
 def _int_gemm(qa: np.ndarray, qb: np.ndarray) -> np.ndarray:
-    """qa (M x K) int8 times qb (N x K)ᵀ with the engine's exact integer GEMM, as float64."""
-    return np.asarray(hot.gemm_s8(np.ascontiguousarray(qa), np.ascontiguousarray(qb)), dtype=np.float64)
+    """qa (M x K) int8 times qb (N x K)ᵀ with the engine's exact integer GEMM, as float64 (exact: K is split
+    into chunks of GEMM_K_CHUNK when longer)."""
+    K = qa.shape[1]
+    if K <= GEMM_K_CHUNK:
+        return np.asarray(hot.gemm_s8(np.ascontiguousarray(qa), np.ascontiguousarray(qb)), dtype=np.float64)
+    acc = np.zeros((qa.shape[0], qb.shape[0]), dtype=np.int64)
+    for k in range(0, K, GEMM_K_CHUNK):
+        acc += np.asarray(hot.gemm_s8(np.ascontiguousarray(qa[:, k:k + GEMM_K_CHUNK]),
+                                      np.ascontiguousarray(qb[:, k:k + GEMM_K_CHUNK])), dtype=np.int64)
+    return acc.astype(np.float64)
 
 
 def _naive_int4(x, w, gy, seed):

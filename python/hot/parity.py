@@ -1,4 +1,14 @@
-"""Training parity: exact vs HOT vs the baselines the paper compares with, on scikit-learn's digits.
+"""Training parity: exact vs HOT vs the baselines the paper compares with, on a small image task.
+
+Tasks (``TASKS``; ``hot parity --task``):
+
+- ``digits`` (default): scikit-learn's digits (8x8 grey), models ``vit`` and ``cnn`` of ``hot.torch.models``;
+  CPU-sized.
+- ``synth``: 32x32 RGB images generated locally and deterministically (``hot.torch.synth``: gradients,
+  gratings and shapes, labelled by a fixed random CNN teacher; 10 balanced classes; 50,000 train / 10,000
+  test by default), models ``vit_synth`` (64 patch tokens + a class token, dim 192, 6 blocks) and
+  ``cnn_synth`` (three-stage ResNet); meant for a GPU (``device="cuda"``).
+- ``synth-tiny``: the same generator at 16x16 with 2048 / 512 images and narrow models; a CPU smoke test.
 
 Each method trains the same model (same initial weights, same batch order for a given seed) with the
 optimiser and schedule of ``hot demo`` (AdamW, one-cycle, ``hot.cli.demo.train``) and reports the final
@@ -17,7 +27,10 @@ How a method changes the model's backward pass:
   input x (im2col columns for a convolution), W and g_y. That reproduces the baseline's numerics with the
   engine's operations (it keeps x in float, so it says nothing about memory). ``sim-hot`` runs HOT itself
   through this path: for Linear layers it is bit-identical to the real layers (same seed draws), a check
-  that the simulation harness is faithful.
+  that the simulation harness is faithful. On a GPU (or with ``simulate(..., device_path=True)``) the
+  backward runs the same numerics on the tensors' own device (``device_fn``: the engine's operations take
+  torch tensors; float64 torch matmuls where ``hot.analysis`` uses float64 numpy), so the baselines run at
+  GPU speed; on the CPU the numpy functions of ``hot.analysis`` run, as before.
 
 As in ``hot demo``, the input layer (ViT patch embedding ``patch``, CNN stem ``stem``) stays exact for
 every method except ``hot-all``, which converts it too; ``hot-nohead`` also keeps the classifier head exact.
@@ -37,6 +50,57 @@ import numpy as np
 import hot
 
 INPUT_LAYERS = ("patch", "stem")
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A parity task: its data (``load_data``), the model each parity model name builds (a
+    ``hot.torch.models`` name and keyword arguments) and the default schedule."""
+
+    name: str
+    title: str
+    models: Dict[str, Tuple[str, dict]]
+    steps: int
+    batch: int
+    lr: float
+    n_train: Optional[int] = None  # synthetic tasks: default set sizes
+    n_test: Optional[int] = None
+    image: int = 8
+    data_seed: int = 0
+
+
+TASKS: Dict[str, Task] = {t.name: t for t in [
+    Task("digits", "scikit-learn digits", {"vit": ("vit", {}), "cnn": ("cnn", {})}, steps=300, batch=128, lr=3e-3),
+    # synth defaults: sized for about 0.5-1.5 min per (method, seed) on one H100 (estimated from FLOPs and the
+    # demo's measured per-layer overheads, not yet measured); exact should land well below 100 %: small
+    # CPU proxies (dim-64 ViT / width-16 CNN, 20k images, 1000 steps) reach 64-69 %.
+    Task("synth", "synthetic 32x32 RGB images, hot.torch.synth",
+         {"vit": ("vit_synth", {}), "cnn": ("cnn_synth", {})}, steps=3000, batch=128, lr=2e-3,
+         n_train=50000, n_test=10000, image=32),
+    Task("synth-tiny", "synthetic 16x16 RGB images (tiny), hot.torch.synth",
+         {"vit": ("vit_synth", dict(image=16, dim=48, depth=2, heads=3, mlp=96)),
+          "cnn": ("cnn_synth", dict(width=8, blocks=1))}, steps=100, batch=64, lr=3e-3,
+         n_train=2048, n_test=512, image=16),
+]}
+
+
+def get_task(name: str) -> Task:
+    if name not in TASKS:
+        raise ValueError(f"hot.parity: unknown task {name!r}, expected one of {list(TASKS)}")
+    return TASKS[name]
+
+
+def load_data(task_name: str = "digits", device="cpu", n_train: Optional[int] = None,
+              n_test: Optional[int] = None):
+    """(x_train, y_train, x_test, y_test) of a task on ``device`` (synthetic sets: generated on the CPU)."""
+    t = get_task(task_name)
+    if t.name == "digits":
+        from hot.cli.demo import load_digits
+
+        return load_digits(device, seed=t.data_seed)
+    from hot.torch.synth import load_synth
+
+    return load_synth(device, n_train or t.n_train, n_test or t.n_test, seed=t.data_seed, size=t.image)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,10 +177,9 @@ def _sim_fn_class():
             O, I = w.shape
             g2 = gy.reshape(-1, O).float()
             x2 = x.reshape(-1, I).float()
-            gx, gw = ctx.fn(x2.detach().cpu().contiguous().numpy(), w.detach().float().cpu().contiguous().numpy(),
-                            g2.detach().cpu().contiguous().numpy(), ctx.seed)
-            gx = torch.as_tensor(np.asarray(gx, dtype=np.float32)).to(x).reshape(x.shape)
-            gw = torch.as_tensor(np.asarray(gw, dtype=np.float32)).to(w)
+            gx, gw = _run_sim(ctx.fn, x2, w.float(), g2, ctx.seed)
+            gx = gx.to(x).reshape(x.shape)
+            gw = gw.to(w)
             gb = g2.sum(0).to(w) if ctx.has_bias else None
             return gx, gw, gb, None, None
 
@@ -140,17 +203,115 @@ def _sim_fn_class():
             P = cols.shape[2]
             X = cols.transpose(1, 2).reshape(N * P, -1)
             G = gy.float().permute(0, 2, 3, 1).reshape(N * P, O)
-            gcols, gw = ctx.fn(X.detach().cpu().contiguous().numpy(),
-                               w.detach().float().reshape(O, -1).cpu().contiguous().numpy(),
-                               G.detach().cpu().contiguous().numpy(), ctx.seed)
-            gcols = torch.as_tensor(np.asarray(gcols, dtype=np.float32)).to(x.device)
+            gcols, gw = _run_sim(ctx.fn, X, w.float().reshape(O, -1), G, ctx.seed)
+            gcols = gcols.to(x.device)
             gx = F.fold(gcols.reshape(N, P, -1).transpose(1, 2), (H, W), k, dilation=dilation, padding=padding,
                         stride=stride).to(x.dtype)
-            gw = torch.as_tensor(np.asarray(gw, dtype=np.float32)).to(w).reshape(w.shape)
+            gw = gw.to(w).reshape(w.shape)
             gb = G.sum(0).to(w) if ctx.has_bias else None
             return gx, gw, gb, None, None, None, None, None
 
     return _SimLinearFn, _SimConv2dFn
+
+
+@dataclasses.dataclass(frozen=True)
+class SimFn:
+    """A simulated method's backward: ``numpy`` (``hot.analysis.method_fn``, float32 numpy arrays in and
+    out) and ``device`` (``device_fn``, torch tensors on their own device; None where there is none).
+    ``device_path``: None runs ``device`` for tensors off the CPU and ``numpy`` on the CPU; True / False
+    forces one."""
+
+    name: str
+    numpy: Callable
+    device: Optional[Callable]
+    device_path: Optional[bool] = None
+
+
+def _run_sim(fn: SimFn, x, w, gy, seed):
+    """(g_x, g_w) as float32 torch tensors (on x's device for the device path, on the CPU otherwise)."""
+    import torch
+
+    x, w, gy = x.detach().contiguous(), w.detach().contiguous(), gy.detach().contiguous()
+    use_dev = fn.device is not None and (fn.device_path if fn.device_path is not None else x.device.type != "cpu")
+    if use_dev:
+        gx, gw = fn.device(x, w, gy, seed)
+        return gx.float(), gw.float()
+    gx, gw = fn.numpy(x.cpu().numpy(), w.cpu().numpy(), gy.cpu().numpy(), seed)
+    return (torch.as_tensor(np.asarray(gx, dtype=np.float32)), torch.as_tensor(np.asarray(gw, dtype=np.float32)))
+
+
+def device_fn(name: str) -> Optional[Callable]:
+    """The twin of ``hot.analysis.method_fn(name)`` on torch tensors of any device: (x, w, g_y, seed) ->
+    (g_x, g_w), the engine's operations called on the tensors themselves (bit-identical to the numpy
+    function on the CPU for the HOT and naive-INT4 methods; float64 torch matmuls for the float parts).
+    None for a method without one (``hot+lqs``): it runs through numpy on the CPU."""
+    import torch
+
+    import hot.analysis as ha
+
+    if name == "exact":
+        def exact(x, w, gy, seed):
+            g = gy.double()
+            return (g @ w.double()).float(), (g.t() @ x.double()).float()
+
+        return exact
+    if name == "naive-int4":
+        def int_gemm(qa, qb):  # hot.analysis._int_gemm on tensors: exact, K in chunks past int32's reach
+            K, c = qa.shape[1], ha.GEMM_K_CHUNK
+            if K <= c:
+                return hot.gemm_s8(qa, qb).double()
+            acc = sum(hot.gemm_s8(qa[:, k:k + c].contiguous(), qb[:, k:k + c].contiguous()).long()
+                      for k in range(0, K, c))
+            return acc.double()
+
+        def naive_int4(x, w, gy, seed):
+            qg, sg = hot.quantize(gy, bits=4, rounding="stochastic", seed=seed, rng_stream=0)
+            qw, sw = hot.quantize(w.t().contiguous(), bits=4)  # I x O (K-major for g_x)
+            gx = int_gemm(qg, qw) * (float(sg[0]) * float(sw[0]))
+            qgt, sgt = hot.quantize(gy.t().contiguous(), bits=4, rounding="stochastic", seed=seed, rng_stream=1)
+            qxt, sxt = hot.quantize(x.t().contiguous(), bits=4)  # I x L
+            gw = int_gemm(qgt, qxt) * (float(sgt[0]) * float(sxt[0]))
+            return gx, gw
+
+        return naive_int4
+    if name == "lbp-wht":
+        basis = torch.from_numpy(ha._hla_basis(8))  # rank x 16, float64
+
+        def lbp_wht(x, w, gy, seed, rank=8):
+            L, O = gy.shape
+            hx = hot.hla(x, rank=rank).double()  # K x I
+            hg = hot.hla(gy, rank=rank).double()  # K x O
+            gw = hg.t() @ hx / 16.0
+            hb = basis.to(gy.device)
+            pg = torch.einsum("rt,brc->btc", hb, hg.reshape(-1, rank, O)).reshape(-1, O)[:L] / 16.0
+            return pg @ w.double(), gw
+
+        return lbp_wht
+    if name == "hot-gx-only":
+        def gx_only(x, w, gy, seed):
+            gx, _, _ = hot.backward_linear(gy, w, None, config=hot.Config(), seed=seed, need_grad_weight=False)
+            return gx, (gy.double().t() @ x.double()).float()
+
+        return gx_only
+    if name == "hot-gw-only":
+        def gw_only(x, w, gy, seed):
+            _, gw, _ = hot.backward_linear(gy, w, x, config=hot.Config(), seed=seed, need_grad_input=False)
+            return (gy.double() @ w.double()).float(), gw
+
+        return gw_only
+    cfgs = {"hot": {}, "hq-only": {"rank": 16}, "hot-gx8": {"gx_bits": 8}, "hot-token": {"gx_scale": "token"},
+            "hot-gx8-r16": {"gx_bits": 8, "rank": 16}}
+    if name.startswith("hot-r") and name[5:].isdigit() and 1 <= int(name[5:]) <= 16:
+        cfgs[name] = {"rank": int(name[5:])}
+    if name in cfgs:
+        cfg = hot.Config(**cfgs[name])
+
+        def run(x, w, gy, seed):
+            gx, gw, _ = hot.backward_linear(gy, w, x, config=cfg, seed=seed)
+            return gx, gw
+
+        return run
+    return None
 
 
 _SIM_CLASSES = {}
@@ -188,14 +349,15 @@ def _sim_layer_classes():
     return SimLinear, SimConv2d
 
 
-def simulate(model, name: str, exclude: Sequence[str] = INPUT_LAYERS) -> List[str]:
+def simulate(model, name: str, exclude: Sequence[str] = INPUT_LAYERS, device_path: Optional[bool] = None) -> List[str]:
     """Swap (in place) every nn.Linear and nn.Conv2d (groups = 1, zero padding, not named in ``exclude``)
-    of ``model`` for a layer whose backward is ``hot.analysis.method_fn(name)``; returns the names."""
+    of ``model`` for a layer whose backward is ``hot.analysis.method_fn(name)`` (or its torch twin
+    ``device_fn(name)``, see ``SimFn`` for ``device_path``); returns the names."""
     import torch.nn as nn
 
     from hot.analysis import method_fn
 
-    fn = method_fn(name)
+    fn = SimFn(name, method_fn(name), device_fn(name), device_path)
     SimLinear, SimConv2d = _sim_layer_classes()
     done = []
     for n, m in model.named_modules():
@@ -266,6 +428,9 @@ class ParityResult:
     methods: Tuple[str, ...]
     runs: List[Run]
     device: str = "cpu"
+    task: str = "digits"
+    n_train: Optional[int] = None
+    n_test: Optional[int] = None
 
     def of(self, m: str) -> List[Run]:
         return [r for r in self.runs if r.method == m]
@@ -286,7 +451,10 @@ class ParityResult:
         return _mean_std(a[s] - b[s] for s in common)
 
     def to_markdown(self) -> str:
-        head = (f"**{self.model}** on scikit-learn digits (1438 train / 359 test), {self.steps} steps of batch "
+        t = TASKS.get(self.task)
+        sizes = (self.n_train, self.n_test) if self.n_train else ((1438, 359) if self.task == "digits" else None)
+        head = (f"**{self.model}** on {t.title if t else self.task}"
+                + (f" ({sizes[0]} train / {sizes[1]} test)" if sizes else "") + f", {self.steps} steps of batch "
                 f"{self.batch}, AdamW lr {self.lr:g} one-cycle, seeds {list(self.seeds)}, device {self.device}.\n\n"
                 "| method | test accuracy (%) mean ± std | vs exact (paired, pt) | per seed | final train loss "
                 "| s / run | what |\n|---|---|---|---|---|---|---|")
@@ -343,13 +511,14 @@ class ParityResult:
 
     def to_json(self) -> dict:
         return dict(model=self.model, steps=self.steps, batch=self.batch, lr=self.lr, seeds=list(self.seeds),
-                    methods=list(self.methods), device=self.device,
-                    runs=[dataclasses.asdict(r) for r in self.runs])
+                    methods=list(self.methods), device=self.device, task=self.task, n_train=self.n_train,
+                    n_test=self.n_test, runs=[dataclasses.asdict(r) for r in self.runs])
 
     @classmethod
     def from_json(cls, d: dict) -> "ParityResult":
         return cls(d["model"], d["steps"], d["batch"], d["lr"], tuple(d["seeds"]), tuple(d["methods"]),
-                   [Run(**r) for r in d["runs"]], d.get("device", "cpu"))
+                   [Run(**r) for r in d["runs"]], d.get("device", "cpu"), d.get("task", "digits"), d.get("n_train"),
+                   d.get("n_test"))
 
     def save(self, out_dir: str, stem: str) -> List[str]:
         import os
@@ -364,17 +533,23 @@ class ParityResult:
         return paths
 
 
-def build_model(model: str):
+def build_model(model: str, task_name: str = "digits"):
+    """The model a parity model name ('vit', 'cnn') stands for in a task, or any ``hot.torch.models`` name."""
     import hot.torch as ht
 
-    return ht.models.build(model)
+    name, kw = get_task(task_name).models.get(model, (model, {}))
+    return ht.models.build(name, **kw)
 
 
 def run_parity(model: str = "vit", methods: Sequence[str] = DEFAULT_METHODS, seeds: Sequence[int] = (0, 1, 2),
-               steps: int = 300, batch: int = 128, lr: float = 3e-3, device: str = "cpu", data=None,
-               progress: Optional[Callable[[str], None]] = None, model_fn: Optional[Callable] = None,
-               checkpoint: Optional[str] = None) -> ParityResult:
-    """Train ``model`` ('vit' or 'cnn', or ``model_fn()``) once per (method, seed); see the module docstring.
+               steps: Optional[int] = None, batch: Optional[int] = None, lr: Optional[float] = None,
+               device: str = "cpu", data=None, progress: Optional[Callable[[str], None]] = None,
+               model_fn: Optional[Callable] = None, checkpoint: Optional[str] = None, task: str = "digits",
+               n_train: Optional[int] = None, n_test: Optional[int] = None) -> ParityResult:
+    """Train ``model`` ('vit' or 'cnn': the task's model of that kind; or a ``hot.torch.models`` name; or
+    ``model_fn()``) once per (method, seed) on ``task`` (``TASKS``); see the module docstring. ``steps``,
+    ``batch``, ``lr`` default to the task's; ``n_train`` / ``n_test`` size a synthetic task's data (when
+    ``data`` is not given).
 
     For seed s: the initial weights come from ``torch.manual_seed(s)`` (the same for every method), the
     batch order from s, and the stochastic-rounding seeds from ``torch.manual_seed(s + 1)`` as in hot demo.
@@ -382,8 +557,12 @@ def run_parity(model: str = "vit", methods: Sequence[str] = DEFAULT_METHODS, see
     """
     import torch
 
-    from hot.cli.demo import load_digits, train
+    from hot.cli.demo import train
 
+    t = get_task(task)
+    steps = t.steps if steps is None else steps
+    batch = t.batch if batch is None else batch
+    lr = t.lr if lr is None else lr
     for m in methods:
         method(m)
     if steps < 20:
@@ -391,11 +570,12 @@ def run_parity(model: str = "vit", methods: Sequence[str] = DEFAULT_METHODS, see
     if not seeds:
         raise ValueError("hot.parity: at least one seed is needed")
     if data is None:
-        data = load_digits(device)
+        data = load_data(t.name, device, n_train, n_test)
+    sizes = (len(data[0]), len(data[2]))
     runs = []
     for s in seeds:
         torch.manual_seed(s)
-        base = (model_fn() if model_fn is not None else build_model(model)).to(device)
+        base = (model_fn() if model_fn is not None else build_model(model, t.name)).to(device)
         for m in methods:
             net = copy.deepcopy(base)
             torch.manual_seed(s + 1)
@@ -406,9 +586,9 @@ def run_parity(model: str = "vit", methods: Sequence[str] = DEFAULT_METHODS, see
             if checkpoint is not None:
                 with open(checkpoint, "w") as f:
                     json.dump(ParityResult(model, steps, batch, lr, tuple(seeds), tuple(methods), runs,
-                                           str(device)).to_json(), f)
+                                           str(device), t.name, *sizes).to_json(), f)
             if progress is not None:
                 bad = "" if all(math.isfinite(v) for v in r.losses) else " (non-finite loss)"
                 progress(f"{model} seed {s} {m:<12} acc {r.accuracy:6.2f}%  final loss "
                          f"{statistics.mean(r.losses[-20:]):.4f}  {runs[-1].seconds:5.1f}s  [{note}]{bad}")
-    return ParityResult(model, steps, batch, lr, tuple(seeds), tuple(methods), runs, str(device))
+    return ParityResult(model, steps, batch, lr, tuple(seeds), tuple(methods), runs, str(device), t.name, *sizes)

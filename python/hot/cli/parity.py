@@ -1,24 +1,37 @@
-"""``hot parity``: train the digits model with exact, HOT and the baselines over several seeds; write
-a markdown table (accuracy mean ± std), the raw runs (JSON) and the loss curves (PNG)."""
+"""``hot parity``: train a model (digits by default; ``--task synth`` for the synthetic 32x32 RGB task
+meant for a GPU) with exact, HOT and the baselines over several seeds; write a markdown table (accuracy
+mean ± std), the raw runs (JSON) and the loss curves (PNG)."""
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 
 def add_parser(sub) -> None:
-    from hot.parity import DEFAULT_METHODS, GAP_METHODS, METHODS
+    from hot.parity import DEFAULT_METHODS, GAP_METHODS, METHODS, TASKS
 
-    p = sub.add_parser("parity", help="training parity on digits: exact vs HOT vs baselines, several seeds",
-                       description="Train the digits model once per (method, seed) and report the final test "
-                       "accuracy (mean ± std over seeds) and the loss curves. Methods: " + ", ".join(METHODS)
+    tasks = "; ".join(f"{t.name}: {t.title}, {t.steps} steps of batch {t.batch}, lr {t.lr:g}"
+                      + (f", {t.n_train} train / {t.n_test} test" if t.n_train else "") for t in TASKS.values())
+    p = sub.add_parser("parity", help="training parity (digits, or a synthetic GPU task): exact vs HOT vs "
+                       "baselines, several seeds",
+                       description="Train a model once per (method, seed) and report the final test "
+                       "accuracy (mean ± std over seeds) and the loss curves. Tasks (defaults): " + tasks
+                       + ". Methods: " + ", ".join(METHODS)
                        + ". '--methods gap' selects the accuracy-gap variants: " + ", ".join(GAP_METHODS) + ".")
-    p.add_argument("--model", choices=["vit", "cnn"], default="vit")
+    p.add_argument("--task", choices=list(TASKS), default="digits",
+                   help="digits (default; CPU-sized), synth (32x32 RGB generated locally, for a GPU: "
+                   "--device cuda), synth-tiny (its CPU smoke version)")
+    p.add_argument("--model", choices=["vit", "cnn"], default="vit",
+                   help="the task's ViT or CNN (synth: vit_synth / cnn_synth of hot.torch.models)")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds, 0..N-1 (default 3)")
     p.add_argument("--first-seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=300, help="training steps per run (default 300, at least 20)")
-    p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--steps", type=int, default=None, help="training steps per run (at least 20; default: the "
+                   "task's, 300 for digits)")
+    p.add_argument("--batch", type=int, default=None, help="batch size (default: the task's, 128 for digits)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the task's)")
+    p.add_argument("--n-train", type=int, default=None, help="synthetic tasks: training images")
+    p.add_argument("--n-test", type=int, default=None, help="synthetic tasks: test images")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="comma-separated method names, or 'gap' (default: %(default)s)")
     p.add_argument("--device", default="cpu")
@@ -41,20 +54,36 @@ def cmd_parity(args) -> int:
     except ValueError as e:
         print(f"hot parity: {e}", file=sys.stderr)
         return 2
-    if args.seeds < 1 or args.steps < 20:
-        print("hot parity: --seeds must be >= 1 and --steps >= 20", file=sys.stderr)
+    t = hp.get_task(args.task)
+    steps = t.steps if args.steps is None else args.steps
+    batch = t.batch if args.batch is None else args.batch
+    if args.seeds < 1 or steps < 20 or batch < 1:
+        print("hot parity: --seeds and --batch must be >= 1 and --steps >= 20", file=sys.stderr)
+        return 2
+    if (args.n_train is not None or args.n_test is not None) and t.n_train is None:
+        print(f"hot parity: --n-train / --n-test apply to the synthetic tasks, not {t.name}", file=sys.stderr)
+        return 2
+    if any(n is not None and n < 1 for n in (args.n_train, args.n_test)):
+        print("hot parity: --n-train and --n-test must be >= 1", file=sys.stderr)
+        return 2
+    if torch.device(args.device).type == "cuda" and not hot.cuda_available():
+        print(f"hot parity: --device {args.device}, but hot's CUDA backend is unavailable "
+              f"({hot.cuda_unavailable_reason()})", file=sys.stderr)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
         hot.set_num_threads(args.threads)
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    print(f"hot parity: {args.model}, methods {methods}, seeds {seeds}, {args.steps} steps of batch {args.batch}",
-          flush=True)
+    t0 = time.perf_counter()
+    data = hp.load_data(t.name, args.device, args.n_train, args.n_test)
+    print(f"hot parity: {t.name} ({len(data[0])} train / {len(data[2])} test, ready in "
+          f"{time.perf_counter() - t0:.1f} s), {args.model}, methods {methods}, seeds {seeds}, {steps} steps of "
+          f"batch {batch}, device {args.device}", flush=True)
     os.makedirs(args.out, exist_ok=True)
-    stem = args.name or f"parity_{args.model}"
-    res = hp.run_parity(args.model, methods, seeds, args.steps, args.batch, args.lr, args.device,
+    stem = args.name or (f"parity_{args.model}" if t.name == "digits" else f"parity_{t.name}_{args.model}")
+    res = hp.run_parity(args.model, methods, seeds, steps, batch, args.lr, args.device, data=data,
                         progress=lambda line: print(line, flush=True),
-                        checkpoint=os.path.join(args.out, f"{stem}.partial.json"))
+                        checkpoint=os.path.join(args.out, f"{stem}.partial.json"), task=t.name)
     try:
         os.remove(os.path.join(args.out, f"{stem}.partial.json"))
     except OSError:

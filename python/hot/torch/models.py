@@ -1,6 +1,9 @@
 """Small built-in models for the demo, ``hot summary`` and tests: a vision transformer and a
-ResNet-style CNN sized for 8x8 single-channel images (scikit-learn's digits)."""
+ResNet-style CNN sized for 8x8 single-channel images (scikit-learn's digits), and larger ones for the
+synthetic 32x32 RGB task of ``hot parity --task synth`` (``vit_synth``, ``cnn_synth``)."""
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn as nn
@@ -91,27 +94,51 @@ class ResBlock(nn.Module):
 
 
 class ResNet(nn.Module):
-    """ResNet-style CNN: 3x3 stem, two residual stages, global average pool, linear head."""
+    """ResNet-style CNN: 3x3 stem, ``stages`` residual stages (the first at ``width`` channels, each next one
+    at twice the channels and half the resolution) of ``blocks`` blocks each, global average pool, linear
+    head. The default (two stages of one block) is the digits model."""
 
-    def __init__(self, channels: int = 1, classes: int = 10, width: int = 32) -> None:
+    def __init__(self, channels: int = 1, classes: int = 10, width: int = 32, stages: int = 2,
+                 blocks: int = 1) -> None:
         super().__init__()
+        if stages < 1 or blocks < 1:
+            raise ValueError(f"ResNet: stages and blocks must be >= 1, got {stages}, {blocks}")
         self.stem = nn.Conv2d(channels, width, 3, 1, 1, bias=False)
         self.bn = nn.BatchNorm2d(width)
-        self.layer1 = ResBlock(width, width)
-        self.layer2 = ResBlock(width, 2 * width, stride=2)
-        self.head = nn.Linear(2 * width, classes)
+        self.stages = stages
+        cin = width
+        for i in range(stages):
+            cout = width * 2 ** i
+            layer = [ResBlock(cin if j == 0 else cout, cout, stride=2 if (i > 0 and j == 0) else 1)
+                     for j in range(blocks)]
+            setattr(self, f"layer{i + 1}", layer[0] if blocks == 1 else nn.Sequential(*layer))
+            cin = cout
+        self.head = nn.Linear(cin, classes)
 
     def forward(self, x):
         x = F.relu(self.bn(self.stem(x)))
-        x = self.layer2(self.layer1(x))
+        for i in range(self.stages):
+            x = getattr(self, f"layer{i + 1}")(x)
         return self.head(x.mean((2, 3)))
 
 
-MODELS = {"vit": ViT, "cnn": ResNet}
+MODELS = {
+    "vit": ViT,
+    "cnn": ResNet,
+    # 32x32 RGB (hot parity --task synth): 4x4 patches -> 64 tokens + a class token (65 per image, so HLA's
+    # 16-row blocks straddle images, as with ViT-B's 197 tokens), dim 192, 6 blocks, 3 heads, MLP 4x (ViT-Tiny
+    # widths at 6 blocks; 2.7 M parameters).
+    "vit_synth": functools.partial(ViT, image=32, patch=4, channels=3, dim=192, depth=6, heads=3, mlp=768,
+                                   pool="cls"),
+    # 32x32 RGB: three stages (32 -> 64 -> 128 channels at 32x32 -> 16x16 -> 8x8) of two residual blocks
+    # (ResNet-14-like; 0.7 M parameters).
+    "cnn_synth": functools.partial(ResNet, channels=3, width=32, stages=3, blocks=2),
+}
 
 
 def build(name: str, **kw) -> nn.Module:
-    """A built-in model by name: 'vit' or 'cnn'."""
+    """A built-in model by name: 'vit' or 'cnn' (digits, 8x8 x 1), 'vit_synth' or 'cnn_synth' (32x32 x 3);
+    keyword arguments override the model's defaults."""
     if name not in MODELS:
         raise ValueError(f"hot.torch.models.build: unknown model {name!r}, expected one of {sorted(MODELS)}")
     return MODELS[name](**kw)

@@ -47,10 +47,15 @@ if ! ls /usr/lib/x86_64-linux-gnu/libgtest.a /usr/lib/x86_64-linux-gnu/libgtest.
   GTEST_ARG=(-DCMAKE_PREFIX_PATH=/tmp/gtest)
 fi
 
+PY_ARG=()
+if [[ ${HOT_BUILD_PYTHON:-OFF} == ON ]]; then
+  PY_ARG=(-Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)" -DPython_EXECUTABLE="$(command -v python3)")
+fi
+
 if want build; then
   tb=$(date +%s)
   cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DHOT_CUDA=ON -DHOT_CUDA_ARCHS="$ARCHS" \
-        -DHOT_BUILD_PYTHON=${HOT_BUILD_PYTHON:-OFF} "${CUTLASS_ARG[@]}" "${GTEST_ARG[@]}" > "$OUT/build.log" 2>&1 \
+        -DHOT_BUILD_PYTHON=${HOT_BUILD_PYTHON:-OFF} "${PY_ARG[@]}" "${CUTLASS_ARG[@]}" "${GTEST_ARG[@]}" > "$OUT/build.log" 2>&1 \
     && ninja -C $BUILD -j16 -k 0 >> "$OUT/build.log" 2>&1
   rc=$?
   note "build ($ARCHS)" "$([[ $rc == 0 ]] && echo ok || echo FAIL)" "$(( $(date +%s) - tb ))s wall; $(grep -c 'C7510' "$OUT/build.log") wgmma-serialisation warnings"
@@ -95,7 +100,7 @@ if want profile && [[ -x $BUILD/hot_bench ]] && (( $(left) > 60 )); then
       cuobjdump -sass "$o" | awk '/Function :/{name=$3} /\/\*[0-9a-f]+\*\//{n[name]++} END{for(k in n) print n[k], k}' | sort -n | tail -12
     done
     echo "== ncu"
-    HOT_BENCH_LAYERS=${PROFILE_LAYERS:-0} HOT_BENCH_GEMMS=0 timeout $(( $(left) - 30 )) ncu --kernel-name regex:'qgo_kernel|weight_' \
+    HOT_BENCH_LAYERS=${PROFILE_LAYERS:-0} HOT_BENCH_GEMMS=0 timeout $(( $(left) - 30 )) ncu --kernel-name regex:'qgo_stats|qgo_quant|weight_quant' \
       --launch-skip ${NCU_SKIP:-8} --launch-count ${NCU_COUNT:-4} --section SpeedOfLight --section Occupancy --section LaunchStats \
       --section WarpStateStats --section MemoryWorkloadAnalysis $BUILD/hot_bench /dev/null 2>&1 | grep -v "^hot\||" | tail -400
   } > "$OUT/profile.txt" 2>&1

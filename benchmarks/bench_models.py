@@ -64,6 +64,7 @@ import torch.nn.functional as F
 
 import hot
 import hot.torch as ht
+from hot.torch.models import Attention  # qkv / proj nn.Linear, as timm names them
 from hot.torch.summary import kept_bytes as _analytic_kept_bytes
 
 GB = 1e9
@@ -115,20 +116,6 @@ class _PatchEmbed(nn.Module):
         return self.proj(x).flatten(2).transpose(1, 2)
 
 
-class _Attention(nn.Module):
-    def __init__(self, dim: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-
-    def forward(self, x):
-        B, N, C = x.shape
-        q, k, v = self.qkv(x).reshape(B, N, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
-        x = F.scaled_dot_product_attention(q, k, v)
-        return self.proj(x.transpose(1, 2).reshape(B, N, C))
-
-
 class _Mlp(nn.Module):
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
@@ -144,7 +131,7 @@ class _Block(nn.Module):
     def __init__(self, dim: int, heads: int, mlp: int) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = _Attention(dim, heads)
+        self.attn = Attention(dim, heads)
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.mlp = _Mlp(dim, mlp)
 

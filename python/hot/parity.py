@@ -256,21 +256,13 @@ def device_fn(name: str) -> Optional[Callable]:
 
         return exact
     if name == "naive-int4":
-        def int_gemm(qa, qb):  # hot.analysis._int_gemm on tensors: exact, K in chunks past int32's reach
-            K, c = qa.shape[1], ha.GEMM_K_CHUNK
-            if K <= c:
-                return hot.gemm_s8(qa, qb).double()
-            acc = sum(hot.gemm_s8(qa[:, k:k + c].contiguous(), qb[:, k:k + c].contiguous()).long()
-                      for k in range(0, K, c))
-            return acc.double()
-
         def naive_int4(x, w, gy, seed):
             qg, sg = hot.quantize(gy, bits=4, rounding="stochastic", seed=seed, rng_stream=0)
             qw, sw = hot.quantize(w.t().contiguous(), bits=4)  # I x O (K-major for g_x)
-            gx = int_gemm(qg, qw) * (float(sg[0]) * float(sw[0]))
+            gx = ha._int_gemm(qg, qw) * (float(sg[0]) * float(sw[0]))
             qgt, sgt = hot.quantize(gy.t().contiguous(), bits=4, rounding="stochastic", seed=seed, rng_stream=1)
             qxt, sxt = hot.quantize(x.t().contiguous(), bits=4)  # I x L
-            gw = int_gemm(qgt, qxt) * (float(sgt[0]) * float(sxt[0]))
+            gw = ha._int_gemm(qgt, qxt) * (float(sgt[0]) * float(sxt[0]))
             return gx, gw
 
         return naive_int4
@@ -299,19 +291,8 @@ def device_fn(name: str) -> Optional[Callable]:
             return (gy.double() @ w.double()).float(), gw
 
         return gw_only
-    cfgs = {"hot": {}, "hq-only": {"rank": 16}, "hot-gx8": {"gx_bits": 8}, "hot-token": {"gx_scale": "token"},
-            "hot-gx8-r16": {"gx_bits": 8, "rank": 16}}
-    if name.startswith("hot-r") and name[5:].isdigit() and 1 <= int(name[5:]) <= 16:
-        cfgs[name] = {"rank": int(name[5:])}
-    if name in cfgs:
-        cfg = hot.Config(**cfgs[name])
-
-        def run(x, w, gy, seed):
-            gx, gw, _ = hot.backward_linear(gy, w, x, config=cfg, seed=seed)
-            return gx, gw
-
-        return run
-    return None
+    fn = ha.method_fn(name)
+    return fn if getattr(fn, "engine_only", False) else None  # HOT configurations: engine calls on the tensors
 
 
 _SIM_CLASSES = {}

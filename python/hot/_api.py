@@ -131,9 +131,14 @@ class _Call:
         self.like = first
         self.fw = fws.of(first)
         self.stream = self.fw.stream(first) if self.dev[0] != 1 else 0
+        self.export = self.fw.exporter(self.dev)
 
     def call(self, fn, *args):
-        """fn(*args) with the call's device current in its framework (CUDA arrays are exported there)."""
+        """fn(*args): the framework's arrays go to hot._C as capsules where it has a fast exporter, else
+        through __dlpack__ with the call's device current in its framework."""
+        if self.export is not None:
+            ex = self.export
+            return fn(*[ex(a) for a in args])
         with self.fw.device_scope(self.like):
             return fn(*args)
 
@@ -330,8 +335,9 @@ class SavedActivation:
         return (f"hot.SavedActivation(shape={self.shape}, rank={self.rank}, q={fws.shape(self.q)} int8, "
                 f"nbytes={self.nbytes})")
 
-    def _core(self, op, stream):
-        """The core's SavedActivation (the one compress_activation made, or a copy of q and scale)."""
+    def _core(self, op, c):
+        """The core's SavedActivation (the one compress_activation made, or a view of q and scale), for
+        the call c on the arrays' device."""
         if self._c is not None:
             return self._c
         _dlpack.check_arrays(op, **{"saved.q": self.q, "saved.scale": self.scale})
@@ -341,7 +347,7 @@ class SavedActivation:
                              f"{self.shape} at rank {self.rank}")
         if fws.shape(self.scale) != (1,):
             raise ValueError(f"{op}: saved.scale has shape {fws.shape(self.scale)}, expected (1,)")
-        core = _C.SavedActivation.wrap(self.q, self.scale, self.rows, self.cols, self.rank, stream, op)
+        core = c.call(_C.SavedActivation.wrap, self.q, self.scale, self.rows, self.cols, self.rank, c.stream, op)
         self._c = core
         return core
 
@@ -400,7 +406,7 @@ def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: O
             if saved.rows != L or saved.cols != I:
                 raise ValueError(f"{op}: saved holds x of shape {saved.shape} ({saved.rows} x {saved.cols}) but "
                                  f"grad_output has {L} rows and weight has {I} columns")
-            core_saved = c.call(saved._core, op, c.stream)
+            core_saved = saved._core(op, c)
         else:
             xs = fws.shape(raw)
             if len(xs) < 1 or xs[-1] != I or fws.prod(xs[:-1]) != L:

@@ -27,11 +27,16 @@ def device_str(dev) -> str:
 def check_arrays(op: str, **arrays) -> tuple:
     """TypeError for a non-DLPack argument, ValueError for arrays on different devices; returns the
     common device."""
+    from . import _frameworks
+
     first_name, first_dev = None, None
     for name, a in arrays.items():
         if a is None:
             continue
-        dev = device_of(a)
+        try:
+            dev = _frameworks.of(a).device(a)
+        except ValueError as e:  # a device the framework cannot export (e.g. torch's meta)
+            raise ValueError(f"{op}: {name} {e}") from None
         if dev is None:
             raise TypeError(
                 f"{op}: {name} is a {type(a).__module__}.{type(a).__qualname__}, expected an array that "

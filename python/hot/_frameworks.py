@@ -39,6 +39,15 @@ class Framework:
     def prepare(self, x):
         return x
 
+    def device(self, x):
+        """(DLPack device type, index) of x, or None when x does not support DLPack."""
+        return _dlpack.device_of(x)
+
+    def exporter(self, dev):
+        """None, or a function that turns this framework's arrays into DLPack capsules for hot._C faster
+        than the generic __dlpack__ protocol (other arguments pass through unchanged)."""
+        return None
+
     def dtype_name(self, x) -> str:
         return np.dtype(x.dtype).name
 
@@ -83,6 +92,22 @@ class Torch(Framework):
         # (hot.torch wraps them in autograd Functions).
         return x.detach()
 
+    def device(self, x):
+        d = x.device
+        if d.type == "cuda":
+            return (_CUDA, d.index if d.index is not None else 0)
+        if d.type == "cpu":
+            return (_CPU, 0)
+        raise ValueError(f"is on torch device '{d}', expected a CPU or CUDA tensor")
+
+    def exporter(self, dev):
+        # CPU and CUDA tensors go to hot._C as capsules made by torch's C++ exporter: no Python-level
+        # __dlpack__/__dlpack_device__ calls, no stream object, no device switch. hot runs on the caller's
+        # current stream (passed separately), so the exporter's stream handshake is not needed.
+        if dev[0] not in (_CPU, _CUDA):
+            return None
+        return _torch_export()
+
     def dtype_name(self, x) -> str:
         return str(x.dtype).replace("torch.", "")
 
@@ -99,9 +124,7 @@ class Torch(Framework):
     def stream(self, like) -> int:
         if like.device.type != "cuda":
             return 0
-        import torch
-
-        return int(torch.cuda.current_stream(like.device).cuda_stream)
+        return _torch_raw_stream()(like.device.index if like.device.index is not None else 0)
 
     def device_scope(self, like):
         if like.device.type != "cuda":
@@ -115,6 +138,40 @@ class Torch(Framework):
 
     def copy_(self, dst, src):
         dst.copy_(src)
+
+
+_TORCH_EXPORT = None
+_TORCH_RAW_STREAM = None
+
+
+def _torch_export():
+    """The function passed to _Call for torch arrays: tensor -> DLPack capsule, anything else unchanged."""
+    global _TORCH_EXPORT
+    if _TORCH_EXPORT is None:
+        import torch
+        import torch.utils.dlpack
+
+        to_dlpack, tensor = torch.utils.dlpack.to_dlpack, torch.Tensor
+
+        def export(a):
+            return to_dlpack(a) if isinstance(a, tensor) else a
+
+        _TORCH_EXPORT = export
+    return _TORCH_EXPORT
+
+
+def _torch_raw_stream():
+    """device index -> cudaStream_t (int) of torch's current stream there."""
+    global _TORCH_RAW_STREAM
+    if _TORCH_RAW_STREAM is None:
+        import torch
+
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is None:  # pragma: no cover - older or newer torch without the private binding
+            def raw(index):
+                return int(torch.cuda.current_stream(index).cuda_stream)
+        _TORCH_RAW_STREAM = raw
+    return _TORCH_RAW_STREAM
 
 
 class Cupy(Framework):
@@ -224,7 +281,10 @@ def ndim(x) -> int:
 
 
 def shape(x) -> tuple:
-    return tuple(int(s) for s in x.shape)
+    s = x.shape
+    if type(s).__name__ == "Size":  # torch.Size: Python ints already
+        return tuple(s)
+    return tuple(int(v) for v in s)
 
 
 def prod(s) -> int:

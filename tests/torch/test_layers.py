@@ -214,3 +214,43 @@ def test_bad_inputs_raise_clear_errors():
         ht.Conv2d(4, 4, 3, padding_mode="reflect")
     with pytest.raises(TypeError, match="hot.Config"):
         ht.Linear(8, 4, config={"rank": 8})
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["linear", "conv"])
+@pytest.mark.parametrize("keep", [1, 2], ids=["abc", "exact"])
+def test_eager_route_matches_custom_op_route(kind, keep, device):
+    """Eager layers run the op bodies through an autograd.Function (no dispatcher); torch.compile graphs call
+    the custom ops. For the same seed both routes give identical outputs and gradients (stochastic rounding)."""
+    from hot.torch import ops
+
+    torch.manual_seed(11)
+    seed = torch.tensor(987654321, dtype=torch.int64)
+    args = (4, 8, "stochastic", "tensor")  # gx_bits, rank, rounding, gx_scale
+    if kind == "linear":
+        x0, w0, b0 = torch.randn(3, 37, 24), torch.randn(20, 24), torch.randn(20)
+        geom = ()
+    else:
+        x0, w0, b0 = torch.randn(2, 3, 9, 9), torch.randn(5, 3, 3, 3), torch.randn(5)
+        geom = ([2, 1], [1, 0], [1, 1])
+    gy = None
+    results = []
+    for route in ("eager", "custom_op"):
+        x, w, b = (t.clone().to(device).requires_grad_(True) for t in (x0, w0, b0))
+        if route == "eager":
+            fn = ops.linear if kind == "linear" else ops.conv2d
+            y = fn(x, w, b, seed, *geom, keep, *args)
+        else:
+            op = torch.ops.hot.linear if kind == "linear" else torch.ops.hot.conv2d
+            y = op(x, w, b, seed, *geom, keep, *args)[0]
+        if gy is None:
+            gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)).to(device)
+        y.backward(gy)
+        results.append((y.detach(), x.grad, w.grad, b.grad))
+    for a, b_ in zip(*results):
+        assert torch.equal(a, b_)
+
+
+def test_unsupported_torch_device_is_named():
+    with pytest.raises(ValueError, match="compress_activation: x is on torch device 'meta', expected a CPU or CUDA"):
+        hot.compress_activation(torch.randn(4, 16, device="meta"))

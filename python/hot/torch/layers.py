@@ -91,9 +91,8 @@ def hot_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, config=
         _check_inputs("Linear", x, weight, bias, True)
     x, weight, bias, ac = _autocast_cast(x, weight, bias)
     _check_inputs("Linear", x, weight, bias, ac)
-    y, _, _ = torch.ops.hot.linear(x, weight, bias, _seed(config), _keep_mode(weight, config), config.gx_bits,
-                                   config.rank, config.rounding, config.gx_scale)
-    return y
+    return ops.linear(x, weight, bias, _seed(config), _keep_mode(weight, config), config.gx_bits, config.rank,
+                      config.rounding, config.gx_scale)
 
 
 def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding, dilation, config=None) -> Tensor:
@@ -110,9 +109,8 @@ def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride, paddin
         _check_inputs("Conv2d", x, weight, bias, True)
     x, weight, bias, ac = _autocast_cast(x, weight, bias)
     _check_inputs("Conv2d", x, weight, bias, ac)
-    y, _, _ = torch.ops.hot.conv2d(x, weight, bias, _seed(config), list(stride), list(padding), list(dilation),
-                                   _keep_mode(weight, config), config.gx_bits, config.rank, config.rounding,
-                                   config.gx_scale)
+    y = ops.conv2d(x, weight, bias, _seed(config), list(stride), list(padding), list(dilation),
+                   _keep_mode(weight, config), config.gx_bits, config.rank, config.rounding, config.gx_scale)
     return y.squeeze(0) if unbatched else y
 
 

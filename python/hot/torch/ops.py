@@ -25,12 +25,19 @@ Ops (namespace ``hot``):
     SPEC §8 asks for; the double quantisation (8-bit feature map, then 8-bit HLA) adds at most
     ``s_fmap/2`` per input element before the projection.
 
+Eager calls (not under ``torch.compile``) skip the dispatcher: ``hot.torch`` layers call
+:func:`linear` / :func:`conv2d` below, which run the same bodies through a ``torch.autograd.Function``
+(the custom-op route costs ~100 us of Python per layer and call, which on a GPU leaves the device idle
+between small kernels). Under ``torch.compile`` the same functions call the custom ops, so graphs capture
+them. Both routes give the same tensors for the same seed (tested).
+
 Stochastic-rounding seeds are drawn from torch's default CPU generator at each forward call of each
 layer (one int64 draw), so ``torch.manual_seed`` makes runs reproducible and seeds differ per step and
 per layer. The seed travels as a 0-d int64 CPU tensor, so compiled graphs do not specialise on it.
 """
 from __future__ import annotations
 
+import functools
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -57,6 +64,7 @@ def draw_seed() -> Tensor:
     return torch.randint(0, _SEED_HIGH, (), dtype=torch.int64)
 
 
+@functools.lru_cache(maxsize=None)
 def _config(gx_bits: int, rank: int, rounding: str, gx_scale: str, exact: bool):
     return hot.Config(gx_bits=gx_bits, rank=rank, rounding=rounding, gx_scale=gx_scale, exact=exact)
 
@@ -78,14 +86,36 @@ def _or_empty(t: Optional[Tensor], like: Tensor) -> Tensor:
 # ------------------------------------------------------------------------------------------------
 # linear
 # ------------------------------------------------------------------------------------------------
+def _linear_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], keep: int, rank: int):
+    """y and what the backward keeps (q, scale; empty unless keep == KEEP_COMPRESSED)."""
+    y = F.linear(x, weight, bias)
+    if keep == KEEP_COMPRESSED:
+        saved = hot.compress_activation(x.reshape(-1, x.shape[-1]), _config(4, rank, "stochastic", "tensor", False))
+        return y, saved.q, saved.scale
+    return y, _empty(x, torch.int8), _empty(x, torch.float32)
+
+
+def _linear_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, cfg, need_gx, need_gw, need_gb):
+    """hot.backward_linear for the layer; (g_x, g_w, g_b) with None for what was not requested."""
+    O, I = weight.shape
+    g = grad_y.contiguous().reshape(-1, O)
+    saved = None
+    if need_gw:
+        if x is not None:
+            saved = x.contiguous().reshape(-1, I)
+        else:
+            saved = _make_saved(q.detach(), scale.detach(), (g.shape[0], I), cfg.rank)
+    gx, gw, gb = hot.backward_linear(g, weight.contiguous(), saved, bias=need_gb, config=cfg, seed=seed,
+                                     need_grad_input=need_gx, need_grad_weight=need_gw)
+    if gx is not None:
+        gx = gx.reshape(x_shape)
+    return gx, gw, gb
+
+
 @torch.library.custom_op("hot::linear", mutates_args=())
 def linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep: int, gx_bits: int,
               rank: int, rounding: str, gx_scale: str) -> Tuple[Tensor, Tensor, Tensor]:
-    y = F.linear(x, weight, bias)
-    if keep == KEEP_COMPRESSED:
-        saved = hot.compress_activation(x.reshape(-1, x.shape[-1]), hot.Config(rank=rank))
-        return y, saved.q, saved.scale
-    return y, _empty(x, torch.int8), _empty(x, torch.float32)
+    return _linear_forward(x, weight, bias, keep, rank)
 
 
 @linear_op.register_fake
@@ -102,19 +132,9 @@ def _linear_fake(x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale)
 def linear_backward_op(grad_y: Tensor, weight: Tensor, x: Optional[Tensor], q: Tensor, scale: Tensor,
                        seed: Tensor, x_shape: List[int], gx_bits: int, rank: int, rounding: str, gx_scale: str,
                        exact: bool, need_gx: bool, need_gw: bool, need_gb: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    O, I = weight.shape
-    g = grad_y.contiguous().reshape(-1, O)
     cfg = _config(gx_bits, rank, rounding, gx_scale, exact)
-    saved = None
-    if need_gw:
-        if x is not None:
-            saved = x.contiguous().reshape(-1, I)
-        else:
-            saved = _make_saved(q.detach(), scale.detach(), (g.shape[0], I), rank)
-    gx, gw, gb = hot.backward_linear(g, weight.contiguous(), saved, bias=need_gb, config=cfg, seed=int(seed.item()),
-                                     need_grad_input=need_gx, need_grad_weight=need_gw)
-    if gx is not None:
-        gx = gx.reshape(x_shape)
+    gx, gw, gb = _linear_backward_body(grad_y, weight, x, q, scale, int(seed.item()), x_shape, cfg, need_gx, need_gw,
+                                       need_gb)
     return _or_empty(gx, grad_y), _or_empty(gw, grad_y), _or_empty(gb, grad_y)
 
 
@@ -159,6 +179,39 @@ def _linear_backward(ctx, grad_y, _gq, _gs):
 linear_op.register_autograd(_linear_backward, setup_context=_linear_setup)
 
 
+class _LinearFunction(torch.autograd.Function):
+    """The eager route of :func:`linear`: the same bodies as the custom ops, without the dispatcher."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale):
+        y, q, scale = _linear_forward(x, weight, bias, keep, rank)
+        ctx.save_for_backward(x if keep == KEEP_RAW else None, weight, q, scale)
+        ctx.seed, ctx.x_shape, ctx.keep, ctx.has_bias = seed, list(x.shape), keep, bias is not None
+        ctx.cfg = _config(gx_bits, rank, rounding, gx_scale, keep == KEEP_RAW)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight, q, scale = ctx.saved_tensors
+        need_gx = ctx.needs_input_grad[0]
+        need_gw = ctx.needs_input_grad[1] and ctx.keep != KEEP_NOTHING
+        need_gb = ctx.has_bias and ctx.needs_input_grad[2]
+        gx = gw = gb = None
+        if need_gx or need_gw or need_gb:
+            gx, gw, gb = _linear_backward_body(grad_y, weight, x, q, scale, ctx.seed, ctx.x_shape, ctx.cfg, need_gx,
+                                               need_gw, need_gb)
+        return gx, gw, gb, None, None, None, None, None, None
+
+
+def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep: int, gx_bits: int, rank: int,
+           rounding: str, gx_scale: str) -> Tensor:
+    """y = F.linear(x, weight, bias) with HOT's backward: the custom op under torch.compile, else the eager
+    autograd.Function (same bodies, same results)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.hot.linear(x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale)[0]
+    return _LinearFunction.apply(x, weight, bias, int(seed.item()), keep, gx_bits, rank, rounding, gx_scale)
+
+
 # ------------------------------------------------------------------------------------------------
 # conv2d
 # ------------------------------------------------------------------------------------------------
@@ -166,16 +219,20 @@ def _conv_out(size, k, s, p, d):
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
-@torch.library.custom_op("hot::conv2d", mutates_args=())
-def conv2d_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, stride: List[int],
-              padding: List[int], dilation: List[int], keep: int, gx_bits: int, rank: int, rounding: str,
-              gx_scale: str) -> Tuple[Tensor, Tensor, Tensor]:
+def _conv2d_forward(x, weight, bias, stride, padding, dilation, keep):
     y = F.conv2d(x, weight, bias, stride, padding, dilation)
     if keep == KEEP_COMPRESSED:
         xc = x.contiguous()
         q, s = hot.quantize(xc.reshape(xc.shape[0] * xc.shape[1], -1), bits=8, scale="tensor", rounding="nearest")
         return y, q, s
     return y, _empty(x, torch.int8), _empty(x, torch.float32)
+
+
+@torch.library.custom_op("hot::conv2d", mutates_args=())
+def conv2d_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, stride: List[int],
+              padding: List[int], dilation: List[int], keep: int, gx_bits: int, rank: int, rounding: str,
+              gx_scale: str) -> Tuple[Tensor, Tensor, Tensor]:
+    return _conv2d_forward(x, weight, bias, stride, padding, dilation, keep)
 
 
 @conv2d_op.register_fake
@@ -190,11 +247,8 @@ def _conv2d_fake(x, weight, bias, seed, stride, padding, dilation, keep, gx_bits
     return y, x.new_empty((0,), dtype=torch.int8), x.new_empty((0,), dtype=torch.float32)
 
 
-@torch.library.custom_op("hot::conv2d_backward", mutates_args=())
-def conv2d_backward_op(grad_y: Tensor, weight: Tensor, x: Optional[Tensor], q: Tensor, scale: Tensor, seed: Tensor,
-                       x_shape: List[int], stride: List[int], padding: List[int], dilation: List[int], gx_bits: int,
-                       rank: int, rounding: str, gx_scale: str, exact: bool, need_gx: bool, need_gw: bool,
-                       need_gb: bool) -> Tuple[Tensor, Tensor, Tensor]:
+def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, stride, padding, dilation, cfg, need_gx,
+                          need_gw, need_gb):
     N, C, H, W = x_shape
     O, _, kh, kw = weight.shape
     Ho, Wo = grad_y.shape[2], grad_y.shape[3]
@@ -209,15 +263,25 @@ def conv2d_backward_op(grad_y: Tensor, weight: Tensor, x: Optional[Tensor], q: T
             xf = hot.dequantize(q.detach(), scale.detach(), dtype=torch.float32).reshape(N, C, H, W)
         cols = F.unfold(xf, (kh, kw), dilation=dilation, padding=padding, stride=stride)  # N x CKK x P
         cols = cols.transpose(1, 2).reshape(N * P, CKK).contiguous()
-    cfg = _config(gx_bits, rank, rounding, gx_scale, exact)
     gcols, gw, gb = hot.backward_linear(g, weight.reshape(O, CKK).contiguous(), cols, bias=need_gb, config=cfg,
-                                        seed=int(seed.item()), need_grad_input=need_gx, need_grad_weight=need_gw)
+                                        seed=seed, need_grad_input=need_gx, need_grad_weight=need_gw)
     gx = None
     if need_gx:
         gcols = gcols.reshape(N, P, CKK).transpose(1, 2)
         gx = F.fold(gcols, (H, W), (kh, kw), dilation=dilation, padding=padding, stride=stride)
     if gw is not None:
         gw = gw.reshape(weight.shape)
+    return gx, gw, gb
+
+
+@torch.library.custom_op("hot::conv2d_backward", mutates_args=())
+def conv2d_backward_op(grad_y: Tensor, weight: Tensor, x: Optional[Tensor], q: Tensor, scale: Tensor, seed: Tensor,
+                       x_shape: List[int], stride: List[int], padding: List[int], dilation: List[int], gx_bits: int,
+                       rank: int, rounding: str, gx_scale: str, exact: bool, need_gx: bool, need_gw: bool,
+                       need_gb: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    cfg = _config(gx_bits, rank, rounding, gx_scale, exact)
+    gx, gw, gb = _conv2d_backward_body(grad_y, weight, x, q, scale, int(seed.item()), x_shape, stride, padding,
+                                       dilation, cfg, need_gx, need_gw, need_gb)
     return _or_empty(gx, grad_y), _or_empty(gw, grad_y), _or_empty(gb, grad_y)
 
 
@@ -250,3 +314,39 @@ def _conv2d_backward(ctx, grad_y, _gq, _gs):
 
 
 conv2d_op.register_autograd(_conv2d_backward, setup_context=_conv2d_setup)
+
+
+class _Conv2dFunction(torch.autograd.Function):
+    """The eager route of :func:`conv2d` (see :class:`_LinearFunction`)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, seed, stride, padding, dilation, keep, gx_bits, rank, rounding, gx_scale):
+        y, q, scale = _conv2d_forward(x, weight, bias, stride, padding, dilation, keep)
+        ctx.save_for_backward(x if keep == KEEP_RAW else None, weight, q, scale)
+        ctx.seed, ctx.x_shape, ctx.keep, ctx.has_bias = seed, list(x.shape), keep, bias is not None
+        ctx.geom = (list(stride), list(padding), list(dilation))
+        ctx.cfg = _config(gx_bits, rank, rounding, gx_scale, keep == KEEP_RAW)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight, q, scale = ctx.saved_tensors
+        need_gx = ctx.needs_input_grad[0]
+        need_gw = ctx.needs_input_grad[1] and ctx.keep != KEEP_NOTHING
+        need_gb = ctx.has_bias and ctx.needs_input_grad[2]
+        gx = gw = gb = None
+        if need_gx or need_gw or need_gb:
+            gx, gw, gb = _conv2d_backward_body(grad_y, weight, x, q, scale, ctx.seed, ctx.x_shape, *ctx.geom, ctx.cfg,
+                                               need_gx, need_gw, need_gb)
+        return (gx, gw, gb) + (None,) * 9
+
+
+def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, stride: List[int], padding: List[int],
+           dilation: List[int], keep: int, gx_bits: int, rank: int, rounding: str, gx_scale: str) -> Tensor:
+    """y = F.conv2d(...) with HOT's backward: the custom op under torch.compile, else the eager
+    autograd.Function."""
+    if torch.compiler.is_compiling():
+        return torch.ops.hot.conv2d(x, weight, bias, seed, stride, padding, dilation, keep, gx_bits, rank, rounding,
+                                    gx_scale)[0]
+    return _Conv2dFunction.apply(x, weight, bias, int(seed.item()), stride, padding, dilation, keep, gx_bits, rank,
+                                 rounding, gx_scale)

@@ -16,10 +16,10 @@ Ops (namespace ``hot``):
     ``y = F.conv2d(...)``; with ``keep == 1`` the layer keeps the INPUT FEATURE MAP quantised to int8
     (per-tensor round-to-nearest, ``hot.quantize``), not the im2col matrix (SPEC §8).
 ``hot::conv2d_backward(...) -> (g_x, g_w, g_b)``
-    Dequantises the feature map, forms the im2col columns with ``F.unfold`` and passes them to
+    Dequantises the feature map, forms the im2col columns (:func:`im2col`, ``F.unfold``'s matrix) and passes them to
     ``hot.backward_linear`` as the raw x, which compresses them on the fly (HLA + Q8, the same
-    compression a linear layer applies in its forward pass). The column gradient is folded back with
-    ``F.fold`` (col2im). Choice: compressing the columns on the fly costs one HLA pass over the
+    compression a linear layer applies in its forward pass). The column gradient is folded back by
+    :func:`col2im` (``F.fold``). Choice: compressing the columns on the fly costs one HLA pass over the
     ``L x C*kh*kw`` columns in backward, but keeps the stored buffer at one byte per input element
     (instead of ``r/16 * kh*kw`` bytes per element for an ABC buffer of the columns), which is what
     SPEC §8 asks for; the double quantisation (8-bit feature map, then 8-bit HLA) adds at most
@@ -247,6 +247,48 @@ def _conv2d_fake(x, weight, bias, seed, stride, padding, dilation, keep, gx_bits
     return y, x.new_empty((0,), dtype=torch.int8), x.new_empty((0,), dtype=torch.float32)
 
 
+def im2col(x: Tensor, kernel, stride, padding, dilation) -> Tensor:
+    """The im2col matrix of a conv2d input x (N, C, H, W): (N*Ho*Wo) x (C*kh*kw), row-major, rows in (n, ho, wo)
+    order and columns in (c, i, j) order (``F.unfold``'s layout, transposed): one strided view and one copy
+    (the pad, if any, is a second); a 1x1 stride-1 conv of a channels-last x needs no copy."""
+    N, C, H, W = x.shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+    if ph or pw:
+        x = F.pad(x, (pw, pw, ph, ph))
+    Ho = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    Wo = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    sN, sC, sH, sW = x.stride()
+    v = x.as_strided((N, Ho, Wo, C, kh, kw), (sN, sH * sh, sW * sw, sC, sH * dh, sW * dw), x.storage_offset())
+    return v.reshape(N * Ho * Wo, C * kh * kw).contiguous()
+
+
+def col2im(cols: Tensor, x_shape, kernel, stride, padding, dilation) -> Tensor:
+    """The adjoint of :func:`im2col`: sums the (N*Ho*Wo) x (C*kh*kw) matrix back onto an (N, C, H, W) tensor
+    (``F.fold``). Windows that do not overlap (stride >= dilated kernel extent, e.g. a patch embedding or a 1x1
+    conv) are one strided copy; overlapping ones are kh*kw strided adds, accumulated in float32 for 16-bit
+    dtypes and rounded once."""
+    N, C, H, W = x_shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+    Hp, Wp = H + 2 * ph, W + 2 * pw
+    Ho = (Hp - dh * (kh - 1) - 1) // sh + 1
+    Wo = (Wp - dw * (kw - 1) - 1) // sw + 1
+    g6 = cols.reshape(N, Ho, Wo, C, kh, kw)
+    overlap = sh < dh * (kh - 1) + 1 or sw < dw * (kw - 1) + 1
+    acc = torch.float32 if overlap and cols.dtype in (torch.float16, torch.bfloat16) else cols.dtype
+    out = cols.new_zeros((N, C, Hp, Wp), dtype=acc)
+    sN, sC, sH, sW = out.stride()
+    if not overlap:
+        out.as_strided((N, Ho, Wo, C, kh, kw), (sN, sH * sh, sW * sw, sC, sH * dh, sW * dw)).copy_(g6)
+    else:
+        for i in range(kh):
+            for j in range(kw):
+                dst = out.as_strided((N, Ho, Wo, C), (sN, sH * sh, sW * sw, sC), i * dh * sH + j * dw * sW)
+                dst += g6[..., i, j]
+    if ph or pw:
+        out = out[:, :, ph:ph + H, pw:pw + W]
+    return out.to(cols.dtype).contiguous()
+
+
 def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, stride, padding, dilation, cfg, need_gx,
                           need_gw, need_gb):
     N, C, H, W = x_shape
@@ -261,14 +303,12 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
             xf = x
         else:
             xf = hot.dequantize(q.detach(), scale.detach(), dtype=torch.float32).reshape(N, C, H, W)
-        cols = F.unfold(xf, (kh, kw), dilation=dilation, padding=padding, stride=stride)  # N x CKK x P
-        cols = cols.transpose(1, 2).reshape(N * P, CKK).contiguous()
+        cols = im2col(xf, (kh, kw), stride, padding, dilation)  # N*P x CKK
     gcols, gw, gb = hot.backward_linear(g, weight.reshape(O, CKK).contiguous(), cols, bias=need_gb, config=cfg,
                                         seed=seed, need_grad_input=need_gx, need_grad_weight=need_gw)
     gx = None
     if need_gx:
-        gcols = gcols.reshape(N, P, CKK).transpose(1, 2)
-        gx = F.fold(gcols, (H, W), (kh, kw), dilation=dilation, padding=padding, stride=stride)
+        gx = col2im(gcols, (N, C, H, W), (kh, kw), stride, padding, dilation)
     if gw is not None:
         gw = gw.reshape(weight.shape)
     return gx, gw, gb

@@ -1,0 +1,74 @@
+"""hot.torch.ops.im2col / col2im against torch's F.unfold / F.fold over conv geometries: im2col is pure data
+movement (exactly equal); col2im equals F.fold exactly where windows do not overlap and within float32 summation
+error where they do (16-bit dtypes accumulate in float32, as F.fold does)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import DEVICES
+from hot.torch.ops import col2im, im2col
+
+# (N, C, H, W, kh, kw, stride, padding, dilation)
+GEOMS = [
+    (2, 3, 9, 9, 3, 3, (1, 1), (1, 1), (1, 1)),   # ResNet 3x3
+    (2, 4, 8, 8, 3, 3, (2, 2), (1, 1), (1, 1)),   # strided 3x3
+    (2, 3, 32, 32, 16, 16, (16, 16), (0, 0), (1, 1)),  # patch embedding (k == s)
+    (3, 5, 7, 6, 1, 1, (1, 1), (0, 0), (1, 1)),   # 1x1
+    (2, 5, 7, 7, 1, 1, (2, 2), (0, 0), (1, 1)),   # 1x1 stride 2 (downsample)
+    (1, 2, 11, 10, 7, 7, (2, 2), (3, 3), (1, 1)),  # ResNet stem
+    (2, 3, 10, 12, 3, 2, (1, 3), (2, 0), (2, 1)),  # asymmetric, dilated
+    (1, 2, 9, 9, 2, 2, (3, 3), (0, 0), (1, 1)),   # stride > kernel: gaps, rows/cols never read
+    (1, 1, 5, 5, 5, 5, (1, 1), (0, 0), (1, 1)),   # one output position
+]
+IDS = [f"N{g[0]}C{g[1]}_{g[2]}x{g[3]}_k{g[4]}x{g[5]}_s{g[6][0]}{g[6][1]}_p{g[7][0]}{g[7][1]}_d{g[8][0]}{g[8][1]}"
+       for g in GEOMS]
+
+
+def _unfold_ref(x, k, s, p, d):
+    N = x.shape[0]
+    u = F.unfold(x, k, dilation=d, padding=p, stride=s)  # N x CKK x P
+    return u.transpose(1, 2).reshape(N * u.shape[2], u.shape[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "sliced"])
+@pytest.mark.parametrize("geom", GEOMS, ids=IDS)
+def test_im2col_equals_unfold(geom, layout, device):
+    N, C, H, W, kh, kw, s, p, d = geom
+    g = torch.Generator().manual_seed(N * 100 + C * 10 + H)
+    base = torch.randn(N, C, H, W + 3, generator=g)
+    x = base[..., 1:W + 1] if layout == "sliced" else base[..., :W].contiguous()
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    x = x.to(device)
+    cols = im2col(x, (kh, kw), s, p, d)
+    ref = _unfold_ref(x.contiguous(), (kh, kw), s, p, d)
+    assert cols.is_contiguous() and cols.shape == ref.shape
+    assert torch.equal(cols, ref)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
+@pytest.mark.parametrize("geom", GEOMS, ids=IDS)
+def test_col2im_equals_fold(geom, dtype, device):
+    N, C, H, W, kh, kw, s, p, d = geom
+    x = torch.zeros(N, C, H, W)
+    L, CKK = _unfold_ref(x, (kh, kw), s, p, d).shape
+    g = torch.Generator().manual_seed(L + CKK)
+    cols = torch.randn(L, CKK, generator=g).to(dtype).to(device)
+    out = col2im(cols, (N, C, H, W), (kh, kw), s, p, d)
+    # reference in float64 from the same (rounded) inputs
+    P = L // N
+    ref = F.fold(cols.double().reshape(N, P, CKK).transpose(1, 2), (H, W), (kh, kw), dilation=d, padding=p, stride=s)
+    assert out.dtype == dtype and out.shape == (N, C, H, W) and out.is_contiguous()
+    overlap = s[0] < d[0] * (kh - 1) + 1 or s[1] < d[1] * (kw - 1) + 1
+    if not overlap:
+        assert torch.equal(out.double(), ref)  # each element is one input value (or zero): exact
+    else:
+        # float32 sums of at most kh*kw terms, then one rounding to dtype
+        terms = kh * kw
+        mag = F.fold(cols.double().abs().reshape(N, P, CKK).transpose(1, 2), (H, W), (kh, kw), dilation=d,
+                     padding=p, stride=s)
+        eps_out = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}[dtype]
+        bound = terms * 2.0 ** -24 * mag + eps_out * ref.abs() + 1e-30
+        assert ((out.double() - ref).abs() <= bound).all()

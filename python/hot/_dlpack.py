@@ -24,17 +24,28 @@ def device_str(dev) -> str:
     return "cpu" if t == _CPU else f"{_NAMES.get(t, f'device_type_{t}')}:{i}"
 
 
+_OF = None
+
+
+def _framework_of():
+    global _OF
+    if _OF is None:
+        from ._frameworks import of
+
+        _OF = of
+    return _OF
+
+
 def check_arrays(op: str, **arrays) -> tuple:
     """TypeError for a non-DLPack argument, ValueError for arrays on different devices; returns the
     common device."""
-    from . import _frameworks
-
+    of = _framework_of()
     first_name, first_dev = None, None
     for name, a in arrays.items():
         if a is None:
             continue
         try:
-            dev = _frameworks.of(a).device(a)
+            dev = of(a).device(a)
         except ValueError as e:  # a device the framework cannot export (e.g. torch's meta)
             raise ValueError(f"{op}: {name} {e}") from None
         if dev is None:

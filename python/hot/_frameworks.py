@@ -17,17 +17,17 @@ from . import _dlpack
 _CPU, _CUDA, _CUDA_HOST = 1, 2, 3
 
 
-def _torch_dtype(name):
-    import torch
+_TORCH_DTYPES = None
 
-    return {
-        "float32": torch.float32,
-        "float16": torch.float16,
-        "bfloat16": torch.bfloat16,
-        "int8": torch.int8,
-        "uint8": torch.uint8,
-        "int32": torch.int32,
-    }[name]
+
+def _torch_dtype(name):
+    global _TORCH_DTYPES
+    if _TORCH_DTYPES is None:
+        import torch
+
+        _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                         "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32}
+    return _TORCH_DTYPES[name]
 
 
 class Framework:
@@ -262,18 +262,27 @@ def _bf16_numpy_dtype():
         raise TypeError("a bfloat16 cupy output needs the ml_dtypes package") from e
 
 
+_OF_TYPE = {}
+
+
 def of(x) -> Framework:
-    """The framework of array x (by its type's module)."""
-    mod = type(x).__module__.split(".", 1)[0]
-    if mod == "numpy":
-        return _NUMPY
-    if mod == "torch":
-        return _TORCH
-    if mod == "cupy":
-        return _CUPY
-    if mod in ("jax", "jaxlib"):
-        return _JAX
-    return _GENERIC
+    """The framework of array x (by its type's module; cached per type)."""
+    t = type(x)
+    fw = _OF_TYPE.get(t)
+    if fw is None:
+        mod = t.__module__.split(".", 1)[0]
+        if mod == "numpy":
+            fw = _NUMPY
+        elif mod == "torch":
+            fw = _TORCH
+        elif mod == "cupy":
+            fw = _CUPY
+        elif mod in ("jax", "jaxlib"):
+            fw = _JAX
+        else:
+            fw = _GENERIC
+        _OF_TYPE[t] = fw
+    return fw
 
 
 def ndim(x) -> int:

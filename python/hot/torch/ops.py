@@ -158,6 +158,28 @@ def _save_for_backward(ctx, output, x, weight, bias, seed, keep, gx_bits, rank, 
     ctx.cfg = (gx_bits, rank, rounding, gx_scale, keep == KEEP_RAW)
 
 
+def _needs(ctx):
+    """(need g_x, need g_w, need g_b) of a backward: g_w only when something was kept for it."""
+    return (ctx.needs_input_grad[0], ctx.needs_input_grad[1] and ctx.keep != KEEP_NOTHING,
+            ctx.has_bias and ctx.needs_input_grad[2])
+
+
+def _save_eager(ctx, x, weight, bias, q, scale, seed: int, keep, gx_bits, rank, rounding, gx_scale):
+    """What the eager autograd.Functions keep (the tensors of _save_for_backward; the seed as an int)."""
+    ctx.save_for_backward(x if keep == KEEP_RAW else None, weight, q, scale)
+    ctx.seed, ctx.x_shape, ctx.keep, ctx.has_bias = seed, list(x.shape), keep, bias is not None
+    ctx.cfg = _config(gx_bits, rank, rounding, gx_scale, keep == KEEP_RAW)
+
+
+def _eager_backward(ctx, grad_y, n_other: int, body):
+    """Backward of an eager autograd.Function: body(x, weight, q, scale, need_gx, need_gw, need_gb) when anything
+    is needed; (g_x, g_w, g_b) then None for the n_other non-tensor inputs."""
+    x, weight, q, scale = ctx.saved_tensors
+    needs = _needs(ctx)
+    grads = body(x, weight, q, scale, *needs) if any(needs) else (None, None, None)
+    return tuple(grads) + (None,) * n_other
+
+
 def _linear_setup(ctx, inputs, output):
     x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale = inputs
     _save_for_backward(ctx, output, x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale)
@@ -165,9 +187,7 @@ def _linear_setup(ctx, inputs, output):
 
 def _linear_backward(ctx, grad_y, _gq, _gs):
     x, weight, q, scale, seed = ctx.saved_tensors
-    need_gx = ctx.needs_input_grad[0]
-    need_gw = ctx.needs_input_grad[1] and ctx.keep != KEEP_NOTHING
-    need_gb = ctx.has_bias and ctx.needs_input_grad[2]
+    need_gx, need_gw, need_gb = _needs(ctx)
     if not (need_gx or need_gw or need_gb):
         return None, None, None, None, None, None, None, None, None
     gx, gw, gb = torch.ops.hot.linear_backward(grad_y, weight, x, q, scale, seed, ctx.x_shape, *ctx.cfg,
@@ -185,22 +205,13 @@ class _LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale):
         y, q, scale = _linear_forward(x, weight, bias, keep, rank)
-        ctx.save_for_backward(x if keep == KEEP_RAW else None, weight, q, scale)
-        ctx.seed, ctx.x_shape, ctx.keep, ctx.has_bias = seed, list(x.shape), keep, bias is not None
-        ctx.cfg = _config(gx_bits, rank, rounding, gx_scale, keep == KEEP_RAW)
+        _save_eager(ctx, x, weight, bias, q, scale, seed, keep, gx_bits, rank, rounding, gx_scale)
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, weight, q, scale = ctx.saved_tensors
-        need_gx = ctx.needs_input_grad[0]
-        need_gw = ctx.needs_input_grad[1] and ctx.keep != KEEP_NOTHING
-        need_gb = ctx.has_bias and ctx.needs_input_grad[2]
-        gx = gw = gb = None
-        if need_gx or need_gw or need_gb:
-            gx, gw, gb = _linear_backward_body(grad_y, weight, x, q, scale, ctx.seed, ctx.x_shape, ctx.cfg, need_gx,
-                                               need_gw, need_gb)
-        return gx, gw, gb, None, None, None, None, None, None
+        return _eager_backward(ctx, grad_y, 6, lambda x, w, q, s, *needs: _linear_backward_body(
+            grad_y, w, x, q, s, ctx.seed, ctx.x_shape, ctx.cfg, *needs))
 
 
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep: int, gx_bits: int, rank: int,
@@ -342,9 +353,7 @@ def _conv2d_setup(ctx, inputs, output):
 
 def _conv2d_backward(ctx, grad_y, _gq, _gs):
     x, weight, q, scale, seed = ctx.saved_tensors
-    need_gx = ctx.needs_input_grad[0]
-    need_gw = ctx.needs_input_grad[1] and ctx.keep != KEEP_NOTHING
-    need_gb = ctx.has_bias and ctx.needs_input_grad[2]
+    need_gx, need_gw, need_gb = _needs(ctx)
     nones = (None,) * 9
     if not (need_gx or need_gw or need_gb):
         return (None, None, None) + nones
@@ -362,23 +371,14 @@ class _Conv2dFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, seed, stride, padding, dilation, keep, gx_bits, rank, rounding, gx_scale):
         y, q, scale = _conv2d_forward(x, weight, bias, stride, padding, dilation, keep)
-        ctx.save_for_backward(x if keep == KEEP_RAW else None, weight, q, scale)
-        ctx.seed, ctx.x_shape, ctx.keep, ctx.has_bias = seed, list(x.shape), keep, bias is not None
+        _save_eager(ctx, x, weight, bias, q, scale, seed, keep, gx_bits, rank, rounding, gx_scale)
         ctx.geom = (list(stride), list(padding), list(dilation))
-        ctx.cfg = _config(gx_bits, rank, rounding, gx_scale, keep == KEEP_RAW)
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, weight, q, scale = ctx.saved_tensors
-        need_gx = ctx.needs_input_grad[0]
-        need_gw = ctx.needs_input_grad[1] and ctx.keep != KEEP_NOTHING
-        need_gb = ctx.has_bias and ctx.needs_input_grad[2]
-        gx = gw = gb = None
-        if need_gx or need_gw or need_gb:
-            gx, gw, gb = _conv2d_backward_body(grad_y, weight, x, q, scale, ctx.seed, ctx.x_shape, *ctx.geom, ctx.cfg,
-                                               need_gx, need_gw, need_gb)
-        return (gx, gw, gb) + (None,) * 9
+        return _eager_backward(ctx, grad_y, 9, lambda x, w, q, s, *needs: _conv2d_backward_body(
+            grad_y, w, x, q, s, ctx.seed, ctx.x_shape, *ctx.geom, ctx.cfg, *needs))
 
 
 def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, stride: List[int], padding: List[int],

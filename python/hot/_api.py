@@ -10,7 +10,6 @@ from typing import Any, Optional
 import numpy as np
 
 from . import _C
-from . import _dlpack
 from . import _frameworks as fws
 
 _ROUNDINGS = ("stochastic", "nearest")
@@ -126,12 +125,12 @@ class _Call:
 
     def __init__(self, op, **arrays):
         self.op = op
-        self.dev = _dlpack.check_arrays(op, **arrays)
+        self.dev = fws.check_arrays(op, **arrays)
         first = next(a for a in arrays.values() if a is not None)
         self.like = first
         self.fw = fws.of(first)
         self.stream = self.fw.stream(first) if self.dev[0] != 1 else 0
-        self.export = self.fw.exporter(self.dev)
+        self.export = self.fw.exporter()
 
     def call(self, fn, *args):
         """fn(*args): the framework's arrays go to hot._C as capsules where it has a fast exporter, else
@@ -340,7 +339,7 @@ class SavedActivation:
         the call c on the arrays' device."""
         if self._c is not None:
             return self._c
-        _dlpack.check_arrays(op, **{"saved.q": self.q, "saved.scale": self.scale})
+        fws.check_arrays(op, **{"saved.q": self.q, "saved.scale": self.scale})
         want = (self.cols, _C.padded_k(_C.hla_rows(self.rows, self.rank)))
         if fws.shape(self.q) != want:
             raise ValueError(f"{op}: saved.q has shape {fws.shape(self.q)}, expected {want} for x of shape "

@@ -6,6 +6,7 @@ Frameworks are imported lazily: hot itself needs only numpy.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import sys
 
@@ -17,17 +18,16 @@ from . import _dlpack
 _CPU, _CUDA, _CUDA_HOST = 1, 2, 3
 
 
-_TORCH_DTYPES = None
+@functools.cache
+def _torch_dtypes() -> dict:
+    import torch
+
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int8": torch.int8,
+            "uint8": torch.uint8, "int32": torch.int32}
 
 
 def _torch_dtype(name):
-    global _TORCH_DTYPES
-    if _TORCH_DTYPES is None:
-        import torch
-
-        _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-                         "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32}
-    return _TORCH_DTYPES[name]
+    return _torch_dtypes()[name]
 
 
 class Framework:
@@ -43,7 +43,7 @@ class Framework:
         """(DLPack device type, index) of x, or None when x does not support DLPack."""
         return _dlpack.device_of(x)
 
-    def exporter(self, dev):
+    def exporter(self):
         """None, or a function that turns this framework's arrays into DLPack capsules for hot._C faster
         than the generic __dlpack__ protocol (other arguments pass through unchanged)."""
         return None
@@ -100,12 +100,10 @@ class Torch(Framework):
             return (_CPU, 0)
         raise ValueError(f"is on torch device '{d}', expected a CPU or CUDA tensor")
 
-    def exporter(self, dev):
-        # CPU and CUDA tensors go to hot._C as capsules made by torch's C++ exporter: no Python-level
-        # __dlpack__/__dlpack_device__ calls, no stream object, no device switch. hot runs on the caller's
-        # current stream (passed separately), so the exporter's stream handshake is not needed.
-        if dev[0] not in (_CPU, _CUDA):
-            return None
+    def exporter(self):
+        # Tensors (CPU or CUDA: device() refuses others) go to hot._C as capsules made by torch's C++ exporter:
+        # no Python-level __dlpack__/__dlpack_device__ calls, no stream object, no device switch. hot runs on
+        # the caller's current stream (passed separately), so the exporter's stream handshake is not needed.
         return _torch_export()
 
     def dtype_name(self, x) -> str:
@@ -124,7 +122,7 @@ class Torch(Framework):
     def stream(self, like) -> int:
         if like.device.type != "cuda":
             return 0
-        return _torch_raw_stream()(like.device.index if like.device.index is not None else 0)
+        return _torch_raw_stream()(self.device(like)[1])
 
     def device_scope(self, like):
         if like.device.type != "cuda":
@@ -140,38 +138,30 @@ class Torch(Framework):
         dst.copy_(src)
 
 
-_TORCH_EXPORT = None
-_TORCH_RAW_STREAM = None
-
-
+@functools.cache
 def _torch_export():
     """The function passed to _Call for torch arrays: tensor -> DLPack capsule, anything else unchanged."""
-    global _TORCH_EXPORT
-    if _TORCH_EXPORT is None:
-        import torch
-        import torch.utils.dlpack
+    import torch
+    import torch.utils.dlpack
 
-        to_dlpack, tensor = torch.utils.dlpack.to_dlpack, torch.Tensor
+    to_dlpack, tensor = torch.utils.dlpack.to_dlpack, torch.Tensor
 
-        def export(a):
-            return to_dlpack(a) if isinstance(a, tensor) else a
+    def export(a):
+        return to_dlpack(a) if isinstance(a, tensor) else a
 
-        _TORCH_EXPORT = export
-    return _TORCH_EXPORT
+    return export
 
 
+@functools.cache
 def _torch_raw_stream():
     """device index -> cudaStream_t (int) of torch's current stream there."""
-    global _TORCH_RAW_STREAM
-    if _TORCH_RAW_STREAM is None:
-        import torch
+    import torch
 
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        if raw is None:  # pragma: no cover - older or newer torch without the private binding
-            def raw(index):
-                return int(torch.cuda.current_stream(index).cuda_stream)
-        _TORCH_RAW_STREAM = raw
-    return _TORCH_RAW_STREAM
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None:  # pragma: no cover - older or newer torch without the private binding
+        def raw(index):
+            return int(torch.cuda.current_stream(index).cuda_stream)
+    return raw
 
 
 class Cupy(Framework):
@@ -283,6 +273,32 @@ def of(x) -> Framework:
             fw = _GENERIC
         _OF_TYPE[t] = fw
     return fw
+
+
+def check_arrays(op: str, **arrays) -> tuple:
+    """TypeError for a non-DLPack argument, ValueError for arrays on different devices (or on a device their
+    framework cannot export); returns the common device."""
+    first_name, first_dev = None, None
+    for name, a in arrays.items():
+        if a is None:
+            continue
+        try:
+            dev = of(a).device(a)
+        except ValueError as e:  # e.g. torch's meta device
+            raise ValueError(f"{op}: {name} {e}") from None
+        if dev is None:
+            raise TypeError(
+                f"{op}: {name} is a {type(a).__module__}.{type(a).__qualname__}, expected an array that "
+                "supports DLPack (numpy, torch, cupy or jax array)"
+            )
+        if first_dev is None:
+            first_name, first_dev = name, dev
+        elif dev != first_dev:
+            raise ValueError(
+                f"{op}: {name} is on {_dlpack.device_str(dev)} but {first_name} is on "
+                f"{_dlpack.device_str(first_dev)}; all arrays must be on one device"
+            )
+    return first_dev
 
 
 def ndim(x) -> int:

@@ -90,7 +90,7 @@ def _linear_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], keep: int
     """y and what the backward keeps (q, scale; empty unless keep == KEEP_COMPRESSED)."""
     y = F.linear(x, weight, bias)
     if keep == KEEP_COMPRESSED:
-        saved = hot.compress_activation(x.reshape(-1, x.shape[-1]), _config(4, rank, "stochastic", "tensor", False))
+        saved = hot.compress_activation(x.reshape(-1, x.shape[-1]), hot.Config(rank=rank))
         return y, saved.q, saved.scale
     return y, _empty(x, torch.int8), _empty(x, torch.float32)
 
@@ -258,19 +258,25 @@ def _conv2d_fake(x, weight, bias, seed, stride, padding, dilation, keep, gx_bits
     return y, x.new_empty((0,), dtype=torch.int8), x.new_empty((0,), dtype=torch.float32)
 
 
+def _windows(t: Tensor, Ho: int, Wo: int, kernel, stride, dilation) -> Tensor:
+    """The (N, Ho, Wo, C, kh, kw) strided view of the conv windows of a (padded) (N, C, H, W) tensor."""
+    N, C = t.shape[:2]
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    sN, sC, sH, sW = t.stride()
+    return t.as_strided((N, Ho, Wo, C, kh, kw), (sN, sH * sh, sW * sw, sC, sH * dh, sW * dw), t.storage_offset())
+
+
 def im2col(x: Tensor, kernel, stride, padding, dilation) -> Tensor:
     """The im2col matrix of a conv2d input x (N, C, H, W): (N*Ho*Wo) x (C*kh*kw), row-major, rows in (n, ho, wo)
     order and columns in (c, i, j) order (``F.unfold``'s layout, transposed): one strided view and one copy
     (the pad, if any, is a second); a 1x1 stride-1 conv of a channels-last x needs no copy."""
     N, C, H, W = x.shape
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+    (kh, kw), (ph, pw) = kernel, padding
+    Ho = _conv_out(H, kh, stride[0], ph, dilation[0])
+    Wo = _conv_out(W, kw, stride[1], pw, dilation[1])
     if ph or pw:
         x = F.pad(x, (pw, pw, ph, ph))
-    Ho = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    Wo = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    sN, sC, sH, sW = x.stride()
-    v = x.as_strided((N, Ho, Wo, C, kh, kw), (sN, sH * sh, sW * sw, sC, sH * dh, sW * dw), x.storage_offset())
-    return v.reshape(N * Ho * Wo, C * kh * kw).contiguous()
+    return _windows(x, Ho, Wo, kernel, stride, dilation).reshape(N * Ho * Wo, C * kh * kw).contiguous()
 
 
 def col2im(cols: Tensor, x_shape, kernel, stride, padding, dilation) -> Tensor:
@@ -280,21 +286,18 @@ def col2im(cols: Tensor, x_shape, kernel, stride, padding, dilation) -> Tensor:
     dtypes and rounded once."""
     N, C, H, W = x_shape
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
-    Hp, Wp = H + 2 * ph, W + 2 * pw
-    Ho = (Hp - dh * (kh - 1) - 1) // sh + 1
-    Wo = (Wp - dw * (kw - 1) - 1) // sw + 1
+    Ho, Wo = _conv_out(H, kh, sh, ph, dh), _conv_out(W, kw, sw, pw, dw)
     g6 = cols.reshape(N, Ho, Wo, C, kh, kw)
     overlap = sh < dh * (kh - 1) + 1 or sw < dw * (kw - 1) + 1
     acc = torch.float32 if overlap and cols.dtype in (torch.float16, torch.bfloat16) else cols.dtype
-    out = cols.new_zeros((N, C, Hp, Wp), dtype=acc)
-    sN, sC, sH, sW = out.stride()
+    out = cols.new_zeros((N, C, H + 2 * ph, W + 2 * pw), dtype=acc)
+    win = _windows(out, Ho, Wo, kernel, stride, dilation)
     if not overlap:
-        out.as_strided((N, Ho, Wo, C, kh, kw), (sN, sH * sh, sW * sw, sC, sH * dh, sW * dw)).copy_(g6)
+        win.copy_(g6)
     else:
         for i in range(kh):
             for j in range(kw):
-                dst = out.as_strided((N, Ho, Wo, C), (sN, sH * sh, sW * sw, sC), i * dh * sH + j * dw * sW)
-                dst += g6[..., i, j]
+                win[..., i, j] += g6[..., i, j]  # one window offset: no element twice within this add
     if ph or pw:
         out = out[:, :, ph:ph + H, pw:pw + W]
     return out.to(cols.dtype).contiguous()

@@ -144,12 +144,16 @@ METHODS: Dict[str, Method] = {m.name: m for m in [
     _m("hot-all", "layers", "HOT, input layer (patch embedding / stem) converted too", config={}, input_layer=True),
     _m("hot-nohead", "layers", "HOT with the classifier head kept exact (its rows are images, not tokens)",
        config={}, exclude=("head",)),
+    _m("hot-token-nohead", "layers", "HOT with per-token g_x scales on every layer and the classifier head kept exact",
+       config={"gx_scale": "token"}, exclude=("head",)),
+    _m("hot-token-nohead-r16", "layers", "hot-token-nohead at HLA rank 16 (full-rank 8-bit g_w)",
+       config={"gx_scale": "token", "rank": 16}, exclude=("head",)),
     _m("sim-hot", "sim", "HOT through the simulation harness (checks the harness)", sim="hot"),
 ]}
 
 DEFAULT_METHODS = ("exact", "hot", "hot+lqs", "naive-int4", "lbp-wht", "hq-only", "hot-r2", "hot-r4")
 GAP_METHODS = ("exact", "hot", "hot-gx-only", "hot-gw-only", "hot-gx8", "hot-r16", "hot-gx8-r16", "hot-token",
-               "hot+lqs", "hot-all", "hot-nohead", "sim-hot")
+               "hot+lqs", "hot-all", "hot-nohead", "hot-token-nohead", "hot-token-nohead-r16", "sim-hot")
 
 
 def method(name: str) -> Method:

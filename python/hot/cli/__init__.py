@@ -98,10 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rank", type=int, default=8)
     s.add_argument("--gx-bits", type=int, default=4, choices=[4, 8])
     s.set_defaults(fn=cmd_summary)
-    from . import fidelity, parity  # noqa: E402  (hot fidelity, hot parity)
+    from . import fidelity, gradnoise, parity  # noqa: E402  (hot fidelity, hot parity, hot gradnoise)
 
     fidelity.add_parser(sub)
     parity.add_parser(sub)
+    gradnoise.add_parser(sub)
     return p
 
 

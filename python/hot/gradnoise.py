@@ -10,12 +10,14 @@ module measures that compounded error where it matters, on the gradients the opt
 - for every ``hot.parity`` method, ``draws`` backward passes of the same batch with different
   stochastic-rounding seeds; per weight, the relative error ‖ĝ − g‖_F / ‖g‖_F of one draw (mean over draws)
   and of the mean of the draws. For an unbiased method the second is the first / √draws; what stays above
-  that is bias (a deterministic error such as HLA's projection or round-to-nearest);
-- for scale, the batch-sampling noise of the exact gradient itself: the relative deviation of one batch's
-  gradient from the mean gradient of ``ref_batches`` batches.
+  that is this batch's bias (deterministic errors: round-to-nearest 4-bit W̃, HLA's projection, the int8 copy
+  of x);
+- for scale, the batch-sampling noise of the exact gradient itself: ‖g_b − ḡ‖ / ‖g_b‖ for each of
+  ``ref_batches`` other batches b, ḡ their mean (mean over b). The denominator is the batch's own gradient, as
+  for the errors above, so (error / batch noise)² is the power ratio of the two.
 
-Stochastic gradient descent already lives with the batch noise; an error well above it (in power: squared)
-is what slows training. Rerun: ``hot gradnoise`` (``hot.cli.gradnoise``).
+Stochastic gradient descent already lives with the batch noise; noise well above it, and any bias that does
+not average out over batches, is what slows training. Rerun: ``hot gradnoise`` (``hot.cli.gradnoise``).
 """
 from __future__ import annotations
 
@@ -187,7 +189,8 @@ def gradient_noise(model: str = "vit", task: str = "synth", methods: Sequence[st
     ref = [_grads(net, xtr[batch * i:batch * (i + 1)], ytr[batch * i:batch * (i + 1)], names)
            for i in range(1, ref_batches + 1)]
     mean_ref = {n: sum(g[n] for g in ref) / ref_batches for n in names}
-    batch_noise = {n: sum(_rel(g[n], mean_ref[n]) for g in ref) / ref_batches for n in names}
+    batch_noise = {n: sum(float((g[n] - mean_ref[n]).norm() / g[n].norm()) for g in ref) / ref_batches
+                   for n in names}
     one: Dict[str, Dict[str, float]] = {}
     mean: Dict[str, Dict[str, float]] = {}
     notes: Dict[str, str] = {}
@@ -223,8 +226,9 @@ def save(rep: GradNoiseReport, out: str, name: str = "gradnoise", command: str =
             f"Conv2d weight: relative error ‖ĝ − g‖_F / ‖g‖_F of the gradient after the whole backward pass "
             f"against the exact gradient of the same batch, for one draw of the stochastic rounding (mean over "
             f"{rep.draws} draws) and for the mean of the {rep.draws} draws (unbiased noise shrinks as "
-            f"1/√{rep.draws}; what stays is bias). The batch-noise column is the exact gradient's own sampling "
-            f"noise: one batch against the mean of {rep.ref_batches} batches. Weights in model order (input "
+            f"1/√{rep.draws}; what stays is this batch's bias). The batch-noise column is the exact gradient's "
+            f"own sampling noise: ‖g_b − ḡ‖_F / ‖g_b‖_F for {rep.ref_batches} other batches b, ḡ their mean. "
+            f"Weights in model order (input "
             f"first): errors of the HOT layers above add up on the way down."
             + (f" Command: `{command}`." if command else ""), "",
             f"![end-to-end gradient error]({name}.png)", "", "## Summary", "", rep.summary_markdown(),

@@ -50,6 +50,17 @@ class GradNoiseReport:
     mean_draw: Dict[str, Dict[str, float]]
     notes: Dict[str, str] = dataclasses.field(default_factory=dict)
     accuracy: Optional[float] = None
+    rows: List[dict] = dataclasses.field(default_factory=list)  # g_y_concentration of the measured batch
+
+    def rows_markdown(self) -> str:
+        if not self.rows:
+            return ""
+        lines = ["| layer | rows x cols of G̃ | entries below one 4-bit step: per-tensor scale | per-token scales | "
+                 f"share of ‖G̃‖² in the top {TOP_ROWS:.0%} rows |", "|---|---|---|---|---|"]
+        for r in self.rows:
+            lines.append(f"| {r['layer']} | {r['rows']} x {r['cols']} | {r['below_tensor']:.3f} | "
+                         f"{r['below_token']:.3f} | {r['top_rows_energy']:.3f} |")
+        return "\n".join(lines) + "\n"
 
     @property
     def methods(self) -> List[str]:
@@ -116,6 +127,59 @@ class GradNoiseReport:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         return path
+
+
+TOP_ROWS = 0.02
+
+
+def _hadamard_block(n: int) -> int:
+    """SPEC §3's b: 16, or the largest power of two <= 16 dividing n."""
+    b = 16
+    while n % b:
+        b //= 2
+    return b
+
+
+def g_y_concentration(model, xb, yb) -> List[dict]:
+    """Why per-tensor 4-bit g_x scales can fail: for every Linear / Conv2d layer of ``model`` (exact), one
+    backward pass of (xb, yb), and G̃ = g_y · blockdiag(H_b) (SPEC §3; rows are tokens, or output pixels of a
+    convolution): the share of G̃'s entries below one 4-bit step (amax / 7) with a per-tensor scale and with
+    per-token scales (those entries are stochastically rounded to 0 or ±1 step: unbiased, but their noise is
+    larger than their value), and the share of ‖G̃‖² held by the largest ``TOP_ROWS`` of rows."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    import hot
+
+    caps, handles = {}, []
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            def hook(mod, gin, gout, name=name):
+                g = gout[0].detach()
+                caps[name] = (g.movedim(1, -1) if g.dim() == 4 else g).reshape(-1, g.shape[1 if g.dim() == 4 else -1])
+            handles.append(m.register_full_backward_hook(hook))
+    try:
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(xb), yb).backward()
+    finally:
+        for h in handles:
+            h.remove()
+        model.zero_grad(set_to_none=True)
+    out = []
+    for name, g in caps.items():
+        gt = torch.from_numpy(hot.hadamard_transform(g.float().contiguous().numpy(), block=_hadamard_block(g.shape[1])))
+        a = gt.abs()
+        rowmax = a.amax(1, keepdim=True)
+        energy = (gt.double() ** 2).sum(1)
+        k = max(1, int(round(TOP_ROWS * len(energy))))
+        total = float(energy.sum())
+        out.append(dict(layer=name, rows=int(gt.shape[0]), cols=int(gt.shape[1]),
+                        below_tensor=float((a < a.max() / 7).float().mean()),
+                        below_token=float((a < rowmax / 7).float().mean()),
+                        top_rows_energy=float(energy.topk(k).values.sum()) / total if total > 0 else 0.0))
+    order = {n: i for i, (n, _) in enumerate(model.named_modules())}
+    return sorted(out, key=lambda r: order[r["layer"]])
 
 
 def _weights(model) -> List[str]:
@@ -185,6 +249,7 @@ def gradient_noise(model: str = "vit", task: str = "synth", methods: Sequence[st
     net.train()
     names = _weights(net)
     xb, yb = xtr[:batch], ytr[:batch]
+    rows = g_y_concentration(net, xb.cpu(), yb.cpu()) if torch.device(device).type == "cpu" else []
     exact = _grads(net, xb, yb, names)
     ref = [_grads(net, xtr[batch * i:batch * (i + 1)], ytr[batch * i:batch * (i + 1)], names)
            for i in range(1, ref_batches + 1)]
@@ -207,7 +272,7 @@ def gradient_noise(model: str = "vit", task: str = "synth", methods: Sequence[st
         if progress:
             progress(f"{m}: [{notes[m]}] one-draw error median {sorted(one[m].values())[len(names) // 2]:.3f}")
     return GradNoiseReport(model, t.name, batch, draws, ref_batches, trained_steps, seed, names, batch_noise,
-                           one, mean, notes, accuracy)
+                           one, mean, notes, accuracy, rows)
 
 
 def save(rep: GradNoiseReport, out: str, name: str = "gradnoise", command: str = "") -> Tuple[str, str, str]:
@@ -232,7 +297,14 @@ def save(rep: GradNoiseReport, out: str, name: str = "gradnoise", command: str =
             f"first): errors of the HOT layers above add up on the way down."
             + (f" Command: `{command}`." if command else ""), "",
             f"![end-to-end gradient error]({name}.png)", "", "## Summary", "", rep.summary_markdown(),
-            "## Per weight", "", rep.to_markdown(), "## Methods", ""]
+            "## Per weight", "", rep.to_markdown()]
+    if rep.rows:
+        text += ["## Where g_y's energy sits (exact backward of the same batch)", "",
+                 "G̃ = g_y · blockdiag(H_b), the g_x path's quantiser input. Entries below one 4-bit step (amax / 7) "
+                 "are stochastically rounded to 0 or ±1 step: unbiased, but with noise above their value. A "
+                 "per-tensor scale is set by the largest rows; per-token scales by each row's own.", "",
+                 rep.rows_markdown()]
+    text += ["## Methods", ""]
     text += [f"- `{m}`: {hp.METHODS[m].description} [{rep.notes.get(m, '')}]" for m in rep.methods]
     with open(md, "w") as f:
         f.write("\n".join(text) + "\n")

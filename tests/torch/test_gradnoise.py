@@ -71,3 +71,12 @@ def test_cli_writes_report_and_rejects_bad_method(tmp_path, capsys):
     assert "hot gradnoise --task synth-tiny" in (tmp_path / "gn.md").read_text()
     assert main(["gradnoise", "--task", "synth-tiny", "--methods", "hot,bogus", "--out", str(tmp_path)]) == 2
     assert "unknown method 'bogus'" in capsys.readouterr().err
+
+
+def test_g_y_concentration_per_token_never_leaves_more_entries_below_a_step(report):
+    # Per-token scales use each row's own amax (<= the tensor's), so fewer or as many entries fall below a step.
+    assert [r["layer"] for r in report.rows][0] == "patch" and report.rows[-1]["layer"] == "head"
+    for r in report.rows:
+        assert 0.0 <= r["below_token"] <= r["below_tensor"] <= 1.0, r
+        assert 0.0 < r["top_rows_energy"] <= 1.0, r
+    assert any(r["below_token"] < r["below_tensor"] for r in report.rows)

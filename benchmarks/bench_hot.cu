@@ -169,8 +169,8 @@ int main(int argc, char** argv) {
       "dequant integer GEMMs. Baselines: cuBLAS g_x = g_y W and g_w = g_y^T x with fp32 (pedantic), tf32 and bf16 "
       "(fp32 accumulate) operands.\n\n"
       "| layer | L | O | I | HOT us | g_y pass us | W quant us | g_x GEMM us | g_w GEMM us | backward_linear us | "
-      "cuBLAS fp32 us | tf32 us | bf16 us | vs fp32 | vs tf32 | vs bf16 |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "backward_linear gx_bits=8 us | cuBLAS fp32 us | tf32 us | bf16 us | vs fp32 | vs tf32 | vs bf16 |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   std::string t2 =
       "## Fused g_y pass (quantize_grad_output) vs a copy of g_y\n\n"
       "Useful bytes = g_y read once + q_g + q_gh_t written. Copy = cudaMemcpy D2D of g_y (read + write).\n\n"
@@ -279,6 +279,13 @@ int main(int argc, char** argv) {
     const double t_api = time_us([&](int i) {
       hot::backward_linear(gyv(i), wv, &saved[i % ns], cfg, 1, {gxv, gwv, TensorView{}});
     });
+    // 8-bit g_x: on sm_90a the same int8 wgmma GEMM and operand bytes as 4-bit (SPEC §6), so the same time is
+    // expected; on sm_80/86/89 the s8 GEMM replaces the s4 one.
+    hot::Config cfg8;
+    cfg8.gx_bits = 8;
+    const double t_api8 = time_us([&](int i) {
+      hot::backward_linear(gyv(i), wv, &saved[i % ns], cfg8, 1, {gxv, gwv, TensorView{}});
+    });
 
     // cuBLAS baselines. Row-major g_x (L x I) = g_y (L x O) W (O x I): column-major gx^T = W^T gy^T.
     // g_w (O x I) = g_y^T (O x L) x (L x I): column-major gw^T = x^T gy.
@@ -315,9 +322,9 @@ int main(int argc, char** argv) {
 
     char row[1024];
     std::snprintf(row, sizeof row,
-                  "| %s | %lld | %lld | %lld | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2fx | "
+                  "| %s | %lld | %lld | %lld | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2fx | "
                   "%.2fx | %.2fx |\n",
-                  ly.name, (long long)L, (long long)O, (long long)I, t_hot, t_qgo, t_qw, t_gx, t_gw, t_api, t_fp32,
+                  ly.name, (long long)L, (long long)O, (long long)I, t_hot, t_qgo, t_qw, t_gx, t_gw, t_api, t_api8, t_fp32,
                   t_tf32, t_bf16, t_fp32 / t_hot, t_tf32 / t_hot, t_bf16 / t_hot);
     t1 += row;
     std::printf("%s", row);

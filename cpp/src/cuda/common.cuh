@@ -24,6 +24,14 @@
 // After every kernel launch: a launch error (bad configuration, missing kernel image) surfaces here.
 #define HOT_CUDA_CHECK_LAUNCH() HOT_CUDA_CHECK(cudaGetLastError())
 
+// The dynamic shared memory of a kernel, as a byte array `name`. The host emulation of the kernels
+// (cpp/tests/emu/cuda_emu.h, which defines HOT_CUDA_EMULATION) supplies the current block's buffer.
+#if defined(HOT_CUDA_EMULATION)
+#define HOT_DYNAMIC_SMEM(name) unsigned char* name = ::hot_emu::dynamic_smem()
+#else
+#define HOT_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
 namespace hot::cuda {
 
 inline cudaStream_t to_cuda(Stream s) { return static_cast<cudaStream_t>(s.handle); }

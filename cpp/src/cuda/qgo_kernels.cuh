@@ -1,0 +1,575 @@
+// The fused pass over g_y (quantize_grad_output) and the ABC buffer (compress_activation, the same kernel
+// restricted to the HLA part with round-to-nearest): the kernels, the host-side setup of one call and the
+// launch sequence. Included by layer_ops.cu (the CUDA backend) and by the host emulation test
+// (cpp/tests/emu), which runs these same kernels on the CPU; it must be included by one translation unit
+// per binary (everything here has internal linkage).
+//
+// quantize_grad_output design (measured in benchmarks/NOTES.md): per-tensor scales need the global
+// amax before any value can be rounded, so the work is two passes over g_y with one kernel template:
+//   pass 1 (stats): G~ = g_y blockdiag(H_b) and G^ = blockdiag(H^) g_y are formed on chip; only their
+//                   amax (per tensor, or per row for per-token G~) and the column sums of g_y (g_b
+//                   partials, fixed order) leave the SM.
+//   finalize:       scales and inverse scales from the amax keys.
+//   pass 2 (quant): the transforms are recomputed and quantised; q_g is written row-major (16 bytes per
+//                   thread), q_gh_t transposed through shared memory so that its rows are written whole.
+// Pass 2 walks the tiles in reverse order, so the tail of g_y that pass 1 left in L2 is read from L2.
+// Tile: 64 rows x 256 columns of g_y, converted to fp32 in shared memory (64 KB) by 16-byte loads;
+// 256 threads. G~: a thread transforms 16 consecutive columns of one row in registers (4 such units);
+// G^: a thread transforms 4 columns of one 16-row block in registers (1 unit). No shuffles; the
+// butterfly order is the one of the CPU backend, so fp32 values, and therefore integers, are identical.
+// Stochastic rounding (rng.h: one Philox4x32-10 call per 8 consecutive elements, 16-bit uniforms): when
+// O % 8 == 0 every 8-element group is aligned and all in or all out of a row; a G~ unit (16 columns)
+// makes 2 calls, and for G^ the two lanes holding columns 8i .. 8i+7 of a row block split the rows
+// k, k+1 between them and swap the other half of each call by one shuffle pair. Other O take the
+// generic per-element path (quant_slow).
+#pragma once
+
+#include <algorithm>
+
+#include "common.cuh"
+#include "fwht.cuh"
+#include "hot/quant_rules.h"
+#include "hot/rng.h"
+
+namespace hot::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kTileRows = 64;                 // 4 HLA row blocks
+constexpr int kTileCols = 256;
+constexpr int kRowBlocks = kTileRows / 16;
+
+struct QgoParams {
+  int64_t L, O;
+  int64_t ld_in;
+  // g_x path
+  bool gx;
+  int gx_qmax;
+  int block;            // b
+  bool gx_per_row;
+  int8_t* q_g;          // L x O_pad
+  int64_t ld_qg, O_pad;
+  // g_w path
+  bool gw;
+  int rank;
+  int8_t* q_gh;         // O x K_pad (transposed)
+  int64_t ld_qgh, K, K_pad;
+  // rounding
+  bool stochastic;
+  uint64_t seed;
+  // bias
+  bool bias;
+  float* bias_partial;  // [n_row_tiles][O]
+  // statistics / scales (scratch)
+  unsigned* key_gx;     // [1] or [L]
+  unsigned* key_gw;     // [1]
+  const float* inv_gx;  // [1] or [L]
+  const float* inv_gw;  // [1]
+  const float* pre_gx;  // [1] or [L]: QuantScale::pre (1, or 2^64 for a tiny amax)
+  const float* pre_gw;  // [1]
+  bool sr8;             // stochastic and O % 8 == 0: every aligned 8-element RNG group is all in or all out
+  bool vec_load;        // 4 consecutive columns load as one vector
+  bool vec_store_qg;    // 4 consecutive q_g bytes store as one word
+  bool word_store_qgh;  // q_gh_t rows can be written in 4-byte words
+};
+
+// Generic (slow, out of line) quantisation of n <= 4 consecutive logical elements e0 .. e0+n-1: any
+// alignment of e0, any n. Kept out of line so that the unrolled main loops stay small (I-cache).
+__device__ __noinline__ void quant_slow(const float* v, int n, float inv, float pre, int qmax, bool stochastic,
+                                        uint64_t seed, uint32_t stream, uint64_t e0, int8_t* q) {
+  const QuantScale qs{inv, 0.0f, pre};
+  for (int i = 0; i < n; ++i)
+    q[i] = stochastic ? quantize_stochastic(v[i], qs, qmax, sr_uniform(seed, stream, e0 + i))
+                      : quantize_nearest(v[i], qs, qmax);
+}
+
+// The rules of hot/quant_rules.h with fewer instructions, bit-identical for the inputs they see here
+// (inv != 0 implies a finite, non-zero amax, so |v * inv| <= qmax and v * inv + u < qmax + 1): the
+// float rounding + float clamp + conversion becomes one rounding conversion and an integer clamp.
+__device__ __forceinline__ int8_t q_nearest(float v, float inv, float pre, int qmax) {
+  if (inv == 0.0f) return 0;
+  const int i = __float2int_rn(__fmul_rn(__fmul_rn(v, pre), inv));
+  return static_cast<int8_t>(max(-qmax, min(qmax, i)));
+}
+__device__ __forceinline__ int8_t q_stochastic(float v, float inv, float pre, int qmax, float u) {
+  if (inv == 0.0f) return 0;
+  const int i = __float2int_rd(__fadd_rn(__fmul_rn(__fmul_rn(v, pre), inv), u));
+  return static_cast<int8_t>(max(-qmax, min(qmax, i)));
+}
+
+// Rounding of 4 consecutive logical elements e0 .. e0+3 of one row, n of them valid (n <= 4), where the
+// 8-element RNG fast paths do not apply: inline round-to-nearest, else the out-of-line generic path.
+__device__ __forceinline__ void quant4(const float (&v)[4], int n, float inv, float pre, int qmax, bool stochastic, uint64_t seed,
+                                       uint32_t stream, uint64_t e0, int8_t (&q)[4]) {
+  if (n == 4 && !stochastic) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) q[i] = q_nearest(v[i], inv, pre, qmax);
+  } else {
+    float vv[4] = {v[0], v[1], v[2], v[3]};
+    int8_t qq[4] = {0, 0, 0, 0};
+    quant_slow(vv, n, inv, pre, qmax, stochastic, seed, stream, e0, qq);
+    q[0] = qq[0], q[1] = qq[1], q[2] = qq[2], q[3] = qq[3];
+  }
+}
+
+// The 16-bit uniforms of rng.h (low / high half of a Philox word, times 2^-16) without an int-to-float
+// conversion: 1 + h * 2^-16 is exact in fp32 (16 mantissa bits), so subtracting 1 gives h * 2^-16 exactly.
+__device__ __forceinline__ float u16_lo(uint32_t w) { return __fsub_rn(__uint_as_float(0x3f800000u | ((w & 0xffffu) << 7)), 1.0f); }
+__device__ __forceinline__ float u16_hi(uint32_t w) { return __fsub_rn(__uint_as_float(0x3f800000u | ((w >> 9) & 0x7fff80u)), 1.0f); }
+
+// Stochastic rounding of 4 values whose uniforms are the 4 halves of words a (elements 0, 1) and b (2, 3).
+__device__ __forceinline__ uint32_t sr4_packed(float v0, float v1, float v2, float v3, uint32_t a, uint32_t b, float inv,
+                                               float pre, int qmax) {
+  const int8_t q0 = q_stochastic(v0, inv, pre, qmax, u16_lo(a));
+  const int8_t q1 = q_stochastic(v1, inv, pre, qmax, u16_hi(a));
+  const int8_t q2 = q_stochastic(v2, inv, pre, qmax, u16_lo(b));
+  const int8_t q3 = q_stochastic(v3, inv, pre, qmax, u16_hi(b));
+  return static_cast<uint32_t>(static_cast<uint8_t>(q0)) | (static_cast<uint32_t>(static_cast<uint8_t>(q1)) << 8) |
+         (static_cast<uint32_t>(static_cast<uint8_t>(q2)) << 16) | (static_cast<uint32_t>(static_cast<uint8_t>(q3)) << 24);
+}
+
+__device__ __forceinline__ uint32_t pack4(const int8_t (&q)[4]) {
+  return static_cast<uint32_t>(static_cast<uint8_t>(q[0])) | (static_cast<uint32_t>(static_cast<uint8_t>(q[1])) << 8) |
+         (static_cast<uint32_t>(static_cast<uint8_t>(q[2])) << 16) |
+         (static_cast<uint32_t>(static_cast<uint8_t>(q[3])) << 24);
+}
+
+// In-register FWHT of 16 values restricted to the stages h < b (b = block size of the g_x path).
+__device__ __forceinline__ void fwht16_partial(float (&x)[16], int b) {
+#pragma unroll
+  for (int h = 1; h < 16; h *= 2) {
+    if (h < b) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        if ((j & h) == 0) {
+          const float a = x[j], c = x[j + h];
+          x[j] = __fadd_rn(a, c);
+          x[j + h] = __fsub_rn(a, c);
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+struct VecIO {
+  static constexpr int N = 16 / sizeof(T);  // elements per 16-byte load
+  static __device__ __forceinline__ void load(const T* p, float* out) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    if constexpr (sizeof(T) == 4) {
+      out[0] = __uint_as_float(v.x), out[1] = __uint_as_float(v.y), out[2] = __uint_as_float(v.z),
+      out[3] = __uint_as_float(v.w);
+    } else {
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const T lo = *reinterpret_cast<const T*>(reinterpret_cast<const uint16_t*>(&w[i]));
+        const T hi = *reinterpret_cast<const T*>(reinterpret_cast<const uint16_t*>(&w[i]) + 1);
+        out[2 * i] = load_f(&lo);
+        out[2 * i + 1] = load_f(&hi);
+      }
+    }
+  }
+};
+
+template <typename T, int PASS>
+__global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo_kernel(const T* __restrict__ gy, QgoParams p) {
+  HOT_DYNAMIC_SMEM(smem);
+  float(*tile)[kTileCols] = reinterpret_cast<float(*)[kTileCols]>(smem);
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int64_t n_ct = (std::max<int64_t>(p.O_pad, p.O) + kTileCols - 1) / kTileCols;
+  const int64_t nb = (p.L + 15) / 16;
+  const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
+  int64_t lin = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  if (PASS == 2) lin = n_ct * n_rt - 1 - lin;  // reverse order: reuse what pass 1 left in L2
+  const int64_t rt = lin / n_ct, ct = lin % n_ct;
+  const int64_t r0 = rt * kTileRows, c0 = ct * kTileCols;
+
+  // ---- load the tile as fp32 (zeros outside L x O) ------------------------------------------------
+  {
+    constexpr int N = VecIO<T>::N;
+    if (p.vec_load) {
+      constexpr int per_row = kTileCols / N;
+#pragma unroll 4
+      for (int v = tid; v < kTileRows * per_row; v += kThreads) {
+        const int row = v / per_row, cv = (v % per_row) * N;
+        const int64_t r = r0 + row, c = c0 + cv;
+        float f[N];
+        if (r < p.L && c < p.O) {
+          VecIO<T>::load(gy + r * p.ld_in + c, f);  // O % N == 0: the vector is all in or all out
+        } else {
+#pragma unroll
+          for (int i = 0; i < N; ++i) f[i] = 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < N; i += 4)
+          *reinterpret_cast<float4*>(&tile[row][cv + i]) = make_float4(f[i], f[i + 1], f[i + 2], f[i + 3]);
+      }
+    } else {
+      for (int v = tid; v < kTileRows * kTileCols; v += kThreads) {
+        const int row = v / kTileCols, cc = v % kTileCols;
+        const int64_t r = r0 + row, c = c0 + cc;
+        tile[row][cc] = (r < p.L && c < p.O) ? load_f(gy + r * p.ld_in + c) : 0.0f;
+      }
+    }
+  }
+  __syncthreads();
+
+  // ---- G^ (HLA): thread = (row block jb, 4 columns) --------------------------------------------------
+  const int jb = tid / 64, c4 = (tid % 64) * 4;
+  const int64_t jglob = rt * kRowBlocks + jb;
+
+  // ---- G~: units (row, 16 columns), 4 per thread -------------------------------------------------------
+  uint32_t amax_gx = 0;
+  if (p.gx) {
+#pragma unroll 1
+    for (int u = tid; u < kTileRows * (kTileCols / 16); u += kThreads) {
+      const int row = u / 16, g16 = (u % 16) * 16;
+      const int64_t r = r0 + row, c = c0 + g16;
+      float x[16];
+#pragma unroll
+      for (int i = 0; i < 16; i += 4) {
+        const float4 v = *reinterpret_cast<const float4*>(&tile[row][g16 + i]);
+        x[i] = v.x, x[i + 1] = v.y, x[i + 2] = v.z, x[i + 3] = v.w;
+      }
+      fwht16_partial(x, p.block);
+      if (PASS == 1) {
+        uint32_t k = 0;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) k = max(k, amax_key(x[i]));
+        if (p.gx_per_row) {
+          // lanes 0-15 and 16-31 hold one row each
+#pragma unroll
+          for (int o = 8; o > 0; o >>= 1) k = max(k, __shfl_xor_sync(0xffffffffu, k, o));
+          if ((lane & 15) == 0 && r < p.L) atomicMax(p.key_gx + r, k);
+        } else {
+          amax_gx = max(amax_gx, k);
+        }
+      } else if (r < p.L && c < p.O_pad) {
+        uint32_t w[4] = {0u, 0u, 0u, 0u};
+        if (c < p.O) {
+          const float inv = p.gx_per_row ? p.inv_gx[r] : p.inv_gx[0];
+          const float pre = p.gx_per_row ? p.pre_gx[r] : p.pre_gx[0];
+          if (p.sr8) {
+            // Two aligned 8-element RNG groups (r * O + c is a multiple of 8), each all in or all out.
+            const uint64_t g0 = static_cast<uint64_t>(r * p.O + c) >> 3;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              if (c + 8 * h < p.O) {
+                const Philox4 b = sr_group_bits(p.seed, rng_stream::gx_grad, g0 + h);
+                w[2 * h] = sr4_packed(x[8 * h], x[8 * h + 1], x[8 * h + 2], x[8 * h + 3], b.v[0], b.v[1], inv, pre, p.gx_qmax);
+                w[2 * h + 1] =
+                    sr4_packed(x[8 * h + 4], x[8 * h + 5], x[8 * h + 6], x[8 * h + 7], b.v[2], b.v[3], inv, pre, p.gx_qmax);
+              }
+            }
+          } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int64_t ci = c + 4 * i;
+            const int nvalid = static_cast<int>(std::min<int64_t>(4, std::max<int64_t>(0, p.O - ci)));
+            int8_t q[4] = {0, 0, 0, 0};
+            if (nvalid > 0) {
+              const float g[4] = {x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]};
+              quant4(g, nvalid, inv, pre, p.gx_qmax, p.stochastic, p.seed, rng_stream::gx_grad,
+                     static_cast<uint64_t>(r * p.O + ci), q);
+            }
+            w[i] = pack4(q);
+          }
+          }
+        }
+        int8_t* dst = p.q_g + r * p.ld_qg + c;
+        if (p.vec_store_qg) {
+          *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+        } else {
+          for (int i = 0; i < 16; ++i)
+            if (c + i < p.O_pad) dst[i] = static_cast<int8_t>(w[i >> 2] >> (8 * (i & 3)));
+        }
+      }
+    }
+  }
+
+  // ---- bias partials (pass 1): column sums of the tile in row order --------------------------------
+  if (PASS == 1 && p.bias) {
+    const int64_t c = c0 + tid;
+    float sum = 0.0f;
+    for (int row = 0; row < kTileRows; ++row) sum = __fadd_rn(sum, tile[row][tid]);
+    if (c < p.O) p.bias_partial[rt * p.O + c] = sum;
+  }
+
+  // ---- G^ transform and amax / quantisation -------------------------------------------------------------
+  uint32_t amax_gw = 0;
+  const int stage_ld = kRowBlocks * p.rank + 20;  // bytes per staged q_gh_t row (multiple of 4)
+  if (p.gw) {
+    float hx[16][4];
+#pragma unroll
+    for (int t = 0; t < 16; ++t) {
+      const float4 v = *reinterpret_cast<const float4*>(&tile[jb * 16 + t][c4]);
+      hx[t][0] = v.x, hx[t][1] = v.y, hx[t][2] = v.z, hx[t][3] = v.w;
+    }
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      float col[16];
+#pragma unroll
+      for (int t = 0; t < 16; ++t) col[t] = hx[t][v];
+      fwht_regs<16>(col);
+#pragma unroll
+      for (int t = 0; t < 16; ++t) hx[t][v] = col[t];
+    }
+    uint32_t packed[4][4] = {};  // pass 2: [v][k / 4] bytes of q
+    const int64_t cg = c0 + c4;
+    const int nvalid = static_cast<int>(std::min<int64_t>(4, std::max<int64_t>(0, p.O - cg)));
+    if (PASS == 2 && p.sr8) {
+      // One Philox call per (row k, 8 columns) serves two neighbouring threads (lanes 2i, 2i+1 hold
+      // columns cg8 .. cg8+3 and cg8+4 .. cg8+7): for the row pair (k, k+1) the even lane draws row k, the
+      // odd lane row k+1, and each passes the partner the two words of the partner's columns. The
+      // conditions of the loop are warp-uniform (jb is per warp), so every lane reaches the shuffles.
+      const int par = lane & 1;
+      const int64_t cg8 = cg - 4 * par;  // multiple of 8
+      const float inv = p.inv_gw[0], pre = p.pre_gw[0];
+      if (jglob < nb) {
+#pragma unroll
+        for (int k = 0; k < 16; k += 2) {
+          if (k < p.rank) {
+            const uint64_t e = static_cast<uint64_t>((jglob * p.rank + k + par) * p.O + cg8);
+            const Philox4 b = sr_group_bits(p.seed, rng_stream::gw_grad, e >> 3);
+            const uint32_t s0 = par ? b.v[0] : b.v[2], s1 = par ? b.v[1] : b.v[3];
+            const uint32_t m0 = par ? b.v[2] : b.v[0], m1 = par ? b.v[3] : b.v[1];
+            const uint32_t r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+            if (nvalid > 0) {
+              const int ka = hla_order(k);
+              const uint32_t qa = sr4_packed(hx[ka][0], hx[ka][1], hx[ka][2], hx[ka][3], par ? r0 : m0, par ? r1 : m1, inv,
+                                             pre, 127);
+#pragma unroll
+              for (int v = 0; v < 4; ++v) packed[v][k >> 2] |= ((qa >> (8 * v)) & 0xffu) << (8 * (k & 3));
+              if (k + 1 < p.rank) {
+                const int kb = hla_order(k + 1);
+                const uint32_t qb = sr4_packed(hx[kb][0], hx[kb][1], hx[kb][2], hx[kb][3], par ? m0 : r0, par ? m1 : r1,
+                                               inv, pre, 127);
+#pragma unroll
+                for (int v = 0; v < 4; ++v) packed[v][(k + 1) >> 2] |= ((qb >> (8 * v)) & 0xffu) << (8 * ((k + 1) & 3));
+              }
+            }
+          }
+        }
+      }
+    } else {
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      if (k < p.rank) {
+        const float h[4] = {hx[hla_order(k)][0], hx[hla_order(k)][1], hx[hla_order(k)][2], hx[hla_order(k)][3]};
+        if (PASS == 1) {
+#pragma unroll
+          for (int v = 0; v < 4; ++v) amax_gw = max(amax_gw, amax_key(h[v]));
+        } else if (nvalid > 0 && jglob < nb) {
+          int8_t q[4] = {0, 0, 0, 0};
+          quant4(h, nvalid, p.inv_gw[0], p.pre_gw[0], 127, p.stochastic, p.seed, rng_stream::gw_grad,
+                 static_cast<uint64_t>((jglob * p.rank + k) * p.O + cg), q);
+#pragma unroll
+          for (int v = 0; v < 4; ++v)
+            packed[v][k >> 2] |= static_cast<uint32_t>(static_cast<uint8_t>(q[v])) << (8 * (k & 3));
+        }
+      }
+    }
+    }
+    if (PASS == 2) {
+      // Staging aliases the fp32 tile: wait until every thread is done reading it.
+      __syncthreads();
+      uint32_t* s32 = reinterpret_cast<uint32_t*>(smem);
+      for (int i = tid; i < kTileCols * stage_ld / 4; i += kThreads) s32[i] = 0u;
+      __syncthreads();
+      if ((p.rank & 3) == 0) {
+#pragma unroll
+        for (int v = 0; v < 4; ++v)
+#pragma unroll
+          for (int w = 0; w < 4; ++w)
+            if (4 * w < p.rank)
+              *reinterpret_cast<uint32_t*>(smem + (c4 + v) * stage_ld + jb * p.rank + 4 * w) = packed[v][w];
+      } else {
+#pragma unroll
+        for (int v = 0; v < 4; ++v)
+#pragma unroll
+          for (int k = 0; k < 16; ++k)
+            if (k < p.rank)
+              smem[(c4 + v) * stage_ld + jb * p.rank + k] = static_cast<unsigned char>(packed[v][k >> 2] >> (8 * (k & 3)));
+      }
+      __syncthreads();
+      // Write rows c of q_gh_t: bytes [col0, col1) (the last row tile also zero-fills K .. K_pad).
+      const int64_t col0 = rt * kRowBlocks * p.rank;
+      const int64_t col1 = rt == n_rt - 1 ? p.K_pad : std::min<int64_t>(col0 + kRowBlocks * p.rank, p.K_pad);
+      const int width = static_cast<int>(col1 - col0);
+      const int nrows = static_cast<int>(std::min<int64_t>(kTileCols, p.O - c0));
+      if (p.word_store_qgh) {
+        const int wpr = width / 4;
+        for (int i = tid; i < nrows * wpr; i += kThreads) {
+          const int rr = i / wpr, w = i % wpr;
+          *reinterpret_cast<uint32_t*>(p.q_gh + (c0 + rr) * p.ld_qgh + col0 + 4 * w) =
+              *reinterpret_cast<const uint32_t*>(smem + rr * stage_ld + 4 * w);
+        }
+      } else {
+        for (int i = tid; i < nrows * width; i += kThreads) {
+          const int rr = i / width, w = i % width;
+          p.q_gh[(c0 + rr) * p.ld_qgh + col0 + w] = static_cast<int8_t>(smem[rr * stage_ld + w]);
+        }
+      }
+    }
+  }
+
+  if (PASS == 1) {
+    if (p.gx && !p.gx_per_row) {
+      const uint32_t k = block_max_u32(amax_gx);
+      if (tid == 0) atomicMax(p.key_gx, k);
+    }
+    if (p.gw) {
+      const uint32_t k = block_max_u32(amax_gw);
+      if (tid == 0) atomicMax(p.key_gw, k);
+    }
+  }
+}
+
+__global__ void qgo_finalize_kernel(const unsigned* key_gx, int64_t n_gx, int gx_qmax, float* s_g, float* inv_gx,
+                                    float* pre_gx, const unsigned* key_gw, float* s_gh, float* inv_gw, float* pre_gw) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n_gx;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const QuantScale qs = quant_scale_from_amax(amax_from_key(key_gx[i]), gx_qmax);
+    s_g[i] = qs.scale;
+    inv_gx[i] = qs.inv;
+    pre_gx[i] = qs.pre;
+  }
+  if (key_gw != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+    const QuantScale qs = quant_scale_from_amax(amax_from_key(key_gw[0]), 127);
+    *s_gh = qs.scale;
+    *inv_gw = qs.inv;
+    *pre_gw = qs.pre;
+  }
+}
+
+template <typename T>
+__global__ void qgo_bias_final_kernel(const float* partial, int64_t nchunks, int64_t cols, T* out) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  float s = 0.0f;
+  for (int64_t k = 0; k < nchunks; ++k) s = __fadd_rn(s, partial[k * cols + c]);
+  store_f(out + c, s);
+}
+
+bool aligned(const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
+
+size_t qgo_smem_bytes() { return static_cast<size_t>(kTileRows) * kTileCols * sizeof(float); }
+static_assert(kTileCols * (kRowBlocks * 16 + 20) <= kTileRows * kTileCols * 4, "q_gh_t staging must fit the tile");
+
+// ---- host side: one call's parameters, scratch layout and launch sequence --------------------------------
+
+// compress_activation (ABC, SPEC §2) is the g_w part of the pass over x, with round-to-nearest.
+GradOutputPlan abc_plan(int rank) {
+  GradOutputPlan plan;
+  plan.gx = false;
+  plan.gw = true;
+  plan.rank = rank;
+  plan.rounding = Rounding::nearest;
+  plan.bias = false;
+  return plan;
+}
+
+// Everything a call needs besides the scratch memory and the stream, derived from the views.
+struct QgoSetup {
+  QgoParams p;
+  int64_t n_gx = 1;       // amax keys / scales of the g_x path: 1 (per tensor) or L (per token)
+  int64_t n_rt = 0, n_ct = 0;
+  size_t keys_bytes = 0, inv_bytes = 0, bias_bytes = 0;
+  size_t scratch_bytes() const { return keys_bytes + inv_bytes + bias_bytes; }
+  // Points the parameters at a scratch block of scratch_bytes() bytes (4-byte aligned).
+  void bind_scratch(void* base) {
+    unsigned* keys = static_cast<unsigned*>(base);
+    float* invs = reinterpret_cast<float*>(static_cast<char*>(base) + keys_bytes);
+    p.key_gx = keys;
+    p.key_gw = keys + n_gx;
+    p.inv_gx = invs;
+    p.inv_gw = invs + n_gx;
+    p.pre_gx = invs + n_gx + 1;
+    p.pre_gw = invs + 2 * n_gx + 1;
+    p.bias_partial = p.bias ? reinterpret_cast<float*>(static_cast<char*>(base) + keys_bytes + inv_bytes) : nullptr;
+  }
+};
+
+QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out) {
+  QgoSetup su;
+  QgoParams& p = su.p;
+  const int64_t L = gy.shape[0], O = gy.shape[1];
+  const int64_t nb = (L + 15) / 16;
+  su.n_rt = (L + kTileRows - 1) / kTileRows;
+  p.L = L;
+  p.O = O;
+  p.ld_in = gy.strides[0];
+  p.gx = plan.gx;
+  p.gx_qmax = qmax_for_bits(plan.gx_bits);
+  p.block = plan.block;
+  p.gx_per_row = plan.gx_scale == ScaleMode::token;
+  p.O_pad = O;
+  if (plan.gx) {
+    p.q_g = static_cast<int8_t*>(out.q_g.data);
+    p.ld_qg = out.q_g.strides[0];
+    p.O_pad = out.q_g.shape[1];
+  }
+  p.gw = plan.gw;
+  p.rank = plan.gw ? plan.rank : 1;
+  if (plan.gw) {
+    p.q_gh = static_cast<int8_t*>(out.q_gh_t.data);
+    p.ld_qgh = out.q_gh_t.strides[0];
+    p.K = nb * plan.rank;
+    p.K_pad = out.q_gh_t.shape[1];
+  }
+  p.stochastic = plan.rounding == Rounding::stochastic;
+  p.seed = plan.seed;
+  p.bias = plan.bias;
+  su.n_ct = (std::max(p.O_pad, O) + kTileCols - 1) / kTileCols;
+
+  // Scratch: amax keys (n_gx + 1), inverse scales and pre-scales (2 (n_gx + 1)), bias partials (n_rt x O).
+  su.n_gx = p.gx_per_row ? L : 1;
+  su.keys_bytes = static_cast<size_t>(su.n_gx + 1) * 4;
+  su.inv_bytes = static_cast<size_t>(su.n_gx + 1) * 8;
+  su.bias_bytes = plan.bias ? static_cast<size_t>(su.n_rt * O) * 4 : 0;
+
+  p.sr8 = p.stochastic && O % kSrGroup == 0;
+  const int vec = gy.dtype == DType::f32 ? 4 : 8;  // elements per 16-byte load
+  p.vec_load = O % vec == 0 && p.ld_in % vec == 0 && aligned(gy.data, 16);
+  p.vec_store_qg = plan.gx && p.ld_qg % 16 == 0 && aligned(p.q_g, 16) && p.O_pad % 16 == 0;
+  p.word_store_qgh = plan.gw && p.ld_qgh % 4 == 0 && aligned(p.q_gh, 4) && p.K_pad % 4 == 0;
+  HOT_CHECK_VALUE(su.n_rt < 65536 * 65536LL / std::max<int64_t>(su.n_ct, 1), "quantize_grad_output: too many rows");
+  return su;
+}
+
+// The launch sequence of one call, after bind_scratch: zero the amax keys, pass 1 (statistics, g_b
+// partials), the scales, pass 2 (quantisation), g_b. `launch(kernel, grid, threads, smem_bytes, args...)`
+// runs a kernel and `launch.zero(ptr, bytes)` clears memory, both in stream order (the CUDA backend's
+// launcher, or the emulation's).
+template <typename T, class Launch>
+void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutputQuant& out, const T* src,
+                Launch&& launch) {
+  const QgoParams& p = su.p;
+  const dim3 grid(static_cast<unsigned>(su.n_ct), static_cast<unsigned>(su.n_rt));
+  const size_t smem = qgo_smem_bytes();
+  launch.zero(p.key_gx, su.keys_bytes);
+  if (plan.gx || plan.gw || plan.bias) launch(qgo_kernel<T, 1>, grid, kThreads, smem, src, p);
+  if (plan.gx || plan.gw) {
+    float* invs = const_cast<float*>(p.inv_gx);
+    launch(qgo_finalize_kernel, dim3(grid_1d(su.n_gx, 256)), 256, 0, p.key_gx, plan.gx ? su.n_gx : int64_t{0},
+           p.gx_qmax, plan.gx ? static_cast<float*>(out.s_g.data) : nullptr, invs, invs + su.n_gx + 1,
+           plan.gw ? p.key_gw : nullptr, plan.gw ? static_cast<float*>(out.s_gh.data) : nullptr, invs + su.n_gx,
+           invs + 2 * su.n_gx + 1);
+    QgoParams p2 = p;
+    p2.bias = false;
+    launch(qgo_kernel<T, 2>, grid, kThreads, smem, src, p2);
+  }
+  if (plan.bias) {
+    dispatch_float(out.g_b.dtype, "quantize_grad_output (g_b)", [&](auto t) {
+      using B = decltype(t);
+      launch(qgo_bias_final_kernel<B>, dim3(grid_1d(p.O, 128)), 128, 0, static_cast<const float*>(p.bias_partial),
+             su.n_rt, p.O, static_cast<B*>(out.g_b.data));
+    });
+  }
+}
+
+}  // namespace
+
+}  // namespace hot::cuda

@@ -1,0 +1,156 @@
+// Host emulation of the CUDA execution model, enough to run hot's own kernels on the CPU so that a machine
+// without a GPU can test them for bit-exactness against the CPU backend (ctest, CI).
+//
+// Include this before anything else in a translation unit compiled by the host compiler (not nvcc); it
+// includes the CUDA headers itself. What it provides:
+// - every thread of a block is a std::thread; the blocks of a grid run one after another, so function-local __shared__
+//   arrays (made `static` here) and the dynamic shared memory (HOT_DYNAMIC_SMEM) are per block;
+// - __syncthreads() is a barrier of the block's threads, __shfl_xor_sync a barrier-separated exchange among
+//   the 32 lanes of a warp (every lane of the warp must call it, as on the GPU with a full mask);
+// - threadIdx / blockIdx / blockDim / gridDim are thread-local;
+// - the float intrinsics the kernels use are single IEEE fp32 operations (the build disables FMA
+//   contraction), atomicMax is an atomic compare-and-swap loop, and __ldg of a vector checks its alignment.
+// The emulation checks semantics, not speed or the GPU's resource limits (registers, shared memory size).
+// Build the test with AddressSanitizer and UBSan's alignment check: out-of-bounds and misaligned vector
+// accesses that would fault on the GPU then fail on the CPU too.
+#pragma once
+
+#define HOT_CUDA_EMULATION 1
+#define __shared__ static
+#define __launch_bounds__(...)
+#define __noinline__
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+inline thread_local uint3 threadIdx;
+inline thread_local uint3 blockIdx;
+inline thread_local dim3 blockDim;
+inline thread_local dim3 gridDim;
+
+namespace hot_emu {
+
+[[noreturn]] inline void fail(const char* what) {
+  std::fprintf(stderr, "cuda_emu: %s\n", what);
+  std::abort();
+}
+
+// The state one block's threads share.
+struct Block {
+  explicit Block(int threads, size_t smem_bytes)
+      : bar(threads), smem((smem_bytes + 15) / 16 + 1), warps((threads + 31) / 32) {
+    for (auto& w : warps) w.bar = std::make_unique<std::barrier<>>(32);
+  }
+  std::barrier<> bar;
+  std::vector<uint4> smem;  // 16-byte aligned dynamic shared memory
+  struct Warp {
+    std::unique_ptr<std::barrier<>> bar;
+    uint32_t slot[32];
+  };
+  std::vector<Warp> warps;
+};
+
+inline thread_local Block* current = nullptr;
+
+inline unsigned char* dynamic_smem() { return reinterpret_cast<unsigned char*>(current->smem.data()); }
+
+// Runs kernel(args...) over the grid: `threads` std::threads run the blocks one after another.
+template <typename... KArgs, typename... Args>
+void launch(void (*kernel)(KArgs...), dim3 grid, int threads, size_t smem_bytes, Args&&... args) {
+  if (threads % 32 != 0) fail("launch: the emulation needs whole warps");
+  Block block(threads, smem_bytes);
+  std::vector<std::thread> pool;
+  pool.reserve(threads);
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      threadIdx = make_uint3(static_cast<unsigned>(t), 0, 0);
+      blockDim = dim3(static_cast<unsigned>(threads));
+      gridDim = grid;
+      current = &block;
+      for (unsigned bz = 0; bz < grid.z; ++bz)
+        for (unsigned by = 0; by < grid.y; ++by)
+          for (unsigned bx = 0; bx < grid.x; ++bx) {
+            // Shared memory starts as garbage, never as zeros.
+            if (t == 0) std::memset(block.smem.data(), 0xA5, block.smem.size() * sizeof(uint4));
+            block.bar.arrive_and_wait();
+            blockIdx = make_uint3(bx, by, bz);
+            kernel(args...);
+            block.bar.arrive_and_wait();  // the block is done before the next one starts
+          }
+      current = nullptr;
+    });
+  for (auto& th : pool) th.join();
+}
+
+}  // namespace hot_emu
+
+inline void __syncthreads() { hot_emu::current->bar.arrive_and_wait(); }
+
+template <typename T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+  static_assert(sizeof(T) == 4, "cuda_emu: 32-bit shuffles only");
+  if (mask != 0xffffffffu) hot_emu::fail("__shfl_xor_sync: only full-warp masks are emulated");
+  auto& w = hot_emu::current->warps[threadIdx.x / 32];
+  const unsigned lane = threadIdx.x % 32;
+  std::memcpy(&w.slot[lane], &v, 4);
+  w.bar->arrive_and_wait();
+  T r;
+  std::memcpy(&r, &w.slot[(lane ^ static_cast<unsigned>(lane_mask)) & 31u], 4);
+  w.bar->arrive_and_wait();  // nobody overwrites a slot before its reader is done
+  return r;
+}
+
+inline unsigned atomicMax(unsigned* p, unsigned v) {
+  std::atomic_ref<unsigned> a(*p);
+  unsigned old = a.load();
+  while (old < v && !a.compare_exchange_weak(old, v)) {
+  }
+  return old;
+}
+
+template <typename V>
+V __ldg(const V* p) {
+  if (reinterpret_cast<uintptr_t>(p) % alignof(V) != 0) hot_emu::fail("__ldg: misaligned vector load");
+  return *p;
+}
+
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+// The GPU conversions saturate and map NaN to 0; the kernels only convert values already inside the
+// int8 range, which the emulation checks.
+inline int emu_to_int(float r) {
+  if (!(r >= -2147483648.0f && r < 2147483648.0f)) hot_emu::fail("float-to-int conversion out of range");
+  return static_cast<int>(r);
+}
+inline int __float2int_rn(float x) { return emu_to_int(std::nearbyint(x)); }
+inline int __float2int_rd(float x) { return emu_to_int(std::floor(x)); }
+
+inline int max(int a, int b) { return a > b ? a : b; }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }

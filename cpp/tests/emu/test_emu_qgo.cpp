@@ -1,0 +1,174 @@
+// The CUDA kernels of the fused g_y pass (quantize_grad_output) and of the ABC buffer (compress_activation),
+// run on the CPU by the host emulation (cuda_emu.h) and compared byte for byte with the CPU backend. These
+// are the kernel sources the GPU runs, so a machine without a GPU (CI) checks their indexing, tiling, RNG
+// counters, padding and alignment conditions; the Cuda_* suites check the same on the GPU itself.
+#include "emu/cuda_emu.h"  // first: it includes the CUDA headers in emulation mode
+
+#include "cuda/qgo_kernels.cuh"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "cuda/cuda_test_util.h"
+
+namespace {
+
+using hot::DType;
+using hot::GradOutputPlan;
+using hot::GradOutputQuant;
+using hot::Rounding;
+using hot::ScaleMode;
+using hot::TensorView;
+using hot_cuda_test::out1d;
+using hot_cuda_test::out2d;
+using hot_cuda_test::rand_float;
+using hot_test::HostTensor;
+
+struct EmuLaunch {
+  template <typename... KArgs, typename... Args>
+  void operator()(void (*kernel)(KArgs...), dim3 grid, int threads, size_t smem, Args&&... args) const {
+    hot_emu::launch(kernel, grid, threads, smem, std::forward<Args>(args)...);
+  }
+  void zero(void* p, size_t bytes) const { std::memset(p, 0, bytes); }
+};
+
+// What hot::cuda::quantize_grad_output does, with host memory and the emulated kernels.
+void emu_quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out) {
+  hot::cuda::QgoSetup su = hot::cuda::qgo_setup(gy, plan, out);
+  std::vector<uint32_t> scratch(su.scratch_bytes() / 4 + 1, 0xdeadbeefu);
+  su.bind_scratch(scratch.data());
+  hot::cuda::dispatch_float(gy.dtype, "emu", [&](auto t) {
+    using T = decltype(t);
+    hot::cuda::qgo_launch<T>(su, plan, out, static_cast<const T*>(gy.data), EmuLaunch{});
+  });
+}
+
+::testing::AssertionResult same_bytes(const HostTensor& a, const HostTensor& b) {
+  if (a.nbytes() != b.nbytes()) return ::testing::AssertionFailure() << "sizes differ";
+  const auto* pa = static_cast<const uint8_t*>(a.bytes());
+  const auto* pb = static_cast<const uint8_t*>(b.bytes());
+  for (size_t i = 0; i < a.nbytes(); ++i)
+    if (pa[i] != pb[i])
+      return ::testing::AssertionFailure() << "byte " << i << " of " << a.nbytes() << ": cpu " << int(pa[i]) << ", emulated "
+                                           << int(pb[i]);
+  return ::testing::AssertionSuccess();
+}
+
+struct Case {
+  int64_t L, O;
+  int bits;
+  ScaleMode sm;
+  Rounding rd;
+  bool gx, gw, bias;
+  int rank;
+};
+
+// `special`: 0 = normal data, 1 = a NaN and an Inf in g_y, 2 = rows of tiny magnitude (the pre-scaled path).
+void run_case(DType dt, const Case& c, uint64_t seed, int special) {
+  SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " L " << c.L << " O " << c.O << " bits " << c.bits << " "
+                                  << hot::scale_mode_name(c.sm) << " " << hot::rounding_name(c.rd) << " gx " << c.gx
+                                  << " gw " << c.gw << " bias " << c.bias << " rank " << c.rank << " special " << special);
+  HostTensor gy = rand_float(dt, c.L, c.O, seed, c.O + (c.L % 2));
+  if (special == 1) {
+    gy.setf(c.L / 2, c.O / 3, std::nanf(""));
+    gy.setf(c.L - 1, c.O - 1, INFINITY);
+  } else if (special == 2) {
+    for (int64_t l = 0; l < c.L; l += 3)
+      for (int64_t o = 0; o < c.O; ++o) gy.setf(l, o, gy.getf(l, o) * 1e-38f);
+  }
+  GradOutputPlan plan;
+  plan.gx = c.gx;
+  plan.gx_bits = c.bits;
+  plan.block = hot::hq_block_size(c.O);
+  plan.gx_scale = c.sm;
+  plan.gw = c.gw;
+  plan.rank = c.rank;
+  plan.rounding = c.rd;
+  plan.seed = 0xfeedbeef00000000ull + seed;
+  plan.bias = c.bias;
+  const int64_t Op = hot::padded_k(c.O), Kp = hot::padded_k(hot::hla_rows(c.L, c.rank));
+  HostTensor qg = out2d(DType::s8, c.L, Op), sg = out1d(DType::f32, c.sm == ScaleMode::tensor ? 1 : c.L);
+  HostTensor qh = out2d(DType::s8, c.O, Kp), sh = out1d(DType::f32, 1), gb = out1d(dt, c.O);
+  HostTensor eqg = qg, esg = sg, eqh = qh, esh = sh, egb = gb;
+  GradOutputQuant oc, oe;
+  if (c.gx) oc.q_g = qg, oc.s_g = sg, oe.q_g = eqg, oe.s_g = esg;
+  if (c.gw) oc.q_gh_t = qh, oc.s_gh = sh, oe.q_gh_t = eqh, oe.s_gh = esh;
+  if (c.bias) oc.g_b = gb, oe.g_b = egb;
+  hot::cpu::quantize_grad_output(gy, plan, oc, {});
+  emu_quantize_grad_output(gy, plan, oe);
+  if (c.gx) {
+    EXPECT_TRUE(same_bytes(qg, eqg)) << "q_g";
+    EXPECT_TRUE(same_bytes(sg, esg)) << "s_g";
+  }
+  if (c.gw) {
+    EXPECT_TRUE(same_bytes(qh, eqh)) << "q_gh_t";
+    EXPECT_TRUE(same_bytes(sh, esh)) << "s_gh";
+  }
+  if (c.bias && special == 0) {
+    // g_b is a float sum in a different (fixed) association order: the fp32 summation bound n u sum|g|
+    // against float64, plus the output dtype's rounding.
+    const std::vector<float> g = gy.to_f32();
+    for (int64_t o = 0; o < c.O; ++o) {
+      double s = 0, sa = 0;
+      for (int64_t l = 0; l < c.L; ++l) s += g[l * c.O + o], sa += std::fabs(g[l * c.O + o]);
+      const double tol = 2.0 * c.L * std::ldexp(1.0, -24) * sa + hot_test::unit_roundoff(dt) * std::fabs(s) + 1e-30;
+      ASSERT_NEAR(egb.getf(o), s, tol) << "g_b[" << o << "]";
+    }
+  }
+}
+
+TEST(Emu_QuantizeGradOutput, BitExactVsCpu) {
+  std::vector<Case> cases;
+  // L: one row, a partial HLA block, a partial 64-row tile, several tiles; O: multiples of 16 and 8, b < 16,
+  // odd, and wider than one 256-column tile (a multiple of 8, and not).
+  for (int64_t L : {1, 17, 130})
+    for (int64_t O : {16, 24, 30, 7, 264, 300}) {
+      cases.push_back({L, O, 4, ScaleMode::tensor, Rounding::stochastic, true, true, true, 8});
+      cases.push_back({L, O, 8, ScaleMode::token, Rounding::stochastic, true, true, false, 16});
+      cases.push_back({L, O, 4, ScaleMode::tensor, Rounding::stochastic, true, true, false, 5});
+      if (L == 130) {
+        cases.push_back({L, O, 8, ScaleMode::token, Rounding::stochastic, false, true, false, 1});
+        cases.push_back({L, O, 4, ScaleMode::token, Rounding::nearest, true, false, true, 3});
+        cases.push_back({L, O, 8, ScaleMode::tensor, Rounding::nearest, false, true, false, 12});
+        cases.push_back({L, O, 4, ScaleMode::tensor, Rounding::stochastic, false, false, true, 8});
+      }
+    }
+  uint64_t seed = 5000;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16})
+    for (const Case& c : cases) run_case(dt, c, seed++, 0);
+}
+
+TEST(Emu_QuantizeGradOutput, NonFiniteAndTinyBitExactVsCpu) {
+  uint64_t seed = 6000;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16})
+    for (int special : {1, 2}) {
+      run_case(dt, {67, 48, 4, ScaleMode::tensor, Rounding::stochastic, true, true, false, 8}, seed++, special);
+      run_case(dt, {67, 48, 4, ScaleMode::token, Rounding::stochastic, true, true, false, 8}, seed++, special);
+    }
+}
+
+TEST(Emu_CompressActivation, BitExactVsCpu) {
+  uint64_t seed = 7000;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16})
+    for (int64_t L : {1, 31, 130})
+      for (int64_t I : {8, 77, 264})
+        for (int rank : {1, 3, 8, 16}) {
+          SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " L " << L << " I " << I << " rank " << rank);
+          HostTensor x = rand_float(dt, L, I, seed++, I + (L % 3));
+          const int64_t Kp = hot::padded_k(hot::hla_rows(L, rank));
+          HostTensor qc = out2d(DType::s8, I, Kp), qe = qc, sc = out1d(DType::f32, 1), se = sc;
+          hot::cpu::compress_activation(x, qc, sc, rank, {});
+          GradOutputQuant out;
+          out.q_gh_t = qe;
+          out.s_gh = se;
+          emu_quantize_grad_output(x, hot::cuda::abc_plan(rank), out);  // what hot::cuda::compress_activation runs
+          EXPECT_TRUE(same_bytes(qc, qe));
+          EXPECT_TRUE(same_bytes(sc, se));
+        }
+}
+
+}  // namespace

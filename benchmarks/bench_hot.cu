@@ -190,6 +190,12 @@ int main(int argc, char** argv) {
   const bool do_gemms = !(std::getenv("HOT_BENCH_GEMMS") && std::getenv("HOT_BENCH_GEMMS")[0] == '0');
   std::string t4 = "## g_y pass variants (attribution)\n\n| layer | full (stoch, gx+gw) us | nearest us | gx only us | "
                    "gw only us | stats pass only (bias) us | per-token gx us |\n|---|---|---|---|---|---|---|\n";
+  std::string t5 =
+      "## Kernel variants of the g_y pass and ABC (qgo_kernels.cuh; identical bytes)\n\n"
+      "v5 = plain fp32 tile layout, v6 = bank-spread tile layout. Pass = the default plan (4-bit per-tensor G~, rank-8 "
+      "G^, stochastic); stats = pass 1 alone (bias only); ABC = compress_activation of x (L x I, bf16, rank 8).\n\n"
+      "| layer | pass v5 us | pass v6 us | v6/v5 | stats v5 us | stats v6 us | ABC v5 us | ABC v6 us |\n"
+      "|---|---|---|---|---|---|---|---|\n";
 
   for (size_t li = 0; li < layers.size(); ++li) {
     if (!pick.empty() && std::find(pick.begin(), pick.end(), static_cast<int>(li)) == pick.end()) continue;
@@ -253,6 +259,21 @@ int main(int argc, char** argv) {
                     variant(true, true, false, S, T), variant(true, true, false, N, T), variant(true, false, false, S, T),
                     variant(false, true, false, S, T), variant(false, false, true, S, T), variant(true, false, false, S, K));
       t4 += row;
+      std::printf("%s", row);
+      double vt[2][3];
+      for (int v = 0; v < 2; ++v) {
+        hot::cuda::set_qgo_variant(5 + v);
+        vt[v][0] = variant(true, true, false, S, T);
+        vt[v][1] = variant(false, false, true, S, T);
+        vt[v][2] = time_us([&](int i) {
+          hot::cuda::compress_activation(view(x[i % ns], DType::bf16, L, I), saved[i % ns].q.view(),
+                                         saved[i % ns].scale.view(), 8, {});
+        });
+      }
+      hot::cuda::set_qgo_variant(5);
+      std::snprintf(row, sizeof row, "| %s | %.1f | %.1f | %.2f | %.1f | %.1f | %.1f | %.1f |\n", ly.name, vt[0][0],
+                    vt[1][0], vt[1][0] / vt[0][0], vt[0][1], vt[1][1], vt[0][2], vt[1][2]);
+      t5 += row;
       std::printf("%s", row);
       cudaFree(gbias);
     }
@@ -386,7 +407,7 @@ int main(int argc, char** argv) {
     for (void* p : {a, b, c, sa, sb, fa, fb}) cudaFree(p);
   }
 
-  emit("\n%s\n%s\n%s\n%s\n", t1.c_str(), t2.c_str(), t4.c_str(), t3.c_str());
+  emit("\n%s\n%s\n%s\n%s\n%s\n", t1.c_str(), t2.c_str(), t4.c_str(), t5.c_str(), t3.c_str());
   if (path) {
     FILE* f = std::fopen(path, "w");
     if (f) {

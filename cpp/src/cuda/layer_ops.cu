@@ -108,6 +108,11 @@ __global__ void __launch_bounds__(256) weight_quant_kernel(Mat<const T> w, const
 
 }  // namespace
 
+int set_qgo_variant(int variant) {
+  HOT_CHECK_VALUE(variant == 5 || variant == 6, "set_qgo_variant: variant must be 5 or 6, got ", variant);
+  return g_qgo_variant.exchange(variant);
+}
+
 void quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out, Stream st) {
   run_qgo(gy, plan, out, st);
 }

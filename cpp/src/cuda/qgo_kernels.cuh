@@ -25,6 +25,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 
 #include "common.cuh"
 #include "fwht.cuh"
@@ -39,6 +40,11 @@ constexpr int kThreads = 256;
 constexpr int kTileRows = 64;                 // 4 HLA row blocks
 constexpr int kTileCols = 256;
 constexpr int kRowBlocks = kTileRows / 16;
+
+// The variant of the kernels a call runs (benchmarks/NOTES.md): 5 = the tile layout measured as v5 (the
+// default), 6 = the same kernels with the bank-spread tile layout (QgoParams::swizzle). Both give identical
+// bytes. Set through hot::cuda::set_qgo_variant (benchmark and tests).
+std::atomic<int> g_qgo_variant{5};
 
 struct QgoParams {
   int64_t L, O;
@@ -72,6 +78,7 @@ struct QgoParams {
   bool vec_load;        // 4 consecutive columns load as one vector
   bool vec_store_qg;    // 4 consecutive q_g bytes store as one word
   bool word_store_qgh;  // q_gh_t rows can be written in 4-byte words
+  int swizzle;          // shared-memory layout of the tile: 0 (plain) or 12 (bank-spread, see the kernel)
 };
 
 // Generic (slow, out of line) quantisation of n <= 4 consecutive logical elements e0 .. e0+n-1: any
@@ -177,6 +184,12 @@ template <typename T, int PASS>
 __global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo_kernel(const T* __restrict__ gy, QgoParams p) {
   HOT_DYNAMIC_SMEM(smem);
   float(*tile)[kTileCols] = reinterpret_cast<float(*)[kTileCols]>(smem);
+  // Physical column of logical column c of the tile: with p.swizzle (12), float4 k of each 16-column group
+  // is stored at k ^ ((group >> 1) & 3), so that the G~ loads (lanes 16 columns apart), the 16-byte stores
+  // of bf16/fp16 loads (lanes 8 columns apart) and the row-contiguous accesses all spread over the 32
+  // banks (4 wavefronts per warp-wide 16-byte access); without it (0) the G~ loads take 16 and the
+  // bf16/fp16 stores 8 (benchmarks/NOTES.md).
+  const auto sw = [&](int c) { return c ^ ((c >> 3) & p.swizzle); };
   const int tid = threadIdx.x, lane = tid & 31;
   const int64_t n_ct = (std::max<int64_t>(p.O_pad, p.O) + kTileCols - 1) / kTileCols;
   const int64_t nb = (p.L + 15) / 16;
@@ -204,13 +217,13 @@ __global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo_kernel(const 
         }
 #pragma unroll
         for (int i = 0; i < N; i += 4)
-          *reinterpret_cast<float4*>(&tile[row][cv + i]) = make_float4(f[i], f[i + 1], f[i + 2], f[i + 3]);
+          *reinterpret_cast<float4*>(&tile[row][sw(cv + i)]) = make_float4(f[i], f[i + 1], f[i + 2], f[i + 3]);
       }
     } else {
       for (int v = tid; v < kTileRows * kTileCols; v += kThreads) {
         const int row = v / kTileCols, cc = v % kTileCols;
         const int64_t r = r0 + row, c = c0 + cc;
-        tile[row][cc] = (r < p.L && c < p.O) ? load_f(gy + r * p.ld_in + c) : 0.0f;
+        tile[row][sw(cc)] = (r < p.L && c < p.O) ? load_f(gy + r * p.ld_in + c) : 0.0f;
       }
     }
   }
@@ -218,6 +231,7 @@ __global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo_kernel(const 
 
   // ---- G^ (HLA): thread = (row block jb, 4 columns) --------------------------------------------------
   const int jb = tid / 64, c4 = (tid % 64) * 4;
+  const int c4s = sw(c4);
   const int64_t jglob = rt * kRowBlocks + jb;
 
   // ---- G~: units (row, 16 columns), 4 per thread -------------------------------------------------------
@@ -230,7 +244,7 @@ __global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo_kernel(const 
       float x[16];
 #pragma unroll
       for (int i = 0; i < 16; i += 4) {
-        const float4 v = *reinterpret_cast<const float4*>(&tile[row][g16 + i]);
+        const float4 v = *reinterpret_cast<const float4*>(&tile[row][sw(g16 + i)]);
         x[i] = v.x, x[i + 1] = v.y, x[i + 2] = v.z, x[i + 3] = v.w;
       }
       fwht16_partial(x, p.block);
@@ -293,7 +307,8 @@ __global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo_kernel(const 
   if (PASS == 1 && p.bias) {
     const int64_t c = c0 + tid;
     float sum = 0.0f;
-    for (int row = 0; row < kTileRows; ++row) sum = __fadd_rn(sum, tile[row][tid]);
+    const int pc = sw(tid);
+    for (int row = 0; row < kTileRows; ++row) sum = __fadd_rn(sum, tile[row][pc]);
     if (c < p.O) p.bias_partial[rt * p.O + c] = sum;
   }
 
@@ -304,7 +319,7 @@ __global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo_kernel(const 
     float hx[16][4];
 #pragma unroll
     for (int t = 0; t < 16; ++t) {
-      const float4 v = *reinterpret_cast<const float4*>(&tile[jb * 16 + t][c4]);
+      const float4 v = *reinterpret_cast<const float4*>(&tile[jb * 16 + t][c4s]);
       hx[t][0] = v.x, hx[t][1] = v.y, hx[t][2] = v.z, hx[t][3] = v.w;
     }
 #pragma unroll
@@ -530,6 +545,7 @@ QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradO
   su.inv_bytes = static_cast<size_t>(su.n_gx + 1) * 8;
   su.bias_bytes = plan.bias ? static_cast<size_t>(su.n_rt * O) * 4 : 0;
 
+  p.swizzle = g_qgo_variant.load(std::memory_order_relaxed) >= 6 ? 12 : 0;
   p.sr8 = p.stochastic && O % kSrGroup == 0;
   const int vec = gy.dtype == DType::f32 ? 4 : 8;  // elements per 16-byte load
   p.vec_load = O % vec == 0 && p.ld_in % vec == 0 && aligned(gy.data, 16);

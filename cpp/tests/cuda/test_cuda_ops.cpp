@@ -323,15 +323,26 @@ TEST_F(Cuda_GemmDequant, BitExactVsCpu) {
 
 // ---- layer operations ----------------------------------------------------------------------------------
 
+// Runs a scope under one variant of the g_y pass / ABC kernels (qgo_kernels.cuh); every variant must give the
+// CPU backend's bytes.
+struct VariantGuard {
+  explicit VariantGuard(int v) : prev(hot::cuda::set_qgo_variant(v)) {}
+  ~VariantGuard() { hot::cuda::set_qgo_variant(prev); }
+  int prev;
+};
+
 class Cuda_CompressActivation : public CudaTest {};
 TEST_F(Cuda_CompressActivation, BitExactVsCpu) {
   uint64_t seed = 800;
+  for (int variant : {5, 6})
   for (DType dt : kFloatTypes)
     for (int64_t L : {1, 31, 1000, 20011})
       for (int64_t I : {8, 77, 130})
         for (int rank : {1, 3, 8, 16}) {
           if (L == 20011 && (rank == 3 || I == 8 || small_run())) continue;
-          SCOPED_TRACE(testing::Message() << dt_name(dt) << " L " << L << " I " << I << " rank " << rank);
+          SCOPED_TRACE(testing::Message() << "variant " << variant << " " << dt_name(dt) << " L " << L << " I " << I
+                                          << " rank " << rank);
+          const VariantGuard vg(variant);
           HostTensor x = rand_float(dt, L, I, seed++, I + (L % 3));
           const int64_t Kp = hot::padded_k(hot::hla_rows(L, rank));
           HostTensor qc = out2d(DType::s8, I, Kp), qg = qc, sc = out1d(DType::f32, 1), sg = sc;
@@ -390,9 +401,11 @@ TEST_F(Cuda_QuantizeGradOutput, BitExactVsCpu) {
       }
     }
   uint64_t seed = 1000;
+  for (int variant : {5, 6})
   for (DType dt : kFloatTypes)
     for (const QgoCase& c : cases) {
-      SCOPED_TRACE(testing::Message() << dt_name(dt) << " L " << c.L << " O " << c.O << " bits " << c.bits << " "
+      const VariantGuard vg(variant);
+      SCOPED_TRACE(testing::Message() << "variant " << variant << " " << dt_name(dt) << " L " << c.L << " O " << c.O << " bits " << c.bits << " "
                                       << hot::scale_mode_name(c.sm) << " " << hot::rounding_name(c.rd) << " gx " << c.gx
                                       << " gw " << c.gw << " bias " << c.bias << " rank " << c.rank);
       HostTensor gy = rand_float(dt, c.L, c.O, seed++, c.O + (c.L % 2));

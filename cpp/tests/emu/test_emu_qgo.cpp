@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -121,7 +122,16 @@ void run_case(DType dt, const Case& c, uint64_t seed, int special) {
   }
 }
 
-TEST(Emu_QuantizeGradOutput, BitExactVsCpu) {
+// Every test runs under each kernel variant (qgo_kernels.cuh: 5 = plain tile layout, 6 = bank-spread layout).
+class Emu_QuantizeGradOutput : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override { hot::cuda::g_qgo_variant = GetParam(); }
+  void TearDown() override { hot::cuda::g_qgo_variant = 5; }
+};
+class Emu_CompressActivation : public Emu_QuantizeGradOutput {};
+std::string variant_name(const ::testing::TestParamInfo<int>& i) { return "v" + std::to_string(i.param); }
+
+TEST_P(Emu_QuantizeGradOutput, BitExactVsCpu) {
   std::vector<Case> cases;
   // L: one row, a partial HLA block, a partial 64-row tile, several tiles; O: multiples of 16 and 8, b < 16,
   // odd, and wider than one 256-column tile (a multiple of 8, and not).
@@ -142,7 +152,7 @@ TEST(Emu_QuantizeGradOutput, BitExactVsCpu) {
     for (const Case& c : cases) run_case(dt, c, seed++, 0);
 }
 
-TEST(Emu_QuantizeGradOutput, NonFiniteAndTinyBitExactVsCpu) {
+TEST_P(Emu_QuantizeGradOutput, NonFiniteAndTinyBitExactVsCpu) {
   uint64_t seed = 6000;
   for (DType dt : {DType::f32, DType::bf16, DType::f16})
     for (int special : {1, 2}) {
@@ -151,7 +161,7 @@ TEST(Emu_QuantizeGradOutput, NonFiniteAndTinyBitExactVsCpu) {
     }
 }
 
-TEST(Emu_CompressActivation, BitExactVsCpu) {
+TEST_P(Emu_CompressActivation, BitExactVsCpu) {
   uint64_t seed = 7000;
   for (DType dt : {DType::f32, DType::bf16, DType::f16})
     for (int64_t L : {1, 31, 130})
@@ -170,5 +180,8 @@ TEST(Emu_CompressActivation, BitExactVsCpu) {
           EXPECT_TRUE(same_bytes(sc, se));
         }
 }
+
+INSTANTIATE_TEST_SUITE_P(Variants, Emu_QuantizeGradOutput, ::testing::Values(5, 6), variant_name);
+INSTANTIATE_TEST_SUITE_P(Variants, Emu_CompressActivation, ::testing::Values(5, 6), variant_name);
 
 }  // namespace

@@ -82,6 +82,36 @@ class Scratch {
   cudaStream_t stream_ = nullptr;
 };
 
+// ---- asynchronous global -> shared copies (sm_80+), emulated in cpp/tests/emu ------------------------
+// cp_async16 copies 16 bytes (zeros when !valid: nothing is read); the copies of a thread become visible
+// to it at cp_async_wait<N>() once at most N of its committed groups are still pending; __syncthreads()
+// after the wait makes them visible to the block.
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src, bool valid) {
+#if defined(HOT_CUDA_EMULATION)
+  ::hot_emu::cp_async16(smem_dst, gmem_src, valid);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(valid ? 16 : 0));
+#else
+  *static_cast<uint4*>(smem_dst) = valid ? *static_cast<const uint4*>(gmem_src) : make_uint4(0, 0, 0, 0);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(HOT_CUDA_EMULATION)
+  ::hot_emu::cp_async_commit();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(HOT_CUDA_EMULATION)
+  ::hot_emu::cp_async_wait(N);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
 // ---- typed element access (device) -------------------------------------------------------------
 
 template <typename T>

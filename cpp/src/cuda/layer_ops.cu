@@ -26,6 +26,8 @@ void run_qgo(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQ
   const int dev = gy.device.index;
   DeviceGuard dg(dev);
   QgoSetup su = qgo_setup(gy, plan, out);
+  su.ctas[0] = 3 * static_cast<int64_t>(sm_count(dev));  // the kernels' __launch_bounds__ residency
+  su.ctas[1] = 2 * static_cast<int64_t>(sm_count(dev));
   Scratch scratch(su.scratch_bytes(), dev, st);
   su.bind_scratch(scratch.get());
   const StreamLaunch launch{to_cuda(st)};
@@ -36,6 +38,12 @@ void run_qgo(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQ
       const int smem = static_cast<int>(qgo_smem_bytes());
       HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo_kernel<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
       HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo_kernel<T, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      if constexpr (sizeof(T) == 2) {
+        HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo16_kernel<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(qgo16_smem_bytes(1))));
+        HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo16_kernel<T, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(qgo16_smem_bytes(2))));
+      }
       attr_set = true;
     }
     qgo_launch<T>(su, plan, out, static_cast<const T*>(gy.data), launch);
@@ -109,7 +117,7 @@ __global__ void __launch_bounds__(256) weight_quant_kernel(Mat<const T> w, const
 }  // namespace
 
 int set_qgo_variant(int variant) {
-  HOT_CHECK_VALUE(variant == 5 || variant == 6, "set_qgo_variant: variant must be 5 or 6, got ", variant);
+  HOT_CHECK_VALUE(variant >= 5 && variant <= 7, "set_qgo_variant: variant must be 5, 6 or 7, got ", variant);
   return g_qgo_variant.exchange(variant);
 }
 

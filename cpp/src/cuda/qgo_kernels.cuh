@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <type_traits>
 
 #include "common.cuh"
 #include "fwht.cuh"
@@ -42,8 +43,9 @@ constexpr int kTileCols = 256;
 constexpr int kRowBlocks = kTileRows / 16;
 
 // The variant of the kernels a call runs (benchmarks/NOTES.md): 5 = the tile layout measured as v5 (the
-// default), 6 = the same kernels with the bank-spread tile layout (QgoParams::swizzle). Both give identical
-// bytes. Set through hot::cuda::set_qgo_variant (benchmark and tests).
+// default), 6 = the same kernels with the bank-spread tile layout (QgoParams::swizzle), 7 = variant 6 for
+// fp32 input and, for bf16/fp16 input with aligned rows, persistent CTAs with cp.async double buffering
+// (qgo16_kernel). All give identical bytes. Set through hot::cuda::set_qgo_variant (benchmark and tests).
 std::atomic<int> g_qgo_variant{5};
 
 struct QgoParams {
@@ -180,73 +182,52 @@ struct VecIO {
   }
 };
 
-template <typename T, int PASS>
-__global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo_kernel(const T* __restrict__ gy, QgoParams p) {
-  HOT_DYNAMIC_SMEM(smem);
-  float(*tile)[kTileCols] = reinterpret_cast<float(*)[kTileCols]>(smem);
-  // Physical column of logical column c of the tile: with p.swizzle (12), float4 k of each 16-column group
-  // is stored at k ^ ((group >> 1) & 3), so that the G~ loads (lanes 16 columns apart), the 16-byte stores
-  // of bf16/fp16 loads (lanes 8 columns apart) and the row-contiguous accesses all spread over the 32
-  // banks (4 wavefronts per warp-wide 16-byte access); without it (0) the G~ loads take 16 and the
-  // bf16/fp16 stores 8 (benchmarks/NOTES.md).
-  const auto sw = [&](int c) { return c ^ ((c >> 3) & p.swizzle); };
+// The fp32 tile of variants 5 and 6: row-major, 256 floats a row. With swizzle 12 (variant 6), float4 k of
+// each 16-column group is stored at k ^ ((group >> 1) & 3), so that the G~ loads (lanes 16 columns apart), the
+// 16-byte stores of bf16/fp16 loads (lanes 8 columns apart) and the row-contiguous accesses all spread over
+// the 32 banks (4 wavefronts per warp-wide 16-byte access); plain (0, variant 5), the G~ loads take 16 and the
+// bf16/fp16 stores 8 (benchmarks/NOTES.md). q_gh_t is staged in the same shared memory once the tile is read.
+struct TileF32 {
+  static constexpr bool kStageAliases = true;
+  float (*t)[kTileCols];
+  int swizzle;
+  __device__ __forceinline__ int phys(int c) const { return c ^ ((c >> 3) & swizzle); }
+  // 4 consecutive columns c .. c+3 (c a multiple of 4) of a row
+  __device__ __forceinline__ void load4(int row, int c, float& a, float& b, float& d, float& e) const {
+    const float4 v = *reinterpret_cast<const float4*>(&t[row][phys(c)]);
+    a = v.x, b = v.y, d = v.z, e = v.w;
+  }
+  __device__ __forceinline__ float at(int row, int c) const { return t[row][phys(c)]; }
+  // 16 consecutive columns c .. c+15 (c a multiple of 16) of a row
+  __device__ __forceinline__ void load16(int row, int c, float (&x)[16]) const {
+#pragma unroll
+    for (int i = 0; i < 16; i += 4) load4(row, c + i, x[i], x[i + 1], x[i + 2], x[i + 3]);
+  }
+};
+
+// The work on one 64 x 256 tile of g_y once it is in shared memory, read through `tile` (TileF32 or
+// TileRaw16): G~ (amax in pass 1; quantised and stored in pass 2), the g_b column sums (pass 1) and G^ (amax;
+// quantised, staged in `stage` and stored transposed). amax_gx / amax_gw accumulate this thread's maxima.
+template <int PASS, class Tile>
+__device__ __forceinline__ void qgo_tile(const QgoParams& p, const Tile& tile, int64_t rt, int64_t ct,
+                                         unsigned char* stage, uint32_t& amax_gx, uint32_t& amax_gw) {
   const int tid = threadIdx.x, lane = tid & 31;
-  const int64_t n_ct = (std::max<int64_t>(p.O_pad, p.O) + kTileCols - 1) / kTileCols;
   const int64_t nb = (p.L + 15) / 16;
   const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
-  int64_t lin = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
-  if (PASS == 2) lin = n_ct * n_rt - 1 - lin;  // reverse order: reuse what pass 1 left in L2
-  const int64_t rt = lin / n_ct, ct = lin % n_ct;
   const int64_t r0 = rt * kTileRows, c0 = ct * kTileCols;
-
-  // ---- load the tile as fp32 (zeros outside L x O) ------------------------------------------------
-  {
-    constexpr int N = VecIO<T>::N;
-    if (p.vec_load) {
-      constexpr int per_row = kTileCols / N;
-#pragma unroll 4
-      for (int v = tid; v < kTileRows * per_row; v += kThreads) {
-        const int row = v / per_row, cv = (v % per_row) * N;
-        const int64_t r = r0 + row, c = c0 + cv;
-        float f[N];
-        if (r < p.L && c < p.O) {
-          VecIO<T>::load(gy + r * p.ld_in + c, f);  // O % N == 0: the vector is all in or all out
-        } else {
-#pragma unroll
-          for (int i = 0; i < N; ++i) f[i] = 0.0f;
-        }
-#pragma unroll
-        for (int i = 0; i < N; i += 4)
-          *reinterpret_cast<float4*>(&tile[row][sw(cv + i)]) = make_float4(f[i], f[i + 1], f[i + 2], f[i + 3]);
-      }
-    } else {
-      for (int v = tid; v < kTileRows * kTileCols; v += kThreads) {
-        const int row = v / kTileCols, cc = v % kTileCols;
-        const int64_t r = r0 + row, c = c0 + cc;
-        tile[row][sw(cc)] = (r < p.L && c < p.O) ? load_f(gy + r * p.ld_in + c) : 0.0f;
-      }
-    }
-  }
-  __syncthreads();
 
   // ---- G^ (HLA): thread = (row block jb, 4 columns) --------------------------------------------------
   const int jb = tid / 64, c4 = (tid % 64) * 4;
-  const int c4s = sw(c4);
   const int64_t jglob = rt * kRowBlocks + jb;
 
   // ---- G~: units (row, 16 columns), 4 per thread -------------------------------------------------------
-  uint32_t amax_gx = 0;
   if (p.gx) {
 #pragma unroll 1
     for (int u = tid; u < kTileRows * (kTileCols / 16); u += kThreads) {
       const int row = u / 16, g16 = (u % 16) * 16;
       const int64_t r = r0 + row, c = c0 + g16;
       float x[16];
-#pragma unroll
-      for (int i = 0; i < 16; i += 4) {
-        const float4 v = *reinterpret_cast<const float4*>(&tile[row][sw(g16 + i)]);
-        x[i] = v.x, x[i + 1] = v.y, x[i + 2] = v.z, x[i + 3] = v.w;
-      }
+      tile.load16(row, g16, x);
       fwht16_partial(x, p.block);
       if (PASS == 1) {
         uint32_t k = 0;
@@ -307,20 +288,17 @@ __global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo_kernel(const 
   if (PASS == 1 && p.bias) {
     const int64_t c = c0 + tid;
     float sum = 0.0f;
-    const int pc = sw(tid);
-    for (int row = 0; row < kTileRows; ++row) sum = __fadd_rn(sum, tile[row][pc]);
+    for (int row = 0; row < kTileRows; ++row) sum = __fadd_rn(sum, tile.at(row, tid));
     if (c < p.O) p.bias_partial[rt * p.O + c] = sum;
   }
 
   // ---- G^ transform and amax / quantisation -------------------------------------------------------------
-  uint32_t amax_gw = 0;
   const int stage_ld = kRowBlocks * p.rank + 20;  // bytes per staged q_gh_t row (multiple of 4)
   if (p.gw) {
     float hx[16][4];
 #pragma unroll
     for (int t = 0; t < 16; ++t) {
-      const float4 v = *reinterpret_cast<const float4*>(&tile[jb * 16 + t][c4s]);
-      hx[t][0] = v.x, hx[t][1] = v.y, hx[t][2] = v.z, hx[t][3] = v.w;
+      tile.load4(jb * 16 + t, c4, hx[t][0], hx[t][1], hx[t][2], hx[t][3]);
     }
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
@@ -388,9 +366,9 @@ __global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo_kernel(const 
     }
     }
     if (PASS == 2) {
-      // Staging aliases the fp32 tile: wait until every thread is done reading it.
-      __syncthreads();
-      uint32_t* s32 = reinterpret_cast<uint32_t*>(smem);
+      // Where staging aliases the tile: wait until every thread is done reading it.
+      if (Tile::kStageAliases) __syncthreads();
+      uint32_t* s32 = reinterpret_cast<uint32_t*>(stage);
       for (int i = tid; i < kTileCols * stage_ld / 4; i += kThreads) s32[i] = 0u;
       __syncthreads();
       if ((p.rank & 3) == 0) {
@@ -399,14 +377,14 @@ __global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo_kernel(const 
 #pragma unroll
           for (int w = 0; w < 4; ++w)
             if (4 * w < p.rank)
-              *reinterpret_cast<uint32_t*>(smem + (c4 + v) * stage_ld + jb * p.rank + 4 * w) = packed[v][w];
+              *reinterpret_cast<uint32_t*>(stage + (c4 + v) * stage_ld + jb * p.rank + 4 * w) = packed[v][w];
       } else {
 #pragma unroll
         for (int v = 0; v < 4; ++v)
 #pragma unroll
           for (int k = 0; k < 16; ++k)
             if (k < p.rank)
-              smem[(c4 + v) * stage_ld + jb * p.rank + k] = static_cast<unsigned char>(packed[v][k >> 2] >> (8 * (k & 3)));
+              stage[(c4 + v) * stage_ld + jb * p.rank + k] = static_cast<unsigned char>(packed[v][k >> 2] >> (8 * (k & 3)));
       }
       __syncthreads();
       // Write rows c of q_gh_t: bytes [col0, col1) (the last row tile also zero-fills K .. K_pad).
@@ -419,27 +397,162 @@ __global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo_kernel(const 
         for (int i = tid; i < nrows * wpr; i += kThreads) {
           const int rr = i / wpr, w = i % wpr;
           *reinterpret_cast<uint32_t*>(p.q_gh + (c0 + rr) * p.ld_qgh + col0 + 4 * w) =
-              *reinterpret_cast<const uint32_t*>(smem + rr * stage_ld + 4 * w);
+              *reinterpret_cast<const uint32_t*>(stage + rr * stage_ld + 4 * w);
         }
       } else {
         for (int i = tid; i < nrows * width; i += kThreads) {
           const int rr = i / width, w = i % width;
-          p.q_gh[(c0 + rr) * p.ld_qgh + col0 + w] = static_cast<int8_t>(smem[rr * stage_ld + w]);
+          p.q_gh[(c0 + rr) * p.ld_qgh + col0 + w] = static_cast<int8_t>(stage[rr * stage_ld + w]);
         }
       }
     }
   }
 
-  if (PASS == 1) {
-    if (p.gx && !p.gx_per_row) {
-      const uint32_t k = block_max_u32(amax_gx);
-      if (tid == 0) atomicMax(p.key_gx, k);
-    }
-    if (p.gw) {
-      const uint32_t k = block_max_u32(amax_gw);
-      if (tid == 0) atomicMax(p.key_gw, k);
+}
+
+// Pass 1: the block's maxima into the per-tensor amax keys (every thread of the block calls this).
+__device__ __forceinline__ void qgo_publish_amax(const QgoParams& p, uint32_t amax_gx, uint32_t amax_gw) {
+  if (p.gx && !p.gx_per_row) {
+    const uint32_t k = block_max_u32(amax_gx);
+    if (threadIdx.x == 0) atomicMax(p.key_gx, k);
+  }
+  if (p.gw) {
+    const uint32_t k = block_max_u32(amax_gw);
+    if (threadIdx.x == 0) atomicMax(p.key_gw, k);
+  }
+}
+
+template <typename T, int PASS>
+__global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo_kernel(const T* __restrict__ gy, QgoParams p) {
+  HOT_DYNAMIC_SMEM(smem);
+  float(*tile)[kTileCols] = reinterpret_cast<float(*)[kTileCols]>(smem);
+  const TileF32 tf{tile, p.swizzle};
+  const int tid = threadIdx.x;
+  const int64_t n_ct = (std::max<int64_t>(p.O_pad, p.O) + kTileCols - 1) / kTileCols;
+  const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
+  int64_t lin = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  if (PASS == 2) lin = n_ct * n_rt - 1 - lin;  // reverse order: reuse what pass 1 left in L2
+  const int64_t rt = lin / n_ct, ct = lin % n_ct;
+  const int64_t r0 = rt * kTileRows, c0 = ct * kTileCols;
+
+  // ---- load the tile as fp32 (zeros outside L x O) ------------------------------------------------
+  {
+    constexpr int N = VecIO<T>::N;
+    if (p.vec_load) {
+      constexpr int per_row = kTileCols / N;
+#pragma unroll 4
+      for (int v = tid; v < kTileRows * per_row; v += kThreads) {
+        const int row = v / per_row, cv = (v % per_row) * N;
+        const int64_t r = r0 + row, c = c0 + cv;
+        float f[N];
+        if (r < p.L && c < p.O) {
+          VecIO<T>::load(gy + r * p.ld_in + c, f);  // O % N == 0: the vector is all in or all out
+        } else {
+#pragma unroll
+          for (int i = 0; i < N; ++i) f[i] = 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < N; i += 4)
+          *reinterpret_cast<float4*>(&tile[row][tf.phys(cv + i)]) = make_float4(f[i], f[i + 1], f[i + 2], f[i + 3]);
+      }
+    } else {
+      for (int v = tid; v < kTileRows * kTileCols; v += kThreads) {
+        const int row = v / kTileCols, cc = v % kTileCols;
+        const int64_t r = r0 + row, c = c0 + cc;
+        tile[row][tf.phys(cc)] = (r < p.L && c < p.O) ? load_f(gy + r * p.ld_in + c) : 0.0f;
+      }
     }
   }
+  __syncthreads();
+
+  uint32_t amax_gx = 0, amax_gw = 0;
+  qgo_tile<PASS>(p, tf, rt, ct, smem, amax_gx, amax_gw);
+
+  if (PASS == 1) qgo_publish_amax(p, amax_gx, amax_gw);
+}
+
+// ---- variant 7: persistent CTAs, raw 16-bit tiles double-buffered by cp.async ----------------------------
+// For bf16/fp16 g_y whose rows load as aligned 16-byte vectors (p.vec_load: O % 8 == 0): a CTA walks the tiles
+// blockIdx.x, blockIdx.x + gridDim.x, ... (pass 2 in reverse order) and fetches the next tile into its second
+// buffer while it works on the current one, so loads overlap compute within the CTA. The tile stays in the
+// input's 16 bits (32 KB): a row is 512 bytes, 32 chunks of 16 B, chunk c stored at c ^ ((c >> 3) & 1) so that
+// the 16-byte G~ loads (lanes 2 chunks apart) and the copies spread over the banks. q_gh_t has its own staging.
+constexpr int kRawRowBytes = kTileCols * 2;
+constexpr int kRawTileBytes = kTileRows * kRawRowBytes;
+constexpr int kStageBytes = kTileCols * (kRowBlocks * 16 + 20);
+size_t qgo16_smem_bytes(int pass) { return 2 * kRawTileBytes + (pass == 2 ? kStageBytes : 0); }
+
+template <typename T>
+struct TileRaw16 {
+  static constexpr bool kStageAliases = false;
+  const unsigned char* base;
+  // Byte offset of element c of a row.
+  static __device__ __forceinline__ int off(int row, int c) {
+    const int ch = c >> 3;
+    return row * kRawRowBytes + ((ch ^ ((ch >> 3) & 1)) << 4) + ((c & 7) << 1);
+  }
+  // The low 16 bits as a T, converted exactly as load_f does.
+  static __device__ __forceinline__ float cvt(uint32_t h) {
+    const uint16_t u = static_cast<uint16_t>(h);
+    return load_f(reinterpret_cast<const T*>(&u));
+  }
+  __device__ __forceinline__ void load4(int row, int c, float& a, float& b, float& d, float& e) const {
+    const uint2 v = *reinterpret_cast<const uint2*>(base + off(row, c));
+    a = cvt(v.x), b = cvt(v.x >> 16), d = cvt(v.y), e = cvt(v.y >> 16);
+  }
+  __device__ __forceinline__ float at(int row, int c) const {
+    return cvt(*reinterpret_cast<const uint16_t*>(base + off(row, c)));
+  }
+  __device__ __forceinline__ void load16(int row, int c, float (&x)[16]) const {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint4 v = *reinterpret_cast<const uint4*>(base + off(row, c + 8 * h));
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) x[8 * h + 2 * i] = cvt(w[i]), x[8 * h + 2 * i + 1] = cvt(w[i] >> 16);
+    }
+  }
+};
+
+template <typename T, int PASS>
+__global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo16_kernel(const T* __restrict__ gy, QgoParams p) {
+  static_assert(sizeof(T) == 2, "16-bit inputs only");
+  HOT_DYNAMIC_SMEM(smem);
+  const int tid = threadIdx.x;
+  const int64_t n_ct = (std::max<int64_t>(p.O_pad, p.O) + kTileCols - 1) / kTileCols;
+  const int64_t n_tiles = n_ct * ((p.L + kTileRows - 1) / kTileRows);
+  const auto tile_of = [&](int64_t i) { return PASS == 2 ? n_tiles - 1 - i : i; };  // pass 2: L2 reuse
+  const auto fetch = [&](int64_t i, int buf) {
+    const int64_t lin = tile_of(i);
+    const int64_t r0 = (lin / n_ct) * kTileRows, c0 = (lin % n_ct) * kTileCols;
+    unsigned char* dst = smem + buf * kRawTileBytes;
+#pragma unroll
+    for (int k = 0; k < kTileRows * 32 / kThreads; ++k) {
+      const int v = tid + k * kThreads, row = v >> 5, ch = v & 31;
+      const int64_t r = r0 + row, c = c0 + 8 * ch;
+      const bool in = r < p.L && c < p.O;  // O % 8 == 0: a chunk is all in or all out
+      cp_async16(dst + TileRaw16<T>::off(row, 8 * ch), in ? static_cast<const void*>(gy + r * p.ld_in + c) : gy, in);
+    }
+    cp_async_commit();
+  };
+  uint32_t amax_gx = 0, amax_gw = 0;
+  int buf = 0;
+  if (blockIdx.x < n_tiles) fetch(blockIdx.x, 0);
+  for (int64_t i = blockIdx.x; i < n_tiles; i += gridDim.x, buf ^= 1) {
+    if (i + gridDim.x < n_tiles) {
+      fetch(i + gridDim.x, buf ^ 1);  // buf ^ 1 was released by the barrier that ended the last iteration
+    } else {
+      cp_async_commit();  // an empty group keeps "all but the newest group" meaning the current tile
+    }
+    cp_async_wait<1>();
+    __syncthreads();
+    const int64_t lin = tile_of(i);
+    qgo_tile<PASS>(p, TileRaw16<T>{smem + buf * kRawTileBytes}, lin / n_ct, lin % n_ct, smem + 2 * kRawTileBytes,
+                   amax_gx, amax_gw);
+    __syncthreads();  // everyone is done with this buffer and the staging before they are refilled
+  }
+  cp_async_wait<0>();
+  if (PASS == 1) qgo_publish_amax(p, amax_gx, amax_gw);
 }
 
 __global__ void qgo_finalize_kernel(const unsigned* key_gx, int64_t n_gx, int gx_qmax, float* s_g, float* inv_gx,
@@ -491,6 +604,9 @@ struct QgoSetup {
   QgoParams p;
   int64_t n_gx = 1;       // amax keys / scales of the g_x path: 1 (per tensor) or L (per token)
   int64_t n_rt = 0, n_ct = 0;
+  int variant = 5;
+  // Variant 7: CTAs of the persistent kernels of pass 1 and pass 2 (the caller's choice: a multiple of the SMs).
+  int64_t ctas[2] = {1, 1};
   size_t keys_bytes = 0, inv_bytes = 0, bias_bytes = 0;
   size_t scratch_bytes() const { return keys_bytes + inv_bytes + bias_bytes; }
   // Points the parameters at a scratch block of scratch_bytes() bytes (4-byte aligned).
@@ -545,7 +661,8 @@ QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradO
   su.inv_bytes = static_cast<size_t>(su.n_gx + 1) * 8;
   su.bias_bytes = plan.bias ? static_cast<size_t>(su.n_rt * O) * 4 : 0;
 
-  p.swizzle = g_qgo_variant.load(std::memory_order_relaxed) >= 6 ? 12 : 0;
+  su.variant = g_qgo_variant.load(std::memory_order_relaxed);
+  p.swizzle = su.variant >= 6 ? 12 : 0;
   p.sr8 = p.stochastic && O % kSrGroup == 0;
   const int vec = gy.dtype == DType::f32 ? 4 : 8;  // elements per 16-byte load
   p.vec_load = O % vec == 0 && p.ld_in % vec == 0 && aligned(gy.data, 16);
@@ -566,7 +683,18 @@ void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutput
   const dim3 grid(static_cast<unsigned>(su.n_ct), static_cast<unsigned>(su.n_rt));
   const size_t smem = qgo_smem_bytes();
   launch.zero(p.key_gx, su.keys_bytes);
-  if (plan.gx || plan.gw || plan.bias) launch(qgo_kernel<T, 1>, grid, kThreads, smem, src, p);
+  const auto pass = [&](auto pass_tag, const QgoParams& pp) {
+    constexpr int P = decltype(pass_tag)::value;
+    if constexpr (sizeof(T) == 2) {
+      if (su.variant >= 7 && pp.vec_load) {
+        const int64_t ctas = std::max<int64_t>(1, std::min<int64_t>(su.ctas[P - 1], su.n_rt * su.n_ct));
+        launch(qgo16_kernel<T, P>, dim3(static_cast<unsigned>(ctas)), kThreads, qgo16_smem_bytes(P), src, pp);
+        return;
+      }
+    }
+    launch(qgo_kernel<T, P>, grid, kThreads, smem, src, pp);
+  };
+  if (plan.gx || plan.gw || plan.bias) pass(std::integral_constant<int, 1>{}, p);
   if (plan.gx || plan.gw) {
     float* invs = const_cast<float*>(p.inv_gx);
     launch(qgo_finalize_kernel, dim3(grid_1d(su.n_gx, 256)), 256, 0, p.key_gx, plan.gx ? su.n_gx : int64_t{0},
@@ -575,7 +703,7 @@ void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutput
            invs + 2 * su.n_gx + 1);
     QgoParams p2 = p;
     p2.bias = false;
-    launch(qgo_kernel<T, 2>, grid, kThreads, smem, src, p2);
+    pass(std::integral_constant<int, 2>{}, p2);
   }
   if (plan.bias) {
     dispatch_float(out.g_b.dtype, "quantize_grad_output (g_b)", [&](auto t) {

@@ -9,7 +9,8 @@
 //   the 32 lanes of a warp (every lane of the warp must call it, as on the GPU with a full mask);
 // - threadIdx / blockIdx / blockDim / gridDim are thread-local;
 // - the float intrinsics the kernels use are single IEEE fp32 operations (the build disables FMA
-//   contraction), atomicMax is an atomic compare-and-swap loop, and __ldg of a vector checks its alignment.
+//   contraction), atomicMax is an atomic compare-and-swap loop, and __ldg of a vector checks its alignment;
+// - cp.async copies land at the wait that retires their group, not before.
 // The emulation checks semantics, not speed or the GPU's resource limits (registers, shared memory size).
 // Build the test with AddressSanitizer and UBSan's alignment check: out-of-bounds and misaligned vector
 // accesses that would fault on the GPU then fail on the CPU too.
@@ -67,6 +68,32 @@ inline thread_local Block* current = nullptr;
 
 inline unsigned char* dynamic_smem() { return reinterpret_cast<unsigned char*>(current->smem.data()); }
 
+// cp.async: a thread's copies are held back until a cp_async_wait leaves at most N of its committed groups
+// pending (the latest possible moment the hardware may deliver them), so a read before the wait sees garbage.
+struct PendingCopy {
+  void* dst;
+  uint4 data;
+};
+inline thread_local std::vector<PendingCopy> open_group;
+inline thread_local std::vector<std::vector<PendingCopy>> committed;
+inline void cp_async16(void* dst, const void* src, bool valid) {
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || (valid && reinterpret_cast<uintptr_t>(src) % 16 != 0))
+    fail("cp.async: misaligned 16-byte copy");
+  PendingCopy c{dst, make_uint4(0, 0, 0, 0)};
+  if (valid) std::memcpy(&c.data, src, 16);
+  open_group.push_back(c);
+}
+inline void cp_async_commit() {
+  committed.push_back(std::move(open_group));
+  open_group.clear();
+}
+inline void cp_async_wait(int n) {
+  while (committed.size() > static_cast<size_t>(n)) {
+    for (const PendingCopy& c : committed.front()) std::memcpy(c.dst, &c.data, 16);
+    committed.erase(committed.begin());
+  }
+}
+
 // Runs kernel(args...) over the grid: `threads` std::threads run the blocks one after another.
 template <typename... KArgs, typename... Args>
 void launch(void (*kernel)(KArgs...), dim3 grid, int threads, size_t smem_bytes, Args&&... args) {
@@ -88,6 +115,7 @@ void launch(void (*kernel)(KArgs...), dim3 grid, int threads, size_t smem_bytes,
             block.bar.arrive_and_wait();
             blockIdx = make_uint3(bx, by, bz);
             kernel(args...);
+            if (!open_group.empty() || !committed.empty()) fail("a block ended with cp.async copies pending");
             block.bar.arrive_and_wait();  // the block is done before the next one starts
           }
       current = nullptr;

@@ -40,6 +40,7 @@ struct EmuLaunch {
 // What hot::cuda::quantize_grad_output does, with host memory and the emulated kernels.
 void emu_quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out) {
   hot::cuda::QgoSetup su = hot::cuda::qgo_setup(gy, plan, out);
+  su.ctas[0] = 3, su.ctas[1] = 2;  // variant 7: few persistent CTAs, so each walks several tiles
   std::vector<uint32_t> scratch(su.scratch_bytes() / 4 + 1, 0xdeadbeefu);
   su.bind_scratch(scratch.data());
   hot::cuda::dispatch_float(gy.dtype, "emu", [&](auto t) {
@@ -122,7 +123,8 @@ void run_case(DType dt, const Case& c, uint64_t seed, int special) {
   }
 }
 
-// Every test runs under each kernel variant (qgo_kernels.cuh: 5 = plain tile layout, 6 = bank-spread layout).
+// Every test runs under each kernel variant (qgo_kernels.cuh: 5 = plain tile layout, 6 = bank-spread layout,
+// 7 = persistent cp.async-pipelined kernels for 16-bit input).
 class Emu_QuantizeGradOutput : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override { hot::cuda::g_qgo_variant = GetParam(); }
@@ -168,7 +170,7 @@ TEST_P(Emu_CompressActivation, BitExactVsCpu) {
       for (int64_t I : {8, 77, 264})
         for (int rank : {1, 3, 8, 16}) {
           SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " L " << L << " I " << I << " rank " << rank);
-          HostTensor x = rand_float(dt, L, I, seed++, I + (L % 3));
+          HostTensor x = rand_float(dt, L, I, seed++, I + 3 * (L % 2));
           const int64_t Kp = hot::padded_k(hot::hla_rows(L, rank));
           HostTensor qc = out2d(DType::s8, I, Kp), qe = qc, sc = out1d(DType::f32, 1), se = sc;
           hot::cpu::compress_activation(x, qc, sc, rank, {});
@@ -181,7 +183,7 @@ TEST_P(Emu_CompressActivation, BitExactVsCpu) {
         }
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, Emu_QuantizeGradOutput, ::testing::Values(5, 6), variant_name);
-INSTANTIATE_TEST_SUITE_P(Variants, Emu_CompressActivation, ::testing::Values(5, 6), variant_name);
+INSTANTIATE_TEST_SUITE_P(Variants, Emu_QuantizeGradOutput, ::testing::Values(5, 6, 7), variant_name);
+INSTANTIATE_TEST_SUITE_P(Variants, Emu_CompressActivation, ::testing::Values(5, 6, 7), variant_name);
 
 }  // namespace

@@ -128,4 +128,27 @@ inline ::testing::AssertionResult same_bits(const HostTensor& a, const HostTenso
   return hot_test::bits_equal(a, b);
 }
 
+// One configuration of quantize_grad_output in the bit-exactness suites (Cuda_* and Emu_*), and its plan.
+struct QgoCase {
+  int64_t L, O;
+  int bits;
+  hot::ScaleMode sm;
+  hot::Rounding rd;
+  bool gx, gw, bias;
+  int rank;
+};
+inline hot::GradOutputPlan qgo_plan(const QgoCase& c, uint64_t seed) {
+  hot::GradOutputPlan plan;
+  plan.gx = c.gx;
+  plan.gx_bits = c.bits;
+  plan.block = hot::hq_block_size(c.O);
+  plan.gx_scale = c.sm;
+  plan.gw = c.gw;
+  plan.rank = c.rank;
+  plan.rounding = c.rd;
+  plan.seed = 0xfeedbeef00000000ull + seed;
+  plan.bias = c.bias;
+  return plan;
+}
+
 }  // namespace hot_cuda_test

@@ -375,14 +375,6 @@ TEST_F(Cuda_QuantizeWeight, BitExactVsCpu) {
       }
 }
 
-struct QgoCase {
-  int64_t L, O;
-  int bits;
-  ScaleMode sm;
-  Rounding rd;
-  bool gx, gw, bias;
-  int rank;
-};
 
 class Cuda_QuantizeGradOutput : public CudaTest {};
 TEST_F(Cuda_QuantizeGradOutput, BitExactVsCpu) {
@@ -409,16 +401,7 @@ TEST_F(Cuda_QuantizeGradOutput, BitExactVsCpu) {
                                       << hot::scale_mode_name(c.sm) << " " << hot::rounding_name(c.rd) << " gx " << c.gx
                                       << " gw " << c.gw << " bias " << c.bias << " rank " << c.rank);
       HostTensor gy = rand_float(dt, c.L, c.O, seed++, c.O + (c.L % 2));
-      hot::GradOutputPlan plan;
-      plan.gx = c.gx;
-      plan.gx_bits = c.bits;
-      plan.block = hot::hq_block_size(c.O);
-      plan.gx_scale = c.sm;
-      plan.gw = c.gw;
-      plan.rank = c.rank;
-      plan.rounding = c.rd;
-      plan.seed = 0xfeedbeef00000000ull + seed;
-      plan.bias = c.bias;
+      const hot::GradOutputPlan plan = qgo_plan(c, seed);
       const int64_t Op = hot::padded_k(c.O), Kp = hot::padded_k(hot::hla_rows(c.L, c.rank));
       HostTensor qg = out2d(DType::s8, c.L, Op), sg = out1d(DType::f32, c.sm == ScaleMode::tensor ? 1 : c.L);
       HostTensor qh = out2d(DType::s8, c.O, Kp), sh = out1d(DType::f32, 1), gb = out1d(DType::f32, c.O);

@@ -60,14 +60,7 @@ void emu_quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, 
   return ::testing::AssertionSuccess();
 }
 
-struct Case {
-  int64_t L, O;
-  int bits;
-  ScaleMode sm;
-  Rounding rd;
-  bool gx, gw, bias;
-  int rank;
-};
+using Case = hot_cuda_test::QgoCase;
 
 // `special`: 0 = normal data, 1 = a NaN and an Inf in g_y, 2 = rows of tiny magnitude (the pre-scaled path).
 void run_case(DType dt, const Case& c, uint64_t seed, int special) {
@@ -82,16 +75,7 @@ void run_case(DType dt, const Case& c, uint64_t seed, int special) {
     for (int64_t l = 0; l < c.L; l += 3)
       for (int64_t o = 0; o < c.O; ++o) gy.setf(l, o, gy.getf(l, o) * 1e-38f);
   }
-  GradOutputPlan plan;
-  plan.gx = c.gx;
-  plan.gx_bits = c.bits;
-  plan.block = hot::hq_block_size(c.O);
-  plan.gx_scale = c.sm;
-  plan.gw = c.gw;
-  plan.rank = c.rank;
-  plan.rounding = c.rd;
-  plan.seed = 0xfeedbeef00000000ull + seed;
-  plan.bias = c.bias;
+  const GradOutputPlan plan = hot_cuda_test::qgo_plan(c, seed);
   const int64_t Op = hot::padded_k(c.O), Kp = hot::padded_k(hot::hla_rows(c.L, c.rank));
   HostTensor qg = out2d(DType::s8, c.L, Op), sg = out1d(DType::f32, c.sm == ScaleMode::tensor ? 1 : c.L);
   HostTensor qh = out2d(DType::s8, c.O, Kp), sh = out1d(DType::f32, 1), gb = out1d(dt, c.O);

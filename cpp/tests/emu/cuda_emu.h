@@ -169,8 +169,8 @@ inline unsigned __float_as_uint(float f) {
   std::memcpy(&u, &f, 4);
   return u;
 }
-// The GPU conversions saturate and map NaN to 0; the kernels only convert values already inside the
-// int8 range, which the emulation checks.
+// The GPU conversions saturate and map NaN to 0; the kernels only convert finite values inside the int8
+// range, and the emulation stops on anything outside the int32 range (where the two would differ).
 inline int emu_to_int(float r) {
   if (!(r >= -2147483648.0f && r < 2147483648.0f)) hot_emu::fail("float-to-int conversion out of range");
   return static_cast<int>(r);

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "backend.h"
 #include "hot/error.h"
@@ -134,8 +135,30 @@ struct FloatIO<__nv_bfloat16> {
 
 template <typename T>
 __device__ __forceinline__ float load_f(const T* p) { return FloatIO<T>::load(p); }
+// The value of a 16-bit float type T given its bits (not through a pointer cast, which would break C++'s
+// aliasing rules: the host build of the kernels in cpp/tests/emu read garbage that way).
+template <typename T>
+__device__ __forceinline__ float f16bits_to_f(unsigned short u) {
+  static_assert(sizeof(T) == 2, "16-bit float types only");
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(__ushort_as_half(u));
+  } else {
+    return __bfloat162float(__ushort_as_bfloat16(u));
+  }
+}
 template <typename T>
 __device__ __forceinline__ void store_f(T* p, float v) { FloatIO<T>::store(p, v); }
+
+// The last step of a bias gradient (bias_grad and the fused g_y pass): out[c] = the sum of partial[k][c] over the
+// nchunks row chunks, in chunk order (deterministic), cast to T.
+template <typename T>
+__global__ void bias_final_kernel(const float* partial, int64_t nchunks, int64_t cols, T* out) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  float s = 0.0f;
+  for (int64_t k = 0; k < nchunks; ++k) s = __fadd_rn(s, partial[k * cols + c]);
+  store_f(out + c, s);
+}
 
 // Calls f(T{}) with T the C++ type of a float dtype.
 template <typename F>

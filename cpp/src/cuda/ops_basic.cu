@@ -192,14 +192,6 @@ __global__ void bias_partial_kernel(Mat<const T> gy, float* partial) {
   partial[blockIdx.y * gy.cols + c] = s;
 }
 
-template <typename T>
-__global__ void bias_final_kernel(const float* partial, int64_t nchunks, int64_t cols, T* out) {
-  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= cols) return;
-  float s = 0.0f;
-  for (int64_t k = 0; k < nchunks; ++k) s = hot_add(s, partial[k * cols + c]);
-  store_f(out + c, s);
-}
 }  // namespace
 
 // Deterministic column sums: fixed row chunks, then the chunk sums in chunk order.

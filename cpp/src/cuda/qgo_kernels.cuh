@@ -173,10 +173,8 @@ struct VecIO {
       const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const T lo = *reinterpret_cast<const T*>(reinterpret_cast<const uint16_t*>(&w[i]));
-        const T hi = *reinterpret_cast<const T*>(reinterpret_cast<const uint16_t*>(&w[i]) + 1);
-        out[2 * i] = load_f(&lo);
-        out[2 * i + 1] = load_f(&hi);
+        out[2 * i] = f16bits_to_f<T>(static_cast<unsigned short>(w[i]));
+        out[2 * i + 1] = f16bits_to_f<T>(static_cast<unsigned short>(w[i] >> 16));
       }
     }
   }
@@ -491,11 +489,8 @@ struct TileRaw16 {
     const int ch = c >> 3;
     return row * kRawRowBytes + ((ch ^ ((ch >> 3) & 1)) << 4) + ((c & 7) << 1);
   }
-  // The low 16 bits as a T, converted exactly as load_f does.
-  static __device__ __forceinline__ float cvt(uint32_t h) {
-    const uint16_t u = static_cast<uint16_t>(h);
-    return load_f(reinterpret_cast<const T*>(&u));
-  }
+  // The low 16 bits as a T, converted to fp32 (exact).
+  static __device__ __forceinline__ float cvt(uint32_t h) { return f16bits_to_f<T>(static_cast<unsigned short>(h)); }
   __device__ __forceinline__ void load4(int row, int c, float& a, float& b, float& d, float& e) const {
     const uint2 v = *reinterpret_cast<const uint2*>(base + off(row, c));
     a = cvt(v.x), b = cvt(v.x >> 16), d = cvt(v.y), e = cvt(v.y >> 16);
@@ -570,15 +565,6 @@ __global__ void qgo_finalize_kernel(const unsigned* key_gx, int64_t n_gx, int gx
     *inv_gw = qs.inv;
     *pre_gw = qs.pre;
   }
-}
-
-template <typename T>
-__global__ void qgo_bias_final_kernel(const float* partial, int64_t nchunks, int64_t cols, T* out) {
-  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (c >= cols) return;
-  float s = 0.0f;
-  for (int64_t k = 0; k < nchunks; ++k) s = __fadd_rn(s, partial[k * cols + c]);
-  store_f(out + c, s);
 }
 
 bool aligned(const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
@@ -708,7 +694,7 @@ void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutput
   if (plan.bias) {
     dispatch_float(out.g_b.dtype, "quantize_grad_output (g_b)", [&](auto t) {
       using B = decltype(t);
-      launch(qgo_bias_final_kernel<B>, dim3(grid_1d(p.O, 128)), 128, 0, static_cast<const float*>(p.bias_partial),
+      launch(bias_final_kernel<B>, dim3(grid_1d(p.O, 128)), 128, 0, static_cast<const float*>(p.bias_partial),
              su.n_rt, p.O, static_cast<B*>(out.g_b.data));
     });
   }

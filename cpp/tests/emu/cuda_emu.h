@@ -10,10 +10,15 @@
 // - threadIdx / blockIdx / blockDim / gridDim are thread-local;
 // - the float intrinsics the kernels use are single IEEE fp32 operations (the build disables FMA
 //   contraction), atomicMax is an atomic compare-and-swap loop, and __ldg of a vector checks its alignment;
-// - cp.async copies land at the wait that retires their group, not before.
+// - cp.async copies land at the wait that retires their group (the latest moment the hardware may deliver them),
+//   or, with copy_timing = at_issue, at the issue (the earliest). Under ThreadSanitizer the two timings expose the
+//   two hazards of a cp.async pipeline: a tile read by other threads without a barrier after the wait that landed
+//   it (at_wait), and a prefetch into a buffer that other threads may still be reading (at_issue).
 // The emulation checks semantics, not speed or the GPU's resource limits (registers, shared memory size).
 // Build the test with AddressSanitizer and UBSan's alignment check: out-of-bounds and misaligned vector
-// accesses that would fault on the GPU then fail on the CPU too.
+// accesses that would fault on the GPU then fail on the CPU too. Built with ThreadSanitizer instead, a missing
+// __syncthreads() between one thread's shared-memory write and another's read is reported as a data race
+// (the barrier and the shuffles synchronise through std::barrier, which ThreadSanitizer understands).
 #pragma once
 
 #define HOT_CUDA_EMULATION 1
@@ -68,10 +73,12 @@ inline thread_local Block* current = nullptr;
 
 inline unsigned char* dynamic_smem() { return reinterpret_cast<unsigned char*>(current->smem.data()); }
 
-// cp.async: a thread's copies are held back until a cp_async_wait leaves at most N of its committed groups
-// pending (the latest possible moment the hardware may deliver them), so a read before the wait sees garbage.
+// cp.async. With copy_timing == at_wait a thread's copies are held back until a cp_async_wait leaves at most N of
+// its committed groups pending, so a read before the wait sees garbage; with at_issue they land at once.
+enum class CopyTiming { at_wait, at_issue };
+inline std::atomic<CopyTiming> copy_timing{CopyTiming::at_wait};
 struct PendingCopy {
-  void* dst;
+  void* dst;  // null: landed at issue
   uint4 data;
 };
 inline thread_local std::vector<PendingCopy> open_group;
@@ -81,6 +88,10 @@ inline void cp_async16(void* dst, const void* src, bool valid) {
     fail("cp.async: misaligned 16-byte copy");
   PendingCopy c{dst, make_uint4(0, 0, 0, 0)};
   if (valid) std::memcpy(&c.data, src, 16);
+  if (copy_timing.load() == CopyTiming::at_issue) {
+    std::memcpy(dst, &c.data, 16);
+    c.dst = nullptr;
+  }
   open_group.push_back(c);
 }
 inline void cp_async_commit() {
@@ -89,7 +100,8 @@ inline void cp_async_commit() {
 }
 inline void cp_async_wait(int n) {
   while (committed.size() > static_cast<size_t>(n)) {
-    for (const PendingCopy& c : committed.front()) std::memcpy(c.dst, &c.data, 16);
+    for (const PendingCopy& c : committed.front())
+      if (c.dst) std::memcpy(c.dst, &c.data, 16);
     committed.erase(committed.begin());
   }
 }

@@ -2,6 +2,10 @@
 // run on the CPU by the host emulation (cuda_emu.h) and compared byte for byte with the CPU backend. These
 // are the kernel sources the GPU runs, so a machine without a GPU (CI) checks their indexing, tiling, RNG
 // counters, padding and alignment conditions; the Cuda_* suites check the same on the GPU itself.
+//
+// Compiled twice (CMakeLists.txt): hot_emu_tests with AddressSanitizer (every case; cp.async copies land at the
+// wait), and hot_emu_race_tests with ThreadSanitizer and HOT_EMU_RACE defined (fewer, smaller cases, each with
+// copies landing at the wait and at the issue), where a missing barrier in a kernel is reported as a data race.
 #include "emu/cuda_emu.h"  // first: it includes the CUDA headers in emulation mode
 
 #include "cuda/qgo_kernels.cuh"
@@ -11,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -40,7 +45,7 @@ struct EmuLaunch {
 // What hot::cuda::quantize_grad_output does, with host memory and the emulated kernels.
 void emu_quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out) {
   hot::cuda::QgoSetup su = hot::cuda::qgo_setup(gy, plan, out);
-  su.ctas[0] = 3, su.ctas[1] = 2;  // variant 7: few persistent CTAs, so each walks several tiles
+  su.ctas[0] = 2, su.ctas[1] = 2;  // variant 7: 2 persistent CTAs, so each walks several tiles (3 at 6 tiles)
   std::vector<uint32_t> scratch(su.scratch_bytes() / 4 + 1, 0xdeadbeefu);
   su.bind_scratch(scratch.data());
   hot::cuda::dispatch_float(gy.dtype, "emu", [&](auto t) {
@@ -108,21 +113,45 @@ void run_case(DType dt, const Case& c, uint64_t seed, int special) {
 }
 
 // Every test runs under each kernel variant (qgo_kernels.cuh: 5 = plain tile layout, 6 = bank-spread layout,
-// 7 = persistent cp.async-pipelined kernels for 16-bit input).
-class Emu_QuantizeGradOutput : public ::testing::TestWithParam<int> {
+// 7 = persistent cp.async-pipelined kernels for 16-bit input) and each timing of the emulated cp.async copies.
+using Param = std::tuple<int, hot_emu::CopyTiming>;
+class Emu_QuantizeGradOutput : public ::testing::TestWithParam<Param> {
  protected:
-  void SetUp() override { hot::cuda::g_qgo_variant = GetParam(); }
-  void TearDown() override { hot::cuda::g_qgo_variant = 5; }
+  void SetUp() override {
+    hot::cuda::g_qgo_variant = std::get<0>(GetParam());
+    hot_emu::copy_timing = std::get<1>(GetParam());
+  }
+  void TearDown() override {
+    hot::cuda::g_qgo_variant = 5;
+    hot_emu::copy_timing = hot_emu::CopyTiming::at_wait;
+  }
 };
 class Emu_CompressActivation : public Emu_QuantizeGradOutput {};
-std::string variant_name(const ::testing::TestParamInfo<int>& i) { return "v" + std::to_string(i.param); }
+std::string param_name(const ::testing::TestParamInfo<Param>& i) {
+  return "v" + std::to_string(std::get<0>(i.param)) +
+         (std::get<1>(i.param) == hot_emu::CopyTiming::at_wait ? "_copy_at_wait" : "_copy_at_issue");
+}
+
+#if defined(HOT_EMU_RACE)
+// ThreadSanitizer runs the kernels ~10x slower: shapes that still take several tiles per CTA and both tile
+// widths; 16-bit input (variant 7 runs only there) and fp32.
+constexpr int64_t kLs[] = {17, 130}, kOs[] = {24, 300}, kIs[] = {77, 264};
+constexpr int kRanks[] = {3, 8};
+constexpr DType kDtypes[] = {DType::bf16, DType::f32};
+const auto kTimings = ::testing::Values(hot_emu::CopyTiming::at_wait, hot_emu::CopyTiming::at_issue);
+#else
+constexpr int64_t kLs[] = {1, 17, 130}, kOs[] = {16, 24, 30, 7, 264, 300}, kIs[] = {8, 77, 264};
+constexpr int kRanks[] = {1, 3, 8, 16};
+constexpr DType kDtypes[] = {DType::f32, DType::bf16, DType::f16};
+const auto kTimings = ::testing::Values(hot_emu::CopyTiming::at_wait);
+#endif
 
 TEST_P(Emu_QuantizeGradOutput, BitExactVsCpu) {
   std::vector<Case> cases;
   // L: one row, a partial HLA block, a partial 64-row tile, several tiles; O: multiples of 16 and 8, b < 16,
   // odd, and wider than one 256-column tile (a multiple of 8, and not).
-  for (int64_t L : {1, 17, 130})
-    for (int64_t O : {16, 24, 30, 7, 264, 300}) {
+  for (int64_t L : kLs)
+    for (int64_t O : kOs) {
       cases.push_back({L, O, 4, ScaleMode::tensor, Rounding::stochastic, true, true, true, 8});
       cases.push_back({L, O, 8, ScaleMode::token, Rounding::stochastic, true, true, false, 16});
       cases.push_back({L, O, 4, ScaleMode::tensor, Rounding::stochastic, true, true, false, 5});
@@ -134,13 +163,13 @@ TEST_P(Emu_QuantizeGradOutput, BitExactVsCpu) {
       }
     }
   uint64_t seed = 5000;
-  for (DType dt : {DType::f32, DType::bf16, DType::f16})
+  for (DType dt : kDtypes)
     for (const Case& c : cases) run_case(dt, c, seed++, 0);
 }
 
 TEST_P(Emu_QuantizeGradOutput, NonFiniteAndTinyBitExactVsCpu) {
   uint64_t seed = 6000;
-  for (DType dt : {DType::f32, DType::bf16, DType::f16})
+  for (DType dt : kDtypes)
     for (int special : {1, 2}) {
       run_case(dt, {67, 48, 4, ScaleMode::tensor, Rounding::stochastic, true, true, false, 8}, seed++, special);
       run_case(dt, {67, 48, 4, ScaleMode::token, Rounding::stochastic, true, true, false, 8}, seed++, special);
@@ -149,10 +178,10 @@ TEST_P(Emu_QuantizeGradOutput, NonFiniteAndTinyBitExactVsCpu) {
 
 TEST_P(Emu_CompressActivation, BitExactVsCpu) {
   uint64_t seed = 7000;
-  for (DType dt : {DType::f32, DType::bf16, DType::f16})
-    for (int64_t L : {1, 31, 130})
-      for (int64_t I : {8, 77, 264})
-        for (int rank : {1, 3, 8, 16}) {
+  for (DType dt : kDtypes)
+    for (int64_t L : kLs)
+      for (int64_t I : kIs)
+        for (int rank : kRanks) {
           SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " L " << L << " I " << I << " rank " << rank);
           HostTensor x = rand_float(dt, L, I, seed++, I + 3 * (L % 2));
           const int64_t Kp = hot::padded_k(hot::hla_rows(L, rank));
@@ -167,7 +196,9 @@ TEST_P(Emu_CompressActivation, BitExactVsCpu) {
         }
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, Emu_QuantizeGradOutput, ::testing::Values(5, 6, 7), variant_name);
-INSTANTIATE_TEST_SUITE_P(Variants, Emu_CompressActivation, ::testing::Values(5, 6, 7), variant_name);
+INSTANTIATE_TEST_SUITE_P(Variants, Emu_QuantizeGradOutput, ::testing::Combine(::testing::Values(5, 6, 7), kTimings),
+                         param_name);
+INSTANTIATE_TEST_SUITE_P(Variants, Emu_CompressActivation, ::testing::Combine(::testing::Values(5, 6, 7), kTimings),
+                         param_name);
 
 }  // namespace

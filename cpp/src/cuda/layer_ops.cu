@@ -1,10 +1,11 @@
 // The HOT layer operations of the CUDA backend: the fused pass over g_y (quantize_grad_output) and the
 // ABC buffer (compress_activation), whose kernels live in qgo_kernels.cuh, and the quantised transposed
-// weight (quantize_weight).
+// weight (quantize_weight, weight_kernels.cuh).
 #include <algorithm>
 #include <utility>
 
 #include "qgo_kernels.cuh"
+#include "weight_kernels.cuh"
 
 namespace hot::cuda {
 
@@ -50,70 +51,6 @@ void run_qgo(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQ
   });
 }
 
-// ---- quantize_weight ---------------------------------------------------------------------------------
-// W~ = blockdiag(H_b) W (groups of b rows, per column), RTN per tensor, written transposed (I x O_pad).
-template <int B, typename T>
-__global__ void weight_amax_kernel(Mat<const T> w, unsigned* key) {
-  const int64_t n = (w.rows / B) * w.cols;
-  uint32_t m = 0;
-  for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < n;
-       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t g = v / w.cols, i = v % w.cols;
-    float x[B];
-#pragma unroll
-    for (int t = 0; t < B; ++t) x[t] = load_f(w.p + (g * B + t) * w.ld + i);
-    fwht_regs<B>(x);
-#pragma unroll
-    for (int t = 0; t < B; ++t) m = max(m, amax_key(x[t]));
-  }
-  m = block_max_u32(m);
-  if (threadIdx.x == 0) atomicMax(key, m);
-}
-
-// Tiled: a CTA quantises rows [o0, o0 + 64) x columns [i0, i0 + 64) of W~, stages the bytes transposed
-// in shared memory and writes 64 contiguous bytes per row of q_wt (full sectors, no partial writes).
-constexpr int kWT = 64;
-template <int B, typename T>
-__global__ void __launch_bounds__(256) weight_quant_kernel(Mat<const T> w, const unsigned* key, int qmax, float* s_w,
-                                                           Mat<int8_t> qt) {
-  __shared__ __align__(4) uint8_t tile[kWT][kWT + 4];
-  const QuantScale qs = quant_scale_from_amax(amax_from_key(*key), qmax);
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *s_w = qs.scale;
-  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kWT, o0 = static_cast<int64_t>(blockIdx.y) * kWT;
-  constexpr int kGroups = kWT / B;
-  for (int v = threadIdx.x; v < kGroups * kWT; v += 256) {
-    const int il = v % kWT, gl = v / kWT;
-    const int64_t i = i0 + il, ob = o0 + static_cast<int64_t>(gl) * B;
-    float x[B];
-    if (i < w.cols && ob < w.rows) {
-#pragma unroll
-      for (int t = 0; t < B; ++t) x[t] = load_f(w.p + (ob + t) * w.ld + i);
-    } else {
-#pragma unroll
-      for (int t = 0; t < B; ++t) x[t] = 0.0f;
-    }
-    fwht_regs<B>(x);
-#pragma unroll
-    for (int t = 0; t < B; ++t) tile[il][gl * B + t] = static_cast<uint8_t>(quantize_nearest(x[t], qs, qmax));
-  }
-  __syncthreads();
-  const int64_t ncols = std::min<int64_t>(kWT, w.rows - o0);  // valid o in this tile
-  const bool words = ncols == kWT && (qt.ld % 4) == 0 && (reinterpret_cast<uintptr_t>(qt.p) % 4) == 0;
-  if (words) {
-    for (int v = threadIdx.x; v < kWT * (kWT / 4); v += 256) {
-      const int row = v / (kWT / 4), wd = v % (kWT / 4);
-      if (i0 + row < w.cols)
-        *reinterpret_cast<uint32_t*>(qt.p + (i0 + row) * qt.ld + o0 + 4 * wd) =
-            *reinterpret_cast<const uint32_t*>(&tile[row][4 * wd]);
-    }
-  } else {
-    for (int v = threadIdx.x; v < kWT * kWT; v += 256) {
-      const int row = v / kWT, c = v % kWT;
-      if (i0 + row < w.cols && c < ncols) qt.p[(i0 + row) * qt.ld + o0 + c] = static_cast<int8_t>(tile[row][c]);
-    }
-  }
-}
-
 }  // namespace
 
 int set_qgo_variant(int variant) {
@@ -136,35 +73,9 @@ void quantize_weight(const TensorView& w, const TensorView& q_wt, const TensorVi
                      Stream st) {
   const int dev = w.device.index;
   DeviceGuard dg(dev);
-  const cudaStream_t s = to_cuda(st);
-  const int64_t O = w.shape[0], I = w.shape[1];
-  const int64_t O_pad = q_wt.shape[1];
-  const int qmax = qmax_for_bits(bits);
   Scratch key(4, dev, st);
-  HOT_CUDA_CHECK(cudaMemsetAsync(key.get(), 0, 4, s));
-  if (O_pad > O) {
-    HOT_CUDA_CHECK(cudaMemset2DAsync(static_cast<int8_t*>(q_wt.data) + O, static_cast<size_t>(q_wt.strides[0]), 0,
-                                     static_cast<size_t>(O_pad - O), static_cast<size_t>(I), s));
-  }
-  const int64_t nvec = O / block * I;
-  HOT_CHECK_VALUE(ceil_div(O, kWT) < 65536, "quantize_weight: too many rows (", O, ")");
-  const dim3 qgrid(static_cast<unsigned>(ceil_div(I, kWT)), static_cast<unsigned>(ceil_div(O, kWT)));
   dispatch_float(w.dtype, "quantize_weight", [&](auto t) {
-    using T = decltype(t);
-    const Mat<const T> mw = mat<const T>(w);
-    switch (block) {
-#define HOT_QW(B)                                                                                              \
-  case B:                                                                                                      \
-    weight_amax_kernel<B, T><<<grid_1d(nvec, 256, 2048), 256, 0, s>>>(mw, key.as<unsigned>());                 \
-    HOT_CUDA_CHECK_LAUNCH();                                                                                   \
-    weight_quant_kernel<B, T><<<qgrid, 256, 0, s>>>(mw, key.as<unsigned>(), qmax, static_cast<float*>(s_w.data), \
-                                                   mat<int8_t>(q_wt));                                          \
-    HOT_CUDA_CHECK_LAUNCH();                                                                                   \
-    break;
-      HOT_QW(1) HOT_QW(2) HOT_QW(4) HOT_QW(8) HOT_QW(16)
-#undef HOT_QW
-      default: HOT_FAIL(internal, "quantize_weight: unsupported block ", block);
-    }
+    weight_launch<decltype(t)>(w, q_wt, s_w, bits, block, key.as<unsigned>(), StreamLaunch{to_cuda(st)});
   });
 }
 

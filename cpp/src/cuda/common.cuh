@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "backend.h"
 #include "hot/error.h"
@@ -190,6 +191,20 @@ inline Mat<T> mat(const TensorView& v) {
   return Mat<T>{static_cast<T*>(v.data), v.shape[0], v.ndim() > 1 ? v.shape[1] : 1,
                 v.ndim() > 1 ? v.strides[0] : v.shape[0]};
 }
+
+#if !defined(HOT_CUDA_EMULATION)
+// Launches kernels on one stream: the launcher interface of the launch sequences in qgo_kernels.cuh,
+// weight_kernels.cuh and basic_kernels.cuh (the host emulation in cpp/tests/emu supplies its own).
+struct StreamLaunch {
+  cudaStream_t s;
+  template <typename... KArgs, typename... Args>
+  void operator()(void (*kernel)(KArgs...), dim3 grid, int threads, size_t smem, Args&&... args) const {
+    kernel<<<grid, threads, smem, s>>>(std::forward<Args>(args)...);
+    HOT_CUDA_CHECK_LAUNCH();
+  }
+  void zero(void* p, size_t bytes) const { HOT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s)); }
+};
+#endif
 
 // Internal entry points shared between translation units.
 // Generic (any arch) exact s8 x s8 -> s32 GEMM, TN layout; used for K not a multiple of 16 and for

@@ -11,17 +11,6 @@ namespace hot::cuda {
 
 namespace {
 
-// Launches kernels on one stream (the interface qgo_launch expects).
-struct StreamLaunch {
-  cudaStream_t s;
-  template <typename... KArgs, typename... Args>
-  void operator()(void (*kernel)(KArgs...), dim3 grid, int threads, size_t smem, Args&&... args) const {
-    kernel<<<grid, threads, smem, s>>>(std::forward<Args>(args)...);
-    HOT_CUDA_CHECK_LAUNCH();
-  }
-  void zero(void* p, size_t bytes) const { HOT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s)); }
-};
-
 // The shared implementation of quantize_grad_output and compress_activation.
 void run_qgo(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out, Stream st) {
   const int dev = gy.device.index;

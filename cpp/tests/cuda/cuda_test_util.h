@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -126,6 +127,21 @@ inline HostTensor rand_int(DType dt, int64_t r, int64_t c, int64_t lo, int64_t h
 // Byte-identical logical elements.
 inline ::testing::AssertionResult same_bits(const HostTensor& a, const HostTensor& b) {
   return hot_test::bits_equal(a, b);
+}
+
+// Every byte of two tensors of one layout equal (logical elements and row padding); a: the CPU backend's result.
+inline ::testing::AssertionResult all_bytes_equal(const HostTensor& a, const HostTensor& b) {
+  if (a.nbytes() != b.nbytes()) return ::testing::AssertionFailure() << "sizes differ";
+  for (size_t i = 0; i < a.nbytes(); ++i)
+    if (a.bytes()[i] != b.bytes()[i]) {
+      const int64_t eb = std::max(1, hot::dtype_bits(a.dtype()) / 8);
+      const int64_t e = static_cast<int64_t>(i) / eb;
+      return ::testing::AssertionFailure() << "byte " << i << " differs (element row " << e / a.ld() << ", col "
+                                           << e % a.ld() << " of " << a.rows() << " x " << a.cols() << ", ld "
+                                           << a.ld() << "): cpu " << int(a.bytes()[i]) << " kernel "
+                                           << int(b.bytes()[i]);
+    }
+  return ::testing::AssertionSuccess();
 }
 
 // One configuration of quantize_grad_output in the bit-exactness suites (Cuda_* and Emu_*), and its plan.

@@ -16,20 +16,6 @@ using hot::Rounding;
 
 const DType kFloatTypes[] = {DType::f32, DType::bf16, DType::f16};
 
-::testing::AssertionResult all_bytes_equal(const HostTensor& a, const HostTensor& b) {
-  if (a.nbytes() != b.nbytes()) return ::testing::AssertionFailure() << "sizes differ";
-  for (size_t i = 0; i < a.nbytes(); ++i)
-    if (a.bytes()[i] != b.bytes()[i]) {
-      const int64_t eb = std::max(1, hot::dtype_bits(a.dtype()) / 8);
-      const int64_t e = static_cast<int64_t>(i) / eb;
-      return ::testing::AssertionFailure() << "byte " << i << " differs (element row " << e / a.ld() << ", col "
-                                           << e % a.ld() << " of " << a.rows() << " x " << a.cols() << ", ld "
-                                           << a.ld() << "): cpu " << int(a.bytes()[i]) << " cuda "
-                                           << int(b.bytes()[i]);
-    }
-  return ::testing::AssertionSuccess();
-}
-
 // ---- Hadamard / HLA ----------------------------------------------------------------------------------
 
 class Cuda_Hadamard : public CudaTest {};

@@ -40,6 +40,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 inline thread_local uint3 threadIdx;
@@ -135,6 +136,15 @@ void launch(void (*kernel)(KArgs...), dim3 grid, int threads, size_t smem_bytes,
   for (auto& th : pool) th.join();
 }
 
+// The launcher the kernels' launch sequences take (the interface of hot::cuda::StreamLaunch), on the emulation.
+struct Launch {
+  template <typename... KArgs, typename... Args>
+  void operator()(void (*kernel)(KArgs...), dim3 grid, int threads, size_t smem, Args&&... args) const {
+    launch(kernel, grid, threads, smem, std::forward<Args>(args)...);
+  }
+  void zero(void* p, size_t bytes) const { std::memset(p, 0, bytes); }
+};
+
 }  // namespace hot_emu
 
 inline void __syncthreads() { hot_emu::current->bar.arrive_and_wait(); }
@@ -194,3 +204,7 @@ inline int max(int a, int b) { return a > b ? a : b; }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long max(long a, long b) { return a > b ? a : b; }
+inline long min(long a, long b) { return a < b ? a : b; }

@@ -34,14 +34,6 @@ using hot_cuda_test::out2d;
 using hot_cuda_test::rand_float;
 using hot_test::HostTensor;
 
-struct EmuLaunch {
-  template <typename... KArgs, typename... Args>
-  void operator()(void (*kernel)(KArgs...), dim3 grid, int threads, size_t smem, Args&&... args) const {
-    hot_emu::launch(kernel, grid, threads, smem, std::forward<Args>(args)...);
-  }
-  void zero(void* p, size_t bytes) const { std::memset(p, 0, bytes); }
-};
-
 // What hot::cuda::quantize_grad_output does, with host memory and the emulated kernels.
 void emu_quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out) {
   hot::cuda::QgoSetup su = hot::cuda::qgo_setup(gy, plan, out);
@@ -50,19 +42,8 @@ void emu_quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, 
   su.bind_scratch(scratch.data());
   hot::cuda::dispatch_float(gy.dtype, "emu", [&](auto t) {
     using T = decltype(t);
-    hot::cuda::qgo_launch<T>(su, plan, out, static_cast<const T*>(gy.data), EmuLaunch{});
+    hot::cuda::qgo_launch<T>(su, plan, out, static_cast<const T*>(gy.data), hot_emu::Launch{});
   });
-}
-
-::testing::AssertionResult same_bytes(const HostTensor& a, const HostTensor& b) {
-  if (a.nbytes() != b.nbytes()) return ::testing::AssertionFailure() << "sizes differ";
-  const auto* pa = static_cast<const uint8_t*>(a.bytes());
-  const auto* pb = static_cast<const uint8_t*>(b.bytes());
-  for (size_t i = 0; i < a.nbytes(); ++i)
-    if (pa[i] != pb[i])
-      return ::testing::AssertionFailure() << "byte " << i << " of " << a.nbytes() << ": cpu " << int(pa[i]) << ", emulated "
-                                           << int(pb[i]);
-  return ::testing::AssertionSuccess();
 }
 
 using Case = hot_cuda_test::QgoCase;
@@ -92,12 +73,12 @@ void run_case(DType dt, const Case& c, uint64_t seed, int special) {
   hot::cpu::quantize_grad_output(gy, plan, oc, {});
   emu_quantize_grad_output(gy, plan, oe);
   if (c.gx) {
-    EXPECT_TRUE(same_bytes(qg, eqg)) << "q_g";
-    EXPECT_TRUE(same_bytes(sg, esg)) << "s_g";
+    EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qg, eqg)) << "q_g";
+    EXPECT_TRUE(hot_cuda_test::all_bytes_equal(sg, esg)) << "s_g";
   }
   if (c.gw) {
-    EXPECT_TRUE(same_bytes(qh, eqh)) << "q_gh_t";
-    EXPECT_TRUE(same_bytes(sh, esh)) << "s_gh";
+    EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qh, eqh)) << "q_gh_t";
+    EXPECT_TRUE(hot_cuda_test::all_bytes_equal(sh, esh)) << "s_gh";
   }
   if (c.bias && special == 0) {
     // g_b is a float sum in a different (fixed) association order: the fp32 summation bound n u sum|g|
@@ -191,8 +172,8 @@ TEST_P(Emu_CompressActivation, BitExactVsCpu) {
           out.q_gh_t = qe;
           out.s_gh = se;
           emu_quantize_grad_output(x, hot::cuda::abc_plan(rank), out);  // what hot::cuda::compress_activation runs
-          EXPECT_TRUE(same_bytes(qc, qe));
-          EXPECT_TRUE(same_bytes(sc, se));
+          EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qc, qe));
+          EXPECT_TRUE(hot_cuda_test::all_bytes_equal(sc, se));
         }
 }
 

@@ -21,25 +21,6 @@ using hot_cuda_test::out2d;
 using hot_cuda_test::rand_float;
 using hot_test::HostTensor;
 
-struct EmuLaunch {
-  template <typename... KArgs, typename... Args>
-  void operator()(void (*kernel)(KArgs...), dim3 grid, int threads, size_t smem, Args&&... args) const {
-    hot_emu::launch(kernel, grid, threads, smem, std::forward<Args>(args)...);
-  }
-  void zero(void* p, size_t bytes) const { std::memset(p, 0, bytes); }
-};
-
-::testing::AssertionResult same_bytes(const HostTensor& a, const HostTensor& b) {
-  if (a.nbytes() != b.nbytes()) return ::testing::AssertionFailure() << "sizes differ";
-  const auto* pa = static_cast<const uint8_t*>(a.bytes());
-  const auto* pb = static_cast<const uint8_t*>(b.bytes());
-  for (size_t i = 0; i < a.nbytes(); ++i)
-    if (pa[i] != pb[i])
-      return ::testing::AssertionFailure() << "byte " << i << " of " << a.nbytes() << ": cpu " << int(pa[i]) << ", emulated "
-                                           << int(pb[i]);
-  return ::testing::AssertionSuccess();
-}
-
 struct WeightCase {
   int64_t O, I;
   int block;       // 0: the layer's own, hq_block_size(O)
@@ -71,10 +52,10 @@ TEST(Emu_QuantizeWeight, BitExactVsCpu) {
         hot::cpu::quantize_weight(w, qc, sc, bits, b, {});
         unsigned key = 0xdeadbeefu;
         hot::cuda::dispatch_float(dt, "emu", [&](auto t) {
-          hot::cuda::weight_launch<decltype(t)>(w.view(), qe.view(), se.view(), bits, b, &key, EmuLaunch{});
+          hot::cuda::weight_launch<decltype(t)>(w.view(), qe.view(), se.view(), bits, b, &key, hot_emu::Launch{});
         });
-        EXPECT_TRUE(same_bytes(qc, qe)) << "q_wt";
-        EXPECT_TRUE(same_bytes(sc, se)) << "s_w";
+        EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qc, qe)) << "q_wt";
+        EXPECT_TRUE(hot_cuda_test::all_bytes_equal(sc, se)) << "s_w";
       }
 }
 

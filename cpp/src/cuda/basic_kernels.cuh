@@ -1,0 +1,283 @@
+// The kernels of the CUDA backend's building-block operations (Hadamard transform, HLA projection, quantise /
+// dequantise, int4 packing, bias gradient) and their launch sequences. Included by ops_basic.cu (the backend,
+// which validates the arguments, allocates scratch and launches on the caller's stream) and by the host
+// emulation test (cpp/tests/emu), which runs these same kernels on the CPU. Integer results match the CPU backend
+// bit for bit (same fp32 butterfly order, same scalar rules from hot/quant_rules.h, same Philox draws).
+// Launchers have the interface of qgo_launch's: launch(kernel, grid, threads, smem, args...), launch.zero(p, bytes).
+#pragma once
+
+#include "common.cuh"
+#include "fwht.cuh"
+#include "hot/quant_rules.h"
+#include "hot/rng.h"
+
+namespace hot::cuda {
+
+namespace {
+
+constexpr int kBasicThreads = 256;
+
+// ---- Hadamard transform -------------------------------------------------------------------------
+// One thread per transformed vector of B elements (held in registers for small B).
+template <int B, typename T>
+__global__ void hadamard_kernel(Mat<const T> in, Mat<float> out, int axis) {
+  const int64_t nvec = axis == 1 ? in.rows * (in.cols / B) : (in.rows / B) * in.cols;
+  for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < nvec;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t base_in, base_out, step_in, step_out;
+    if (axis == 1) {
+      const int64_t nb = in.cols / B;
+      const int64_t r = v / nb, g = v % nb;
+      base_in = r * in.ld + g * B;
+      base_out = r * out.ld + g * B;
+      step_in = 1;
+      step_out = 1;
+    } else {
+      const int64_t g = v / in.cols, c = v % in.cols;
+      base_in = g * B * in.ld + c;
+      base_out = g * B * out.ld + c;
+      step_in = in.ld;
+      step_out = out.ld;
+    }
+    float x[B];
+#pragma unroll
+    for (int i = 0; i < B; ++i) x[i] = load_f(in.p + base_in + i * step_in);
+    fwht_regs<B>(x);
+#pragma unroll
+    for (int i = 0; i < B; ++i) out.p[base_out + i * step_out] = x[i];
+  }
+}
+
+// ---- HLA projection -------------------------------------------------------------------------------
+template <typename T>
+__global__ void hla_kernel(Mat<const T> in, Mat<float> out, int rank) {
+  const int64_t nb = (in.rows + 15) / 16;
+  const int64_t n = nb * in.cols;
+  for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < n;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t j = v / in.cols, c = v % in.cols;
+    float x[16];
+#pragma unroll
+    for (int t = 0; t < 16; ++t) {
+      const int64_t r = j * 16 + t;
+      x[t] = r < in.rows ? load_f(in.p + r * in.ld + c) : 0.0f;
+    }
+    fwht_regs<16>(x);
+#pragma unroll
+    for (int k = 0; k < 16; ++k)
+      if (k < rank) out.p[(j * rank + k) * out.ld + c] = x[hla_order(k)];
+  }
+}
+
+// ---- quantise -------------------------------------------------------------------------------------
+// amax keys (hot::amax_key) reduced with atomicMax: max is order independent, so the result is exact.
+template <typename T>
+__global__ void amax_tensor_kernel(Mat<const T> in, unsigned* key) {
+  const int64_t n = in.rows * in.cols;
+  uint32_t m = 0;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / in.cols, c = e % in.cols;
+    m = max(m, amax_key(load_f(in.p + r * in.ld + c)));
+  }
+  m = block_max_u32(m);
+  if (threadIdx.x == 0) atomicMax(key, m);
+}
+
+template <typename T>
+__global__ void amax_row_kernel(Mat<const T> in, unsigned* keys) {
+  const int64_t r = blockIdx.x;
+  uint32_t m = 0;
+  for (int64_t c = threadIdx.x; c < in.cols; c += blockDim.x) m = max(m, amax_key(load_f(in.p + r * in.ld + c)));
+  m = block_max_u32(m);
+  if (threadIdx.x == 0) keys[r] = m;
+}
+
+// scale[i] / inv[i] from the amax keys (n = 1 or R).
+__global__ void finalize_scales_kernel(const unsigned* keys, int64_t n, int qmax, float* scale, float* inv, float* pre) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const QuantScale qs = quant_scale_from_amax(amax_from_key(keys[i]), qmax);
+    scale[i] = qs.scale;
+    inv[i] = qs.inv;
+    pre[i] = qs.pre;
+  }
+}
+
+// One thread per group of 8 logical elements (one Philox call per group, 16-bit uniforms: rng.h).
+template <typename T>
+__global__ void quantize_kernel(Mat<const T> in, Mat<int8_t> q, const float* inv, const float* pre, bool per_row, int qmax,
+                                bool stochastic, uint64_t seed, uint32_t rng) {
+  const int64_t n = in.rows * in.cols;
+  const int64_t ngroups = (n + kSrGroup - 1) / kSrGroup;
+  for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < ngroups;
+       g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    Philox4 bits{};
+    if (stochastic) bits = sr_group_bits(seed, rng, static_cast<uint64_t>(g));
+#pragma unroll
+    for (int j = 0; j < kSrGroup; ++j) {
+      const int64_t e = g * kSrGroup + j;
+      if (e >= n) break;
+      const int64_t r = e / in.cols, c = e % in.cols;
+      const float v = load_f(in.p + r * in.ld + c);
+      const QuantScale qs{inv[per_row ? r : 0], 0.0f, pre[per_row ? r : 0]};
+      q.p[r * q.ld + c] = stochastic ? quantize_stochastic(v, qs, qmax, sr_group_uniform(bits, static_cast<unsigned>(j)))
+                                     : quantize_nearest(v, qs, qmax);
+    }
+  }
+}
+
+// ---- dequantise, int4 -------------------------------------------------------------------------------
+template <typename T>
+__global__ void dequantize_kernel(Mat<const int8_t> q, const float* scale, bool per_row, Mat<T> out) {
+  const int64_t n = q.rows * q.cols;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / q.cols, c = e % q.cols;
+    store_f(out.p + r * out.ld + c, hot_mul(static_cast<float>(q.p[r * q.ld + c]), scale[per_row ? r : 0]));
+  }
+}
+
+// q: R x C s8, packed: bytes with row stride ldb (bytes); C even.
+__global__ void pack_int4_kernel(Mat<const int8_t> q, uint8_t* packed, int64_t ldb) {
+  const int64_t half = q.cols / 2;
+  const int64_t n = q.rows * half;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / half, k = e % half;
+    const uint8_t lo = static_cast<uint8_t>(q.p[r * q.ld + 2 * k]) & 0xf;
+    const uint8_t hi = static_cast<uint8_t>(q.p[r * q.ld + 2 * k + 1]) & 0xf;
+    packed[r * ldb + k] = static_cast<uint8_t>(lo | (hi << 4));
+  }
+}
+
+__global__ void unpack_int4_kernel(const uint8_t* packed, int64_t ldb, Mat<int8_t> q) {
+  const int64_t half = q.cols / 2;
+  const int64_t n = q.rows * half;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / half, k = e % half;
+    const uint8_t b = packed[r * ldb + k];
+    const int lo = b & 0xf, hi = b >> 4;
+    q.p[r * q.ld + 2 * k] = static_cast<int8_t>(lo >= 8 ? lo - 16 : lo);
+    q.p[r * q.ld + 2 * k + 1] = static_cast<int8_t>(hi >= 8 ? hi - 16 : hi);
+  }
+}
+
+// ---- bias gradient ------------------------------------------------------------------------------------
+constexpr int kBiasRowsPerChunk = 128;
+
+template <typename T>
+__global__ void bias_partial_kernel(Mat<const T> gy, float* partial) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= gy.cols) return;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kBiasRowsPerChunk;
+  const int64_t r1 = min(r0 + kBiasRowsPerChunk, gy.rows);
+  float s = 0.0f;
+  for (int64_t r = r0; r < r1; ++r) s = hot_add(s, load_f(gy.p + r * gy.ld + c));
+  partial[blockIdx.y * gy.cols + c] = s;
+}
+
+
+// ---- launch sequences ---------------------------------------------------------------------------------
+
+template <typename T, typename Launch>
+void hadamard_launch(const TensorView& in, const TensorView& out, int block, int axis, const Launch& launch) {
+  const Mat<const T> mi = mat<const T>(in);
+  const Mat<float> mo = mat<float>(out);
+  const dim3 grid(grid_1d(in.numel() / block, kBasicThreads));
+  const auto run = [&](auto kernel) { launch(kernel, grid, kBasicThreads, 0, mi, mo, axis); };
+  switch (block) {
+    case 1: run(hadamard_kernel<1, T>); break;
+    case 2: run(hadamard_kernel<2, T>); break;
+    case 4: run(hadamard_kernel<4, T>); break;
+    case 8: run(hadamard_kernel<8, T>); break;
+    case 16: run(hadamard_kernel<16, T>); break;
+    case 32: run(hadamard_kernel<32, T>); break;
+    case 64: run(hadamard_kernel<64, T>); break;
+    case 128: run(hadamard_kernel<128, T>); break;
+    case 256: run(hadamard_kernel<256, T>); break;
+    default: HOT_FAIL(internal, "hadamard_transform: unsupported block ", block);
+  }
+}
+
+template <typename T, typename Launch>
+void hla_launch(const TensorView& in, const TensorView& out, int rank, const Launch& launch) {
+  const int64_t n = ceil_div(in.shape[0], 16) * in.shape[1];
+  launch(hla_kernel<T>, dim3(grid_1d(n, kBasicThreads)), kBasicThreads, 0, mat<const T>(in), mat<float>(out), rank);
+}
+
+// Scratch bytes of quantize: keys, inverse scales and pre-scales, 12 bytes per row (token) or 12 bytes (tensor).
+inline size_t quantize_scratch_bytes(const TensorView& in, const QuantizeParams& p) {
+  return static_cast<size_t>(p.scale == ScaleMode::token ? in.shape[0] : 1) * 12;
+}
+
+template <typename T, typename Launch>
+void quantize_launch(const TensorView& in, const TensorView& q, const TensorView& scale, const QuantizeParams& p,
+                     void* scratch, const Launch& launch) {
+  const int64_t R = in.shape[0];
+  const bool per_row = p.scale == ScaleMode::token;
+  const int64_t ns = per_row ? R : 1;
+  const int qmax = qmax_for_bits(p.bits);
+  unsigned* keys = static_cast<unsigned*>(scratch);
+  float* inv = reinterpret_cast<float*>(keys + ns);
+  float* pre = inv + ns;
+  const Mat<const T> mi = mat<const T>(in);
+  if (per_row) {
+    launch(amax_row_kernel<T>, dim3(static_cast<unsigned>(R)), kBasicThreads, 0, mi, keys);
+  } else {
+    launch.zero(keys, sizeof(unsigned));
+    launch(amax_tensor_kernel<T>, dim3(grid_1d(in.numel(), kBasicThreads, 1024)), kBasicThreads, 0, mi, keys);
+  }
+  launch(finalize_scales_kernel, dim3(grid_1d(ns, kBasicThreads)), kBasicThreads, 0, static_cast<const unsigned*>(keys),
+         ns, qmax, static_cast<float*>(scale.data), inv, pre);
+  launch(quantize_kernel<T>, dim3(grid_1d(ceil_div(in.numel(), kSrGroup), kBasicThreads)), kBasicThreads, 0, mi,
+         mat<int8_t>(q), static_cast<const float*>(inv), static_cast<const float*>(pre), per_row, qmax,
+         p.rounding == Rounding::stochastic, p.seed, p.rng_stream);
+}
+
+template <typename T, typename Launch>
+void dequantize_launch(const TensorView& q, const TensorView& scale, const TensorView& out, const Launch& launch) {
+  const bool per_row = !(scale.shape[0] == 1 && q.shape[0] != 1);
+  launch(dequantize_kernel<T>, dim3(grid_1d(q.numel(), kBasicThreads)), kBasicThreads, 0, mat<const int8_t>(q),
+         static_cast<const float*>(scale.data), per_row, mat<T>(out));
+}
+
+template <typename Launch>
+void pack_int4_launch(const TensorView& q, const TensorView& packed, const Launch& launch) {
+  launch(pack_int4_kernel, dim3(grid_1d(q.numel() / 2, kBasicThreads)), kBasicThreads, 0, mat<const int8_t>(q),
+         static_cast<uint8_t*>(packed.data), packed.strides[0] / 2);
+}
+
+template <typename Launch>
+void unpack_int4_launch(const TensorView& packed, const TensorView& q, const Launch& launch) {
+  launch(unpack_int4_kernel, dim3(grid_1d(q.numel() / 2, kBasicThreads)), kBasicThreads, 0,
+         static_cast<const uint8_t*>(packed.data), packed.strides[0] / 2, mat<int8_t>(q));
+}
+
+// Deterministic column sums: fixed row chunks, then the chunk sums in chunk order. `partial`: scratch of
+// bias_partial_bytes.
+inline int64_t bias_chunks(const TensorView& gy) { return ceil_div(gy.shape[0], kBiasRowsPerChunk); }
+inline size_t bias_partial_bytes(const TensorView& gy) {
+  return static_cast<size_t>(bias_chunks(gy) * gy.shape[1]) * sizeof(float);
+}
+
+template <typename Launch>
+void bias_grad_launch(const TensorView& gy, const TensorView& out, float* partial, const Launch& launch) {
+  const int64_t O = gy.shape[1], nchunks = bias_chunks(gy);
+  HOT_CHECK_VALUE(nchunks < 65536, "bias_grad: too many rows (", gy.shape[0], ")");
+  dispatch_float(gy.dtype, "bias_grad", [&](auto t) {
+    using T = decltype(t);
+    launch(bias_partial_kernel<T>, dim3(static_cast<unsigned>(ceil_div(O, 128)), static_cast<unsigned>(nchunks)), 128,
+           0, mat<const T>(gy), partial);
+  });
+  dispatch_float(out.dtype, "bias_grad", [&](auto t) {
+    using T = decltype(t);
+    launch(bias_final_kernel<T>, dim3(static_cast<unsigned>(ceil_div(O, 128))), 128, 0,
+           static_cast<const float*>(partial), nchunks, O, static_cast<T*>(out.data));
+  });
+}
+
+}  // namespace
+
+}  // namespace hot::cuda

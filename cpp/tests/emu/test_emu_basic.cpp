@@ -1,0 +1,202 @@
+// The CUDA kernels of the building-block operations (basic_kernels.cuh: Hadamard transform, HLA projection,
+// quantise, dequantise, int4 pack/unpack, bias gradient), run on the CPU by the host emulation (cuda_emu.h) and
+// compared byte for byte with the CPU backend; outputs start poisoned, so unwritten or overwritten bytes (row
+// padding included) show. The shapes follow the Cuda_* suites, smaller where those are large. Compiled into
+// hot_emu_tests (AddressSanitizer) and hot_emu_race_tests (ThreadSanitizer, fewer cases).
+#include "emu/cuda_emu.h"  // first: it includes the CUDA headers in emulation mode
+
+#include "cuda/basic_kernels.cuh"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "cuda/cuda_test_util.h"
+
+namespace {
+
+using hot::DType;
+using hot::Rounding;
+using hot::ScaleMode;
+using hot_cuda_test::all_bytes_equal;
+using hot_cuda_test::out1d;
+using hot_cuda_test::out2d;
+using hot_cuda_test::rand_float;
+using hot_cuda_test::rand_int;
+using hot_test::HostTensor;
+
+#if defined(HOT_EMU_RACE)
+const DType kDtypes[] = {DType::bf16};
+#else
+const DType kDtypes[] = {DType::f32, DType::bf16, DType::f16};
+#endif
+
+// Runs f(T{}, launcher) for the float dtype dt.
+template <typename F>
+void with_type(DType dt, F&& f) {
+  hot::cuda::dispatch_float(dt, "emu", [&](auto t) { f(t, hot_emu::Launch{}); });
+}
+
+TEST(Emu_Hadamard, BitExactVsCpu) {
+  const std::vector<std::tuple<int64_t, int64_t, int>> cases = {
+      {1, 1, 1}, {3, 16, 16}, {32, 5, 16}, {7, 256, 256}, {256, 3, 256}, {64, 96, 32}, {130, 24, 8}, {33, 50, 2}};
+  uint64_t seed = 1;
+  for (DType dt : kDtypes)
+    for (auto [R, C, block] : cases)
+      for (int axis : {0, 1}) {
+        if ((axis == 0 ? R : C) % block != 0) continue;
+        SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " " << R << "x" << C << " block " << block << " axis "
+                                        << axis);
+        HostTensor in = rand_float(dt, R, C, seed++, C + 3);
+        HostTensor oc = out2d(DType::f32, R, C, C + 1), oe = oc;
+        hot::cpu::hadamard_transform(in, oc, block, axis, {});
+        with_type(dt, [&](auto t, auto launch) {
+          hot::cuda::hadamard_launch<decltype(t)>(in.view(), oe.view(), block, axis, launch);
+        });
+        EXPECT_TRUE(all_bytes_equal(oc, oe));
+      }
+}
+
+TEST(Emu_Hla, BitExactVsCpu) {
+  uint64_t seed = 100;
+  for (DType dt : kDtypes)
+    for (int64_t L : {1, 15, 17, 333})
+      for (int64_t C : {1, 7, 64})
+        for (int rank : {1, 8, 16}) {
+          SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " L " << L << " C " << C << " rank " << rank);
+          HostTensor in = rand_float(dt, L, C, seed++, C + 1);
+          const int64_t K = hot::hla_rows(L, rank);
+          HostTensor oc = out2d(DType::f32, K, C, C + 2), oe = oc;
+          hot::cpu::hla_project(in, oc, rank, {});
+          with_type(dt, [&](auto t, auto launch) { hot::cuda::hla_launch<decltype(t)>(in.view(), oe.view(), rank, launch); });
+          EXPECT_TRUE(all_bytes_equal(oc, oe));
+        }
+}
+
+// quantize through the emulated kernels; the scratch starts as garbage.
+void emu_quantize(const HostTensor& in, HostTensor& q, HostTensor& s, const hot::QuantizeParams& p) {
+  std::vector<uint32_t> scratch(hot::cuda::quantize_scratch_bytes(in.view(), p) / 4 + 1, 0xdeadbeefu);
+  with_type(in.dtype(), [&](auto t, auto launch) {
+    hot::cuda::quantize_launch<decltype(t)>(in.view(), q.view(), s.view(), p, scratch.data(), launch);
+  });
+}
+
+TEST(Emu_Quantize, BitExactVsCpu) {
+  uint64_t seed = 200;
+#if defined(HOT_EMU_RACE)
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{37, 53}, {5, 1031}};
+#else
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1}, {3, 1}, {37, 53}, {300, 129}, {5, 1031}};
+#endif
+  for (DType dt : kDtypes)
+    for (auto [R, C] : shapes)
+      for (int bits : {4, 8})
+        for (ScaleMode sm : {ScaleMode::tensor, ScaleMode::token})
+          for (Rounding rd : {Rounding::nearest, Rounding::stochastic}) {
+            SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " " << R << "x" << C << " bits " << bits << " "
+                                            << hot::scale_mode_name(sm) << " " << hot::rounding_name(rd));
+            HostTensor in = rand_float(dt, R, C, seed++, C + 2, 3.0f);
+            hot::QuantizeParams p;
+            p.bits = bits;
+            p.scale = sm;
+            p.rounding = rd;
+            p.seed = 0x1234567890abcdefull + seed;
+            p.rng_stream = static_cast<uint32_t>(seed % 3);
+            const int64_t ns = sm == ScaleMode::tensor ? 1 : R;
+            HostTensor qc = out2d(DType::s8, R, C, C + 5), qe = qc, sc = out1d(DType::f32, ns), se = sc;
+            hot::cpu::quantize(in, qc, sc, p, {});
+            emu_quantize(in, qe, se, p);
+            EXPECT_TRUE(all_bytes_equal(qc, qe));
+            EXPECT_TRUE(all_bytes_equal(sc, se));
+          }
+}
+
+// Non-finite input: a NaN scale for the tensor or for the rows that hold it, the same bytes as the CPU backend.
+// Tiny amax (below ~3.7e-37, the pre-scaled path): the same bytes too.
+TEST(Emu_Quantize, NonFiniteAndTinyBitExactVsCpu) {
+  uint64_t seed = 250;
+  for (ScaleMode sm : {ScaleMode::tensor, ScaleMode::token})
+    for (Rounding rd : {Rounding::nearest, Rounding::stochastic})
+      for (int special : {0, 1}) {
+        std::vector<float> v = hot_test::randn(6 * 40, seed++, special == 0 ? 1.0f : 1e-38f);
+        if (special == 0) v[2 * 40 + 5] = std::nanf(""), v[4 * 40 + 1] = INFINITY;
+        HostTensor in = hot_test::host_from(DType::f32, 6, 40, v);
+        hot::QuantizeParams p;
+        p.bits = 8;
+        p.scale = sm;
+        p.rounding = rd;
+        p.seed = seed;
+        const int64_t ns = sm == ScaleMode::tensor ? 1 : 6;
+        HostTensor qc = out2d(DType::s8, 6, 40), qe = qc, sc = out1d(DType::f32, ns), se = sc;
+        hot::cpu::quantize(in, qc, sc, p, {});
+        emu_quantize(in, qe, se, p);
+        EXPECT_TRUE(all_bytes_equal(qc, qe)) << "special " << special;
+        EXPECT_TRUE(all_bytes_equal(sc, se)) << "special " << special;
+        if (special == 0)
+          for (int64_t i = 0; i < ns; ++i)
+            EXPECT_EQ(std::isnan(se.getf(i)), sm == ScaleMode::tensor || i == 2 || i == 4) << "scale " << i;
+      }
+}
+
+TEST(Emu_Dequantize, BitExactVsCpu) {
+  uint64_t seed = 300;
+  for (DType dt : kDtypes)
+    for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {17, 33}, {300, 257}})
+      for (bool per_row : {false, true}) {
+        HostTensor q = rand_int(DType::s8, R, C, -127, 127, seed++, C + 1);
+        HostTensor s = HostTensor::make1d(DType::f32, per_row ? R : 1);
+        const std::vector<float> r = hot_test::randn(static_cast<size_t>(s.cols()), seed++, 0.1f);
+        for (int64_t i = 0; i < s.cols(); ++i) s.setf(i, std::fabs(r[i]));
+        HostTensor oc = out2d(dt, R, C, C + 2), oe = oc;
+        hot::cpu::dequantize(q, s, oc, {});
+        with_type(dt, [&](auto t, auto launch) {
+          hot::cuda::dequantize_launch<decltype(t)>(q.view(), s.view(), oe.view(), launch);
+        });
+        EXPECT_TRUE(all_bytes_equal(oc, oe)) << hot::dtype_name(dt) << " " << R << "x" << C << " per_row " << per_row;
+      }
+}
+
+TEST(Emu_Int4, PackUnpackBitExactVsCpu) {
+  uint64_t seed = 400;
+  for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 2}, {7, 34}, {129, 1000}}) {
+    HostTensor q = rand_int(DType::s8, R, C, -8, 7, seed++, C + 4);
+    HostTensor pc = out2d(DType::s4, R, C, C + 6), pe = pc;
+    hot::cpu::pack_int4(q, pc, {});
+    hot::cuda::pack_int4_launch(q.view(), pe.view(), hot_emu::Launch{});
+    EXPECT_TRUE(all_bytes_equal(pc, pe));
+    HostTensor uc = out2d(DType::s8, R, C, C + 2), ue = uc;
+    hot::cpu::unpack_int4(pc, uc, {});
+    hot::cuda::unpack_int4_launch(pe.view(), ue.view(), hot_emu::Launch{});
+    EXPECT_TRUE(all_bytes_equal(uc, ue));
+    EXPECT_TRUE(hot_cuda_test::same_bits(q, ue));  // round trip
+  }
+}
+
+// g_b: fixed 128-row chunks summed in chunk order; against float64 with the fp32 summation bound n u sum|g| plus
+// the output dtype's rounding, and bit-identical between two runs (deterministic).
+TEST(Emu_BiasGrad, MatchesFloat64AndDeterministic) {
+  uint64_t seed = 500;
+  for (DType dt : kDtypes)
+    for (auto [L, O] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {129, 7}, {300, 130}}) {
+      SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " L " << L << " O " << O);
+      HostTensor gy = rand_float(dt, L, O, seed++, O + 1);
+      HostTensor b1 = out1d(dt, O), b2 = b1;
+      std::vector<float> partial(static_cast<size_t>(hot::cuda::bias_partial_bytes(gy.view()) / 4), NAN);
+      hot::cuda::bias_grad_launch(gy.view(), b1.view(), partial.data(), hot_emu::Launch{});
+      std::fill(partial.begin(), partial.end(), NAN);
+      hot::cuda::bias_grad_launch(gy.view(), b2.view(), partial.data(), hot_emu::Launch{});
+      EXPECT_TRUE(all_bytes_equal(b1, b2));
+      const std::vector<float> g = gy.to_f32();
+      for (int64_t o = 0; o < O; ++o) {
+        double s = 0, sa = 0;
+        for (int64_t l = 0; l < L; ++l) s += g[l * O + o], sa += std::fabs(g[l * O + o]);
+        const double tol = 2.0 * L * std::ldexp(1.0, -24) * sa + hot_test::unit_roundoff(dt) * std::fabs(s) + 1e-30;
+        ASSERT_NEAR(b1.getf(o), s, tol) << "g_b[" << o << "]";
+      }
+    }
+}
+
+}  // namespace

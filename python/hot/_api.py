@@ -67,12 +67,17 @@ class Config:
 
 
 def _is_int(v) -> bool:
+    if type(v) is int:  # the common case, without the numbers.Integral ABC check
+        return True
     return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
+_DEFAULT_CONFIG = Config()  # frozen: one shared instance serves every call without a config
 
 
 def _config(op, config) -> Config:
     if config is None:
-        return Config()
+        return _DEFAULT_CONFIG
     if not isinstance(config, Config):
         raise TypeError(f"{op}: config is a {type(config).__name__}, expected hot.Config or None")
     return config
@@ -123,21 +128,23 @@ def _dtype_name(op, dtype) -> str:
 class _Call:
     """Framework, device and stream of one call, fixed by its first array argument."""
 
+    __slots__ = ("op", "dev", "like", "fw", "stream", "export")
+
     def __init__(self, op, **arrays):
         self.op = op
-        self.dev = fws.check_arrays(op, **arrays)
-        first = next(a for a in arrays.values() if a is not None)
+        self.dev, first = fws.check_arrays_first(op, arrays)
+        if first is None:
+            raise TypeError(f"{op}: {', '.join(arrays)} is None, expected an array")
         self.like = first
-        self.fw = fws.of(first)
-        self.stream = self.fw.stream(first) if self.dev[0] != 1 else 0
-        self.export = self.fw.exporter()
+        self.fw = fw = fws.of(first)
+        self.stream = fw.stream(first) if self.dev[0] != 1 else 0
+        self.export = fw.exporter()
 
     def call(self, fn, *args):
         """fn(*args): the framework's arrays go to hot._C as capsules where it has a fast exporter, else
         through __dlpack__ with the call's device current in its framework."""
         if self.export is not None:
-            ex = self.export
-            return fn(*[ex(a) for a in args])
+            return fn(*self.export(args))
         with self.fw.device_scope(self.like):
             return fn(*args)
 
@@ -164,17 +171,19 @@ def _prep(x):
     return fws.of(x).prepare(x)
 
 
-def _need_ndim(op, name, x, lo, expected=None):
-    nd = fws.ndim(x)
+def _need_ndim(op, name, x, lo, expected=None, shape=None):
+    s = fws.shape(x) if shape is None else shape
+    nd = len(s)
     if nd < lo:
         raise ValueError(f"{op}: {name} has {nd} dims, expected {expected or f'at least {lo}'} "
-                         f"(got shape {fws.shape(x)})")
+                         f"(got shape {s})")
     return nd
 
 
-def _nonempty(op, name, x):
-    if fws.prod(fws.shape(x)) == 0:
-        raise ValueError(f"{op}: {name} is empty (shape {fws.shape(x)})")
+def _nonempty(op, name, x, shape=None):
+    s = fws.shape(x) if shape is None else shape
+    if fws.prod(s) == 0:
+        raise ValueError(f"{op}: {name} is empty (shape {s})")
 
 
 # ---- building blocks -------------------------------------------------------------------------------
@@ -319,7 +328,7 @@ class SavedActivation:
     def __init__(self, q, scale, shape, rank: int, _c=None):
         self.q = q
         self.scale = scale
-        self.shape = tuple(int(s) for s in shape)
+        self.shape = tuple(map(int, shape))
         self.rows = fws.prod(self.shape[:-1])
         self.cols = self.shape[-1]
         self.rank = int(rank)
@@ -357,13 +366,14 @@ def compress_activation(x, config: Optional[Config] = None) -> SavedActivation:
     config = _config(op, config)
     x = _prep(x)
     c = _Call(op, x=x)
-    _need_ndim(op, "x", x, 1)
-    _nonempty(op, "x", x)
-    I = fws.shape(x)[-1]
-    q = c.empty((I, _C.padded_k(_C.hla_rows(fws.prod(fws.shape(x)[:-1]), config.rank))), "int8")
+    xs = fws.shape(x)
+    _need_ndim(op, "x", x, 1, shape=xs)
+    _nonempty(op, "x", x, shape=xs)
+    I = xs[-1]
+    q = c.empty((I, _C.padded_k(_C.hla_rows(fws.prod(xs[:-1]), config.rank))), "int8")
     scale = c.empty((1,), "float32") if q is not None else None
     core = c.call(_C.compress_activation, x, config.rank, c.stream, op, "x", q, scale)
-    return SavedActivation(c.result(q, core.q), c.result(scale, core.scale), fws.shape(x), config.rank, core)
+    return SavedActivation(c.result(q, core.q), c.result(scale, core.scale), xs, config.rank, core)
 
 
 def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: Optional[Config] = None,
@@ -378,12 +388,13 @@ def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: O
     raw = None if (saved is None or is_saved or not need_grad_weight) else _prep(saved)
     saved_arr = (saved.q if is_saved else raw) if need_grad_weight else None
     c = _Call(op, grad_output=gy, weight=w, saved=saved_arr)
-    _need_ndim(op, "grad_output", gy, 1)
-    _nonempty(op, "grad_output", gy)
-    if fws.ndim(w) != 2:
-        raise ValueError(f"{op}: weight has {fws.ndim(w)} dims, expected 2 (O x I) (got shape {fws.shape(w)})")
-    _nonempty(op, "weight", w)
-    gs, (O, I) = fws.shape(gy), fws.shape(w)
+    gs, ws = fws.shape(gy), fws.shape(w)
+    _need_ndim(op, "grad_output", gy, 1, shape=gs)
+    _nonempty(op, "grad_output", gy, shape=gs)
+    if len(ws) != 2:
+        raise ValueError(f"{op}: weight has {len(ws)} dims, expected 2 (O x I) (got shape {ws})")
+    _nonempty(op, "weight", w, shape=ws)
+    O, I = ws
     if gs[-1] != O:
         raise ValueError(f"{op}: weight has shape {(O, I)} (O x I) but grad_output has {gs[-1]} columns "
                          f"(shape {gs}); O must agree")

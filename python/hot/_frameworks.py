@@ -44,8 +44,9 @@ class Framework:
         return _dlpack.device_of(x)
 
     def exporter(self):
-        """None, or a function that turns this framework's arrays into DLPack capsules for hot._C faster
-        than the generic __dlpack__ protocol (other arguments pass through unchanged)."""
+        """None, or a function that maps a call's argument tuple to a list where this framework's arrays are
+        DLPack capsules for hot._C, made faster than by the generic __dlpack__ protocol (other arguments pass
+        through unchanged)."""
         return None
 
     def dtype_name(self, x) -> str:
@@ -93,12 +94,12 @@ class Torch(Framework):
         return x.detach()
 
     def device(self, x):
-        d = x.device
-        if d.type == "cuda":
-            return (_CUDA, d.index if d.index is not None else 0)
-        if d.type == "cpu":
+        if x.is_cpu:
             return (_CPU, 0)
-        raise ValueError(f"is on torch device '{d}', expected a CPU or CUDA tensor")
+        if x.is_cuda:
+            d = x.device
+            return (_CUDA, d.index if d.index is not None else 0)
+        raise ValueError(f"is on torch device '{x.device}', expected a CPU or CUDA tensor")
 
     def exporter(self):
         # Tensors (CPU or CUDA: device() refuses others) go to hot._C as capsules made by torch's C++ exporter:
@@ -110,9 +111,7 @@ class Torch(Framework):
         return str(x.dtype).replace("torch.", "")
 
     def empty(self, shape, dtype, like):
-        import torch
-
-        return torch.empty(tuple(shape), dtype=_torch_dtype(dtype), device=like.device)
+        return _torch_empty()(tuple(shape), dtype=_torch_dtypes()[dtype], device=like.device)
 
     def from_dlpack(self, a, like):
         import torch
@@ -120,7 +119,7 @@ class Torch(Framework):
         return torch.from_dlpack(a)
 
     def stream(self, like) -> int:
-        if like.device.type != "cuda":
+        if not like.is_cuda:
             return 0
         return _torch_raw_stream()(self.device(like)[1])
 
@@ -140,16 +139,23 @@ class Torch(Framework):
 
 @functools.cache
 def _torch_export():
-    """The function passed to _Call for torch arrays: tensor -> DLPack capsule, anything else unchanged."""
+    """The exporter of torch arrays: the call's arguments with every tensor as a DLPack capsule."""
     import torch
     import torch.utils.dlpack
 
     to_dlpack, tensor = torch.utils.dlpack.to_dlpack, torch.Tensor
 
-    def export(a):
-        return to_dlpack(a) if isinstance(a, tensor) else a
+    def export(args):
+        return [to_dlpack(a) if isinstance(a, tensor) else a for a in args]
 
     return export
+
+
+@functools.cache
+def _torch_empty():
+    import torch
+
+    return torch.empty
 
 
 @functools.cache
@@ -278,7 +284,12 @@ def of(x) -> Framework:
 def check_arrays(op: str, **arrays) -> tuple:
     """TypeError for a non-DLPack argument, ValueError for arrays on different devices (or on a device their
     framework cannot export); returns the common device."""
-    first_name, first_dev = None, None
+    return check_arrays_first(op, arrays)[0]
+
+
+def check_arrays_first(op: str, arrays: dict) -> tuple:
+    """check_arrays over a dict name -> array (or None); returns (the common device, the first array)."""
+    first_name, first_dev, first = None, None, None
     for name, a in arrays.items():
         if a is None:
             continue
@@ -292,13 +303,13 @@ def check_arrays(op: str, **arrays) -> tuple:
                 "supports DLPack (numpy, torch, cupy or jax array)"
             )
         if first_dev is None:
-            first_name, first_dev = name, dev
+            first_name, first_dev, first = name, dev, a
         elif dev != first_dev:
             raise ValueError(
                 f"{op}: {name} is on {_dlpack.device_str(dev)} but {first_name} is on "
                 f"{_dlpack.device_str(first_dev)}; all arrays must be on one device"
             )
-    return first_dev
+    return first_dev, first
 
 
 def ndim(x) -> int:

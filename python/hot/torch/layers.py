@@ -13,6 +13,7 @@ example one of the original ``nn.Linear`` model) loads into a converted model wi
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import hot
+from hot._api import _DEFAULT_CONFIG
 
 from . import ops
 
@@ -82,22 +84,49 @@ def _seed(config) -> Tensor:
     return torch.zeros((), dtype=torch.int64)
 
 
+@functools.lru_cache(maxsize=256)
+def _plan(config):
+    """What an eager layer call needs from its config, computed once per config: (draws a stochastic-rounding seed,
+    (keep, backward config) with a trainable weight, (keep, backward config) with a frozen one)."""
+    trained = ops.KEEP_RAW if config.exact else ops.KEEP_COMPRESSED
+    args = (config.gx_bits, config.rank, config.rounding, config.gx_scale)
+    return (config.rounding == "stochastic" and not config.exact,
+            (trained, ops.backward_config(*args, config.exact)),
+            (ops.KEEP_NOTHING, ops.backward_config(*args, config.exact)))
+
+
+def _linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], plan, ac: bool) -> Tensor:
+    """hot_linear outside torch.compile once gradients are wanted; ac: autocast is on for x's device type. The same
+    checks, casts, seed draw and keep mode as the compiled route, with the per-config values of plan."""
+    if x.device != weight.device:
+        _check_inputs("Linear", x, weight, bias, True)
+    if ac:
+        dt = torch.get_autocast_dtype(x.device.type)
+        x, weight, bias = x.to(dt), weight.to(dt), (bias.to(dt) if bias is not None else None)
+    _check_inputs("Linear", x, weight, bias, ac)
+    seed = int(ops.draw_seed().item()) if plan[0] else 0
+    keep, cfg = plan[1] if weight.requires_grad else plan[2]
+    return ops.linear_eager(x, weight, bias, seed, keep, cfg)
+
+
 def hot_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, config=None) -> Tensor:
     """Functional HOT linear: ``F.linear`` forward, HOT backward."""
-    config = config if config is not None else hot.Config()
+    config = config if config is not None else _DEFAULT_CONFIG
     if not _grad_wanted(x, weight, bias):
         return F.linear(x, weight, bias)
+    if not torch.compiler.is_compiling():
+        return _linear_eager(x, weight, bias, _plan(config), _autocast_on(x.device.type))
     if x.device != weight.device:
         _check_inputs("Linear", x, weight, bias, True)
     x, weight, bias, ac = _autocast_cast(x, weight, bias)
     _check_inputs("Linear", x, weight, bias, ac)
     return ops.linear(x, weight, bias, _seed(config), _keep_mode(weight, config), config.gx_bits, config.rank,
-                      config.rounding, config.gx_scale)
+                      config.rounding, config.gx_scale, config.exact)
 
 
 def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding, dilation, config=None) -> Tensor:
     """Functional HOT conv2d (groups = 1, zero padding given as two ints): ``F.conv2d`` forward, HOT backward."""
-    config = config if config is not None else hot.Config()
+    config = config if config is not None else _DEFAULT_CONFIG
     if not _grad_wanted(x, weight, bias):
         return F.conv2d(x, weight, bias, stride, padding, dilation)
     unbatched = x.dim() == 3
@@ -110,7 +139,8 @@ def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride, paddin
     x, weight, bias, ac = _autocast_cast(x, weight, bias)
     _check_inputs("Conv2d", x, weight, bias, ac)
     y = ops.conv2d(x, weight, bias, _seed(config), list(stride), list(padding), list(dilation),
-                   _keep_mode(weight, config), config.gx_bits, config.rank, config.rounding, config.gx_scale)
+                   _keep_mode(weight, config), config.gx_bits, config.rank, config.rounding, config.gx_scale,
+                   config.exact)
     return y.squeeze(0) if unbatched else y
 
 
@@ -178,8 +208,16 @@ class Linear(_HotMixin, nn.Linear):
             y = F.linear(x, self.weight, self.bias)
             self._hot_capture.append(y)
             return y
-        self._hot_record(x, x.numel() // max(x.shape[-1], 1))
-        return hot_linear(x, self.weight, self.bias, self.hot_config)
+        if torch.compiler.is_compiling():
+            return hot_linear(x, self.weight, self.bias, self.hot_config)
+        # eager: _hot_record and hot_linear inlined (one autocast query, the config's plan cached)
+        ac = _autocast_on(x.device.type)
+        self.__dict__["_hot_seen"] = (int(x.numel() // max(x.shape[-1], 1)), tuple(x.shape),
+                                      torch.get_autocast_dtype(x.device.type) if ac else x.dtype)
+        weight, bias = self.weight, self.bias
+        if not _grad_wanted(x, weight, bias):
+            return F.linear(x, weight, bias)
+        return _linear_eager(x, weight, bias, _plan(self.hot_config), ac)
 
     def extra_repr(self) -> str:
         c = self.hot_config

@@ -42,9 +42,13 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
+import torch.utils.dlpack
 from torch import Tensor
 
 import hot
+from hot import _C
+from hot._api import _gw_chunk_rows
+from hot._frameworks import _torch_raw_stream
 
 KEEP_NOTHING = 0
 KEEP_COMPRESSED = 1
@@ -84,42 +88,120 @@ def _or_empty(t: Optional[Tensor], like: Tensor) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------------------
+# direct engine calls for the layers (host time)
+# ------------------------------------------------------------------------------------------------
+# The layers call hot._C directly with DLPack capsules of torch tensors whose shapes, devices and dtypes follow
+# from the layer's own (checked) forward, skipping the framework-generic argument handling of hot.compress_activation
+# and hot.backward_linear (which costs more host time than a small layer's kernels). The native module still
+# validates dtypes, devices and strides. Anything unusual (an empty tensor, a device other than CPU/CUDA, a shape
+# that does not match, a g_w contraction that needs the chunked path) goes through the public functions instead, so
+# errors and results are theirs.
+_to_dlpack = torch.utils.dlpack.to_dlpack
+_UINT64_MAX = (1 << 64) - 1
+
+
+def _stream_of(t: Tensor) -> int:
+    """hot's stream argument for a CPU or CUDA tensor t: 0 on the CPU, torch's current raw stream on t's GPU."""
+    if t.is_cpu:
+        return 0
+    return _torch_raw_stream()(t.get_device())
+
+
+def _compress(x: Tensor, rank: int) -> Tuple[Tensor, Tensor]:
+    """(q, scale) of ``hot.compress_activation(x.reshape(-1, I), hot.Config(rank=rank))`` for a torch tensor x
+    (..., I); a contiguous x goes to the engine as it is (the engine flattens its leading dims, as the reshape
+    would). A layer accepts any input layout F.linear does: a non-contiguous x is compressed from a temporary
+    contiguous copy."""
+    I = x.shape[-1]
+    if not x.is_contiguous():
+        x = x.contiguous()
+    if I == 0 or not (x.is_cpu or x.is_cuda) or x.numel() == 0:
+        saved = hot.compress_activation(x.reshape(-1, I), _config(4, rank, "stochastic", "tensor", False))
+        return saved.q, saved.scale
+    dev = x.device
+    q = torch.empty((I, padded_k(x.numel() // I, rank)), dtype=torch.int8, device=dev)
+    scale = torch.empty((1,), dtype=torch.float32, device=dev)
+    _C.compress_activation(_to_dlpack(x), rank, _stream_of(x), "compress_activation", "x", _to_dlpack(q),
+                           _to_dlpack(scale))
+    return q, scale
+
+
+def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tensor], scale: Optional[Tensor],
+                     seed: int, cfg, need_gx: bool, need_gw: bool, need_gb: bool, gx_shape):
+    """``hot.backward_linear(g.reshape(-1, O), w, saved, bias=need_gb, config=cfg, seed=seed, ...)`` for a
+    contiguous g (..., O) and w (O x I), where saved is the raw x (contiguous, L x I elements, given only when g_w
+    is needed) or else the ABC buffer (q, scale) of L x I; g_x comes back shaped gx_shape (g's leading dims, I)."""
+    O = g.shape[-1]
+    I = w.shape[1]
+    L = g.numel() // O if O else 0
+    rank = cfg.rank
+    dev = g.device
+    fast = L > 0 and I > 0 and (g.is_cpu or g.is_cuda) and w.device == dev and 0 <= seed <= _UINT64_MAX
+    if fast and need_gw:
+        if x is not None:
+            fast = (x.device == dev and x.shape[-1] == I and x.numel() == L * I
+                    and (cfg.exact or L <= _gw_chunk_rows(rank)))
+        else:
+            fast = (not cfg.exact and q is not None and q.device == dev and scale.device == dev
+                    and q.shape == (I, padded_k(L, rank)) and scale.shape == (1,) and L <= _gw_chunk_rows(rank))
+    if not fast:  # the public function: its checks, errors and chunked g_w path
+        saved = None
+        if need_gw:
+            saved = x.reshape(-1, I) if x is not None else _make_saved(q.detach(), scale.detach(), (L, I), rank)
+        gx, gw, gb = hot.backward_linear(g.reshape(-1, O), w, saved, bias=need_gb, config=cfg, seed=seed,
+                                         need_grad_input=need_gx, need_grad_weight=need_gw)
+        if gx is not None:
+            gx = gx.reshape(gx_shape)
+        return gx, gw, gb
+    stream = _stream_of(g)
+    dt = g.dtype
+    core = xe = None
+    if need_gw:
+        if cfg.exact:
+            xe = _to_dlpack(x if x.dtype == dt else x.to(dt))
+        elif x is not None:
+            core = _C.compress_activation(_to_dlpack(x), rank, stream, "backward_linear", "saved")
+        else:
+            core = _C.SavedActivation.wrap(_to_dlpack(q), _to_dlpack(scale), L, I, rank, stream, "backward_linear")
+    if cfg.exact and w.dtype != dt:
+        w = w.to(dt)
+    gx = torch.empty(gx_shape, dtype=dt, device=dev) if need_gx else None
+    gw = torch.empty((O, I), dtype=dt, device=dev) if need_gw else None
+    gb = torch.empty((O,), dtype=dt, device=dev) if need_gb else None
+    _C.backward_linear(_to_dlpack(g), _to_dlpack(w), core, xe, None if gx is None else _to_dlpack(gx),
+                       None if gw is None else _to_dlpack(gw), None if gb is None else _to_dlpack(gb),
+                       need_gx, need_gw, need_gb, cfg.gx_bits, rank, cfg.rounding, cfg.gx_scale, cfg.exact, seed,
+                       stream)
+    return gx, gw, gb
+
+
+# ------------------------------------------------------------------------------------------------
 # linear
 # ------------------------------------------------------------------------------------------------
 def _linear_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], keep: int, rank: int):
     """y and what the backward keeps (q, scale; empty unless keep == KEEP_COMPRESSED)."""
     y = F.linear(x, weight, bias)
     if keep == KEEP_COMPRESSED:
-        saved = hot.compress_activation(x.reshape(-1, x.shape[-1]), hot.Config(rank=rank))
-        return y, saved.q, saved.scale
+        q, scale = _compress(x, rank)
+        return y, q, scale
     return y, _empty(x, torch.int8), _empty(x, torch.float32)
 
 
 def _linear_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, cfg, need_gx, need_gw, need_gb):
     """hot.backward_linear for the layer; (g_x, g_w, g_b) with None for what was not requested."""
-    O, I = weight.shape
-    g = grad_y.contiguous().reshape(-1, O)
-    saved = None
-    if need_gw:
-        if x is not None:
-            saved = x.contiguous().reshape(-1, I)
-        else:
-            saved = _make_saved(q.detach(), scale.detach(), (g.shape[0], I), cfg.rank)
-    gx, gw, gb = hot.backward_linear(g, weight.contiguous(), saved, bias=need_gb, config=cfg, seed=seed,
-                                     need_grad_input=need_gx, need_grad_weight=need_gw)
-    if gx is not None:
-        gx = gx.reshape(x_shape)
-    return gx, gw, gb
+    return _backward_linear(grad_y.contiguous(), weight.contiguous(),
+                            x.contiguous() if need_gw and x is not None else None, q, scale, seed, cfg, need_gx,
+                            need_gw, need_gb, x_shape)
 
 
 @torch.library.custom_op("hot::linear", mutates_args=())
 def linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep: int, gx_bits: int,
-              rank: int, rounding: str, gx_scale: str) -> Tuple[Tensor, Tensor, Tensor]:
+              rank: int, rounding: str, gx_scale: str, exact: bool) -> Tuple[Tensor, Tensor, Tensor]:
     return _linear_forward(x, weight, bias, keep, rank)
 
 
 @linear_op.register_fake
-def _linear_fake(x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale):
+def _linear_fake(x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale, exact):
     y = x.new_empty((*x.shape[:-1], weight.shape[0]))
     if keep == KEEP_COMPRESSED:
         rows = x.numel() // x.shape[-1]
@@ -147,7 +229,7 @@ def _linear_backward_fake(grad_y, weight, x, q, scale, seed, x_shape, gx_bits, r
     return gx, gw, gb
 
 
-def _save_for_backward(ctx, output, x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale):
+def _save_for_backward(ctx, output, x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale, exact):
     """What the linear and conv2d ops keep for their backward (shared by both setup_context functions)."""
     _, q, scale = output
     ctx.mark_non_differentiable(q, scale)
@@ -155,7 +237,7 @@ def _save_for_backward(ctx, output, x, weight, bias, seed, keep, gx_bits, rank, 
     ctx.x_shape = list(x.shape)
     ctx.has_bias = bias is not None
     ctx.keep = keep
-    ctx.cfg = (gx_bits, rank, rounding, gx_scale, keep == KEEP_RAW)
+    ctx.cfg = (gx_bits, rank, rounding, gx_scale, exact)
 
 
 def _needs(ctx):
@@ -164,11 +246,11 @@ def _needs(ctx):
             ctx.has_bias and ctx.needs_input_grad[2])
 
 
-def _save_eager(ctx, x, weight, bias, q, scale, seed: int, keep, gx_bits, rank, rounding, gx_scale):
+def _save_eager(ctx, x, weight, bias, q, scale, seed: int, keep, gx_bits, rank, rounding, gx_scale, exact):
     """What the eager autograd.Functions keep (the tensors of _save_for_backward; the seed as an int)."""
     ctx.save_for_backward(x if keep == KEEP_RAW else None, weight, q, scale)
     ctx.seed, ctx.x_shape, ctx.keep, ctx.has_bias = seed, list(x.shape), keep, bias is not None
-    ctx.cfg = _config(gx_bits, rank, rounding, gx_scale, keep == KEEP_RAW)
+    ctx.cfg = _config(gx_bits, rank, rounding, gx_scale, exact)
 
 
 def _eager_backward(ctx, grad_y, n_other: int, body):
@@ -181,46 +263,72 @@ def _eager_backward(ctx, grad_y, n_other: int, body):
 
 
 def _linear_setup(ctx, inputs, output):
-    x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale = inputs
-    _save_for_backward(ctx, output, x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale)
+    x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale, exact = inputs
+    _save_for_backward(ctx, output, x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale, exact)
 
 
 def _linear_backward(ctx, grad_y, _gq, _gs):
     x, weight, q, scale, seed = ctx.saved_tensors
     need_gx, need_gw, need_gb = _needs(ctx)
+    nones = (None,) * 7
     if not (need_gx or need_gw or need_gb):
-        return None, None, None, None, None, None, None, None, None
+        return (None, None, None) + nones
     gx, gw, gb = torch.ops.hot.linear_backward(grad_y, weight, x, q, scale, seed, ctx.x_shape, *ctx.cfg,
                                                need_gx, need_gw, need_gb)
-    return (gx if need_gx else None, gw if need_gw else None, gb if need_gb else None,
-            None, None, None, None, None, None)
+    return (gx if need_gx else None, gw if need_gw else None, gb if need_gb else None) + nones
 
 
 linear_op.register_autograd(_linear_backward, setup_context=_linear_setup)
 
 
 class _LinearFunction(torch.autograd.Function):
-    """The eager route of :func:`linear`: the same bodies as the custom ops, without the dispatcher."""
+    """The eager route of :func:`linear`: the same bodies as the custom ops, without the dispatcher. The non-tensor
+    arguments travel as one tuple ``(seed, keep, cfg)`` (cfg: the backward's hot.Config, see :func:`backward_config`)
+    and only the tensors the backward reads are saved (no empty placeholders)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale):
-        y, q, scale = _linear_forward(x, weight, bias, keep, rank)
-        _save_eager(ctx, x, weight, bias, q, scale, seed, keep, gx_bits, rank, rounding, gx_scale)
+    def forward(ctx, x, weight, bias, args):
+        seed, keep, cfg = args
+        y = F.linear(x, weight, bias)
+        if keep == KEEP_COMPRESSED:
+            q, scale = _compress(x, cfg.rank)
+            ctx.save_for_backward(None, weight, q, scale)
+        else:
+            ctx.save_for_backward(x if keep == KEEP_RAW else None, weight, None, None)
+        ctx.seed, ctx.x_shape, ctx.keep, ctx.has_bias, ctx.cfg = seed, x.shape, keep, bias is not None, cfg
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        return _eager_backward(ctx, grad_y, 6, lambda x, w, q, s, *needs: _linear_backward_body(
-            grad_y, w, x, q, s, ctx.seed, ctx.x_shape, ctx.cfg, *needs))
+        x, weight, q, scale = ctx.saved_tensors
+        need_gx, need_gw, need_gb = _needs(ctx)
+        if not (need_gx or need_gw or need_gb):
+            return None, None, None, None
+        gx, gw, gb = _linear_backward_body(grad_y, weight, x, q, scale, ctx.seed, ctx.x_shape, ctx.cfg, need_gx,
+                                           need_gw, need_gb)
+        return gx, gw, gb, None
+
+
+def backward_config(gx_bits: int, rank: int, rounding: str, gx_scale: str, exact: bool):
+    """The hot.Config the backward of a layer op runs with (validated; cached)."""
+    return _config(gx_bits, rank, rounding, gx_scale, exact)
+
+
+def linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: int, keep: int, cfg) -> Tensor:
+    """The eager route of :func:`linear` with the seed as an int and cfg = backward_config(...) (the layers'
+    entry point; not for torch.compile)."""
+    return _LinearFunction.apply(x, weight, bias, (seed, keep, cfg))
 
 
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep: int, gx_bits: int, rank: int,
-           rounding: str, gx_scale: str) -> Tensor:
+           rounding: str, gx_scale: str, exact: bool = False) -> Tensor:
     """y = F.linear(x, weight, bias) with HOT's backward: the custom op under torch.compile, else the eager
-    autograd.Function (same bodies, same results)."""
+    autograd.Function (same bodies, same results). exact: the backward runs exact (cuBLAS / float) GEMMs; keep
+    is what the forward keeps (KEEP_RAW for an exact g_w, KEEP_NOTHING when no g_w is wanted)."""
     if torch.compiler.is_compiling():
-        return torch.ops.hot.linear(x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale)[0]
-    return _LinearFunction.apply(x, weight, bias, int(seed.item()), keep, gx_bits, rank, rounding, gx_scale)
+        return torch.ops.hot.linear(x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale, exact)[0]
+    return _LinearFunction.apply(x, weight, bias,
+                                 (int(seed.item()), keep, backward_config(gx_bits, rank, rounding, gx_scale, exact)))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -242,12 +350,12 @@ def _conv2d_forward(x, weight, bias, stride, padding, dilation, keep):
 @torch.library.custom_op("hot::conv2d", mutates_args=())
 def conv2d_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, stride: List[int],
               padding: List[int], dilation: List[int], keep: int, gx_bits: int, rank: int, rounding: str,
-              gx_scale: str) -> Tuple[Tensor, Tensor, Tensor]:
+              gx_scale: str, exact: bool) -> Tuple[Tensor, Tensor, Tensor]:
     return _conv2d_forward(x, weight, bias, stride, padding, dilation, keep)
 
 
 @conv2d_op.register_fake
-def _conv2d_fake(x, weight, bias, seed, stride, padding, dilation, keep, gx_bits, rank, rounding, gx_scale):
+def _conv2d_fake(x, weight, bias, seed, stride, padding, dilation, keep, gx_bits, rank, rounding, gx_scale, exact):
     N, _, H, W = x.shape
     O, _, kh, kw = weight.shape
     Ho = _conv_out(H, kh, stride[0], padding[0], dilation[0])
@@ -318,8 +426,8 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
         else:
             xf = hot.dequantize(q.detach(), scale.detach(), dtype=torch.float32).reshape(N, C, H, W)
         cols = im2col(xf, (kh, kw), stride, padding, dilation)  # N*P x CKK
-    gcols, gw, gb = hot.backward_linear(g, weight.reshape(O, CKK).contiguous(), cols, bias=need_gb, config=cfg,
-                                        seed=seed, need_grad_input=need_gx, need_grad_weight=need_gw)
+    gcols, gw, gb = _backward_linear(g, weight.reshape(O, CKK).contiguous(), cols, None, None, seed, cfg, need_gx,
+                                     need_gw, need_gb, (N * P, CKK))
     gx = None
     if need_gx:
         gx = col2im(gcols, (N, C, H, W), (kh, kw), stride, padding, dilation)
@@ -349,15 +457,15 @@ def _conv2d_backward_fake(grad_y, weight, x, q, scale, seed, x_shape, stride, pa
 
 
 def _conv2d_setup(ctx, inputs, output):
-    x, weight, bias, seed, stride, padding, dilation, keep, gx_bits, rank, rounding, gx_scale = inputs
-    _save_for_backward(ctx, output, x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale)
+    x, weight, bias, seed, stride, padding, dilation, keep, gx_bits, rank, rounding, gx_scale, exact = inputs
+    _save_for_backward(ctx, output, x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale, exact)
     ctx.geom = (list(stride), list(padding), list(dilation))
 
 
 def _conv2d_backward(ctx, grad_y, _gq, _gs):
     x, weight, q, scale, seed = ctx.saved_tensors
     need_gx, need_gw, need_gb = _needs(ctx)
-    nones = (None,) * 9
+    nones = (None,) * 10
     if not (need_gx or need_gw or need_gb):
         return (None, None, None) + nones
     gx, gw, gb = torch.ops.hot.conv2d_backward(grad_y, weight, x, q, scale, seed, ctx.x_shape, *ctx.geom, *ctx.cfg,
@@ -372,24 +480,26 @@ class _Conv2dFunction(torch.autograd.Function):
     """The eager route of :func:`conv2d` (see :class:`_LinearFunction`)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, seed, stride, padding, dilation, keep, gx_bits, rank, rounding, gx_scale):
+    def forward(ctx, x, weight, bias, seed, stride, padding, dilation, keep, gx_bits, rank, rounding, gx_scale,
+                exact):
         y, q, scale = _conv2d_forward(x, weight, bias, stride, padding, dilation, keep)
-        _save_eager(ctx, x, weight, bias, q, scale, seed, keep, gx_bits, rank, rounding, gx_scale)
+        _save_eager(ctx, x, weight, bias, q, scale, seed, keep, gx_bits, rank, rounding, gx_scale, exact)
         ctx.geom = (list(stride), list(padding), list(dilation))
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        return _eager_backward(ctx, grad_y, 9, lambda x, w, q, s, *needs: _conv2d_backward_body(
+        return _eager_backward(ctx, grad_y, 10, lambda x, w, q, s, *needs: _conv2d_backward_body(
             grad_y, w, x, q, s, ctx.seed, ctx.x_shape, *ctx.geom, ctx.cfg, *needs))
 
 
 def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, stride: List[int], padding: List[int],
-           dilation: List[int], keep: int, gx_bits: int, rank: int, rounding: str, gx_scale: str) -> Tensor:
+           dilation: List[int], keep: int, gx_bits: int, rank: int, rounding: str, gx_scale: str,
+           exact: bool = False) -> Tensor:
     """y = F.conv2d(...) with HOT's backward: the custom op under torch.compile, else the eager
     autograd.Function."""
     if torch.compiler.is_compiling():
         return torch.ops.hot.conv2d(x, weight, bias, seed, stride, padding, dilation, keep, gx_bits, rank, rounding,
-                                    gx_scale)[0]
+                                    gx_scale, exact)[0]
     return _Conv2dFunction.apply(x, weight, bias, int(seed.item()), stride, padding, dilation, keep, gx_bits, rank,
-                                 rounding, gx_scale)
+                                 rounding, gx_scale, exact)

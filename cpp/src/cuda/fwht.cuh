@@ -37,6 +37,14 @@ constexpr bool hla_order_matches() {
 }
 static_assert(hla_order_matches(), "hla_order must equal hot::kHlaOrder");
 
+// scale / inv / pre of one quantiser from its amax key (hot/quant_rules.h).
+__device__ __forceinline__ void store_scale_from_key(unsigned key, int qmax, float* scale, float* inv, float* pre) {
+  const QuantScale qs = quant_scale_from_amax(amax_from_key(key), qmax);
+  *scale = qs.scale;
+  *inv = qs.inv;
+  *pre = qs.pre;
+}
+
 __device__ __forceinline__ uint32_t warp_max_u32(uint32_t v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));

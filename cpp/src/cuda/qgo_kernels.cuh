@@ -553,18 +553,9 @@ __global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo16_kernel(cons
 __global__ void qgo_finalize_kernel(const unsigned* key_gx, int64_t n_gx, int gx_qmax, float* s_g, float* inv_gx,
                                     float* pre_gx, const unsigned* key_gw, float* s_gh, float* inv_gw, float* pre_gw) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n_gx;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const QuantScale qs = quant_scale_from_amax(amax_from_key(key_gx[i]), gx_qmax);
-    s_g[i] = qs.scale;
-    inv_gx[i] = qs.inv;
-    pre_gx[i] = qs.pre;
-  }
-  if (key_gw != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
-    const QuantScale qs = quant_scale_from_amax(amax_from_key(key_gw[0]), 127);
-    *s_gh = qs.scale;
-    *inv_gw = qs.inv;
-    *pre_gw = qs.pre;
-  }
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    store_scale_from_key(key_gx[i], gx_qmax, s_g + i, inv_gx + i, pre_gx + i);
+  if (key_gw != nullptr && blockIdx.x == 0 && threadIdx.x == 0) store_scale_from_key(key_gw[0], 127, s_gh, inv_gw, pre_gw);
 }
 
 bool aligned(const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backend.h"
 #include "test_util.h"
@@ -142,6 +144,30 @@ inline ::testing::AssertionResult all_bytes_equal(const HostTensor& a, const Hos
                                            << int(b.bytes()[i]);
     }
   return ::testing::AssertionSuccess();
+}
+
+// The cases of the quantize bit-exactness suites (Cuda_* and Emu_*): f(in, params) for every dtype, shape (R, C),
+// bit width, scale mode and rounding, each with its own input (row stride C + 2) and seed, under a SCOPED_TRACE.
+template <typename F>
+void for_each_quantize_case(const std::vector<DType>& dtypes, const std::vector<std::pair<int64_t, int64_t>>& shapes,
+                            F&& f) {
+  uint64_t seed = 200;
+  for (DType dt : dtypes)
+    for (auto [R, C] : shapes)
+      for (int bits : {4, 8})
+        for (hot::ScaleMode sm : {hot::ScaleMode::tensor, hot::ScaleMode::token})
+          for (hot::Rounding rd : {hot::Rounding::nearest, hot::Rounding::stochastic}) {
+            SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " " << R << "x" << C << " bits " << bits << " "
+                                            << hot::scale_mode_name(sm) << " " << hot::rounding_name(rd));
+            const HostTensor in = rand_float(dt, R, C, seed++, C + 2, 3.0f);
+            hot::QuantizeParams p;
+            p.bits = bits;
+            p.scale = sm;
+            p.rounding = rd;
+            p.seed = 0x1234567890abcdefull + seed;
+            p.rng_stream = static_cast<uint32_t>(seed % 3);
+            f(in, p);
+          }
 }
 
 // One configuration of quantize_grad_output in the bit-exactness suites (Cuda_* and Emu_*), and its plan.

@@ -62,32 +62,20 @@ TEST_F(Cuda_Hla, BitExactVsCpu) {
 
 class Cuda_Quantize : public CudaTest {};
 TEST_F(Cuda_Quantize, BitExactVsCpu) {
-  uint64_t seed = 200;
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1}, {3, 1}, {37, 53}, {1000, 129}, {5, 4099}};
-  for (DType dt : kFloatTypes)
-    for (auto [R, C] : shapes)
-      for (int bits : {4, 8})
-        for (ScaleMode sm : {ScaleMode::tensor, ScaleMode::token})
-          for (Rounding rd : {Rounding::nearest, Rounding::stochastic}) {
-            SCOPED_TRACE(testing::Message() << dt_name(dt) << " " << R << "x" << C << " bits " << bits << " "
-                                            << hot::scale_mode_name(sm) << " " << hot::rounding_name(rd));
-            HostTensor in = rand_float(dt, R, C, seed++, C + 2, 3.0f);
-            hot::QuantizeParams p;
-            p.bits = bits;
-            p.scale = sm;
-            p.rounding = rd;
-            p.seed = 0x1234567890abcdefull + seed;
-            p.rng_stream = static_cast<uint32_t>(seed % 3);
-            const int64_t ns = sm == ScaleMode::tensor ? 1 : R;
-            HostTensor qc = out2d(DType::s8, R, C, C + 5), qg = qc;
-            HostTensor sc = out1d(DType::f32, ns), sg = sc;
-            DevTensor din(in), dq(qg), ds(sg);
-            hot::quantize(in, qc, sc, p);
-            hot::quantize(din, dq, ds, p, st());
-            sync();
-            EXPECT_TRUE(all_bytes_equal(qc, dq.to_host()));
-            EXPECT_TRUE(all_bytes_equal(sc, ds.to_host()));
-          }
+  for_each_quantize_case({std::begin(kFloatTypes), std::end(kFloatTypes)},
+                         {{1, 1}, {3, 1}, {37, 53}, {1000, 129}, {5, 4099}},
+                         [&](const HostTensor& in, const hot::QuantizeParams& p) {
+                           const int64_t R = in.rows(), C = in.cols();
+                           const int64_t ns = p.scale == ScaleMode::tensor ? 1 : R;
+                           HostTensor qc = out2d(DType::s8, R, C, C + 5), qg = qc;
+                           HostTensor sc = out1d(DType::f32, ns), sg = sc;
+                           DevTensor din(in), dq(qg), ds(sg);
+                           hot::quantize(in, qc, sc, p);
+                           hot::quantize(din, dq, ds, p, st());
+                           sync();
+                           EXPECT_TRUE(all_bytes_equal(qc, dq.to_host()));
+                           EXPECT_TRUE(all_bytes_equal(sc, ds.to_host()));
+                         });
 }
 
 TEST_F(Cuda_Quantize, NonFiniteGivesNaNScaleAndZeros) {

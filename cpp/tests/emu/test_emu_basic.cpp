@@ -85,33 +85,21 @@ void emu_quantize(const HostTensor& in, HostTensor& q, HostTensor& s, const hot:
 }
 
 TEST(Emu_Quantize, BitExactVsCpu) {
-  uint64_t seed = 200;
 #if defined(HOT_EMU_RACE)
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{37, 53}, {5, 1031}};
 #else
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1}, {3, 1}, {37, 53}, {300, 129}, {5, 1031}};
 #endif
-  for (DType dt : kDtypes)
-    for (auto [R, C] : shapes)
-      for (int bits : {4, 8})
-        for (ScaleMode sm : {ScaleMode::tensor, ScaleMode::token})
-          for (Rounding rd : {Rounding::nearest, Rounding::stochastic}) {
-            SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " " << R << "x" << C << " bits " << bits << " "
-                                            << hot::scale_mode_name(sm) << " " << hot::rounding_name(rd));
-            HostTensor in = rand_float(dt, R, C, seed++, C + 2, 3.0f);
-            hot::QuantizeParams p;
-            p.bits = bits;
-            p.scale = sm;
-            p.rounding = rd;
-            p.seed = 0x1234567890abcdefull + seed;
-            p.rng_stream = static_cast<uint32_t>(seed % 3);
-            const int64_t ns = sm == ScaleMode::tensor ? 1 : R;
-            HostTensor qc = out2d(DType::s8, R, C, C + 5), qe = qc, sc = out1d(DType::f32, ns), se = sc;
-            hot::cpu::quantize(in, qc, sc, p, {});
-            emu_quantize(in, qe, se, p);
-            EXPECT_TRUE(all_bytes_equal(qc, qe));
-            EXPECT_TRUE(all_bytes_equal(sc, se));
-          }
+  hot_cuda_test::for_each_quantize_case(
+      {std::begin(kDtypes), std::end(kDtypes)}, shapes, [&](const HostTensor& in, const hot::QuantizeParams& p) {
+        const int64_t R = in.rows(), C = in.cols();
+        const int64_t ns = p.scale == ScaleMode::tensor ? 1 : R;
+        HostTensor qc = out2d(DType::s8, R, C, C + 5), qe = qc, sc = out1d(DType::f32, ns), se = sc;
+        hot::cpu::quantize(in, qc, sc, p, {});
+        emu_quantize(in, qe, se, p);
+        EXPECT_TRUE(all_bytes_equal(qc, qe));
+        EXPECT_TRUE(all_bytes_equal(sc, se));
+      });
 }
 
 // Non-finite input: a NaN scale for the tensor or for the rows that hold it, the same bytes as the CPU backend.

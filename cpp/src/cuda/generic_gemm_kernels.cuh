@@ -1,0 +1,116 @@
+// The generic CUDA-core integer GEMM (exact int32 accumulation; s32 output or the fused dequantisation) and the
+// dequantisation of an s32 matrix, with their launch sequences. Used for shapes the tensor-core paths do not take
+// (K not a multiple of 16, misaligned views), for GPUs without a compiled tensor-core path, and (dequant_s32) after
+// the sm_80 CUTLASS GEMM. Included by gemm.cu and by the host emulation test (cpp/tests/emu), which runs these same
+// kernels on the CPU. Launchers: the interface of StreamLaunch (common.cuh).
+#pragma once
+
+#include "common.cuh"
+#include "hot/quant_rules.h"
+
+namespace hot::cuda {
+
+namespace {
+
+constexpr int kTM = 64, kTN = 64, kTK = 32;
+
+struct StoreS32 {
+  int32_t* c;
+  int64_t ld;
+  __device__ void operator()(int64_t m, int64_t n, int32_t acc) const { c[m * ld + n] = acc; }
+};
+
+template <typename T>
+struct Dequant {
+  T* out;
+  int64_t ld;
+  const float* sa;
+  bool per_row;
+  const float* sb;
+  float factor;
+  __device__ void operator()(int64_t m, int64_t n, int32_t acc) const {
+    // acc * ((sa * sb) * factor), fp32, round to nearest: the order of the CPU backend and the CUTLASS
+    // epilogue.
+    const float alpha = __fmul_rn(__fmul_rn(sa[per_row ? m : 0], sb[0]), factor);
+    const float v = __fmul_rn(static_cast<float>(acc), alpha);
+    store_f(out + m * ld + n, v);
+  }
+};
+
+// 64x64 output tile, 256 threads, 4x4 outputs each, exact int32 accumulation.
+template <typename Epi>
+__global__ void __launch_bounds__(256) gemm_s8_generic_kernel(Mat<const int8_t> A, Mat<const int8_t> B, Epi epi) {
+  __shared__ int8_t As[kTM][kTK + 4];
+  __shared__ int8_t Bs[kTN][kTK + 4];
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int64_t bm = static_cast<int64_t>(blockIdx.y) * kTM, bn = static_cast<int64_t>(blockIdx.x) * kTN;
+  const int64_t M = A.rows, N = B.rows, K = A.cols;
+  int32_t acc[4][4] = {};
+  for (int64_t k0 = 0; k0 < K; k0 += kTK) {
+    for (int i = threadIdx.x; i < kTM * kTK; i += 256) {
+      const int r = i / kTK, c = i % kTK;
+      const int64_t m = bm + r, n = bn + r, k = k0 + c;
+      As[r][c] = (m < M && k < K) ? A.p[m * A.ld + k] : int8_t(0);
+      Bs[r][c] = (n < N && k < K) ? B.p[n * B.ld + k] : int8_t(0);
+    }
+    __syncthreads();
+#pragma unroll 8
+    for (int kk = 0; kk < kTK; ++kk) {
+      int32_t a[4], b[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = As[ty + 16 * i][kk];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) b[j] = Bs[tx + 16 * j][kk];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t m = bm + ty + 16 * i, n = bn + tx + 16 * j;
+      if (m < M && n < N) epi(m, n, acc[i][j]);
+    }
+}
+
+// out = float(acc) * sa[m | 0] * sb[0] * factor from an s32 matrix (sm80 path: the CUTLASS 2.x GEMM
+// writes s32, this applies the same scalar rule as the fused epilogues).
+template <typename T>
+__global__ void dequant_s32_kernel(Mat<const int32_t> c, Dequant<T> epi) {
+  const int64_t n = c.rows * c.cols;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / c.cols, k = e % c.cols;
+    epi(r, k, c.p[r * c.ld + k]);
+  }
+}
+
+template <typename T>
+Dequant<T> make_dequant(const TensorView& sa, const TensorView& sb, float factor, const TensorView& out) {
+  return Dequant<T>{static_cast<T*>(out.data), out.strides[0], static_cast<const float*>(sa.data),
+                    sa.shape[0] != 1, static_cast<const float*>(sb.data), factor};
+}
+
+// C (M x N) = A (M x K) B (N x K)^T through the epilogue epi(m, n, acc).
+template <typename Epi, typename Launch>
+void generic_gemm_launch(const Mat<const int8_t>& a, const Mat<const int8_t>& b, const Epi& epi, const Launch& launch) {
+  const dim3 grid(static_cast<unsigned>(ceil_div(b.rows, kTN)), static_cast<unsigned>(ceil_div(a.rows, kTM)));
+  HOT_CHECK_VALUE(grid.y < 65536, "integer GEMM: M = ", a.rows, " is too large for the generic kernel");
+  launch(gemm_s8_generic_kernel<Epi>, grid, 256, 0, a, b, epi);
+}
+
+// out = float(c) * sa[m | 0] * sb[0] * factor, for a float dtype T of out.
+template <typename T, typename Launch>
+void dequant_s32_launch(const TensorView& c, const TensorView& sa, const TensorView& sb, float factor,
+                        const TensorView& out, const Launch& launch) {
+  launch(dequant_s32_kernel<T>, dim3(grid_1d(c.shape[0] * c.shape[1], 256)), 256, 0, mat<const int32_t>(c),
+         make_dequant<T>(sa, sb, factor, out));
+}
+
+}  // namespace
+
+}  // namespace hot::cuda

@@ -1,0 +1,83 @@
+// The generic CUDA-core integer GEMM kernels (generic_gemm_kernels.cuh: s32 output, fused dequantisation, and the
+// dequantisation of an s32 matrix after the sm_80 GEMM), run on the CPU by the host emulation (cuda_emu.h) and
+// compared byte for byte with the CPU backend over shapes that leave partial 64 x 64 tiles and partial 32-deep K
+// steps, strided operands and outputs. Compiled into hot_emu_tests (AddressSanitizer) and hot_emu_race_tests
+// (ThreadSanitizer, fewer cases).
+#include "emu/cuda_emu.h"  // first: it includes the CUDA headers in emulation mode
+
+#include "cuda/generic_gemm_kernels.cuh"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <tuple>
+#include <vector>
+
+#include "cuda/cuda_test_util.h"
+
+namespace {
+
+using hot::DType;
+using hot_cuda_test::all_bytes_equal;
+using hot_cuda_test::out2d;
+using hot_cuda_test::rand_int;
+using hot_test::HostTensor;
+using Shape = std::tuple<int64_t, int64_t, int64_t>;  // M, N, K
+
+#if defined(HOT_EMU_RACE)
+const std::vector<Shape> kShapes = {{70, 65, 40}};
+const DType kDtypes[] = {DType::bf16};
+#else
+const std::vector<Shape> kShapes = {{1, 1, 1}, {1, 1, 16}, {17, 33, 48}, {129, 70, 77}, {64, 128, 32}, {65, 3, 100}};
+const DType kDtypes[] = {DType::f32, DType::bf16, DType::f16};
+#endif
+
+TEST(Emu_GemmS8Generic, BitExactVsCpu) {
+  uint64_t seed = 900;
+  for (auto [M, N, K] : kShapes) {
+    SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " K " << K);
+    HostTensor a = rand_int(DType::s8, M, K, -127, 127, seed++, K + 3);
+    HostTensor b = rand_int(DType::s8, N, K, -127, 127, seed++, K + 1);
+    HostTensor cc = out2d(DType::s32, M, N, N + 2), ce = cc;
+    hot::cpu::gemm_s8s8s32(a, b, cc, {});
+    const hot::cuda::Mat<int32_t> c = hot::cuda::mat<int32_t>(ce.view());
+    hot::cuda::generic_gemm_launch(hot::cuda::mat<const int8_t>(a.view()), hot::cuda::mat<const int8_t>(b.view()),
+                                   hot::cuda::StoreS32{c.p, c.ld}, hot_emu::Launch{});
+    EXPECT_TRUE(all_bytes_equal(cc, ce));
+  }
+}
+
+// The fused dequantising epilogue, and the s32 dequantisation kernel applied to the CPU backend's s32 product:
+// both the same bytes as the CPU backend's gemm_s8_dequant, per-row and per-tensor scales.
+TEST(Emu_GemmDequantGeneric, BitExactVsCpu) {
+  uint64_t seed = 950;
+  for (DType dt : kDtypes)
+    for (auto [M, N, K] : kShapes)
+      for (bool per_row : {false, true}) {
+        SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " M " << M << " N " << N << " K " << K << " per_row "
+                                        << per_row);
+        HostTensor a = rand_int(DType::s8, M, K, -127, 127, seed++);
+        HostTensor b = rand_int(DType::s8, N, K, -127, 127, seed++, K + 5);
+        HostTensor sa = HostTensor::make1d(DType::f32, per_row ? M : 1);
+        const std::vector<float> r = hot_test::randn(static_cast<size_t>(sa.cols()), seed++);
+        for (int64_t i = 0; i < sa.cols(); ++i) sa.setf(i, 1e-3f * (1.0f + std::fabs(r[i])));
+        HostTensor sb = HostTensor::make1d(DType::f32, 1);
+        sb.setf(0, 0.0123f);
+        const float factor = 1.0f / 16;
+        HostTensor oc = out2d(dt, M, N, N + 1), oe = oc, os = oc;
+        hot::cpu::gemm_s8_dequant(a, b, sa, sb, factor, 8, oc, {});
+        HostTensor c32 = out2d(DType::s32, M, N);
+        hot::cpu::gemm_s8s8s32(a, b, c32, {});
+        hot::cuda::dispatch_float(dt, "emu", [&](auto t) {
+          using T = decltype(t);
+          hot::cuda::generic_gemm_launch(hot::cuda::mat<const int8_t>(a.view()), hot::cuda::mat<const int8_t>(b.view()),
+                                         hot::cuda::make_dequant<T>(sa.view(), sb.view(), factor, oe.view()),
+                                         hot_emu::Launch{});
+          hot::cuda::dequant_s32_launch<T>(c32.view(), sa.view(), sb.view(), factor, os.view(), hot_emu::Launch{});
+        });
+        EXPECT_TRUE(all_bytes_equal(oc, oe)) << "fused epilogue";
+        EXPECT_TRUE(all_bytes_equal(oc, os)) << "s32 dequantisation";
+      }
+}
+
+}  // namespace

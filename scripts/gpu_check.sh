@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-shot GPU check, run on the GPU machine from the repository root:
-#   build (cmake + ninja, -j16, HOT_CUDA_ARCHS=${HOT_CUDA_ARCHS:-90a}), ctest (CPU + CUDA suites),
-#   compute-sanitizer memcheck on the CUDA gtests, the benchmarks, and (if time allows) a compile-only
+#   build (cmake + ninja, -j16, HOT_CUDA_ARCHS=${HOT_CUDA_ARCHS:-90a}), ctest (CPU + CUDA suites; the Emu_* CPU
+#   emulation suites are CI's and not built here), compute-sanitizer memcheck on the CUDA gtests, the benchmarks, and (if time allows) a compile-only
 #   build of the CUDA backend for sm_80. Logs go to $OUT (default ./gpu_out); a summary table is printed last.
 # Needs: the nvidia-cutlass wheel in .whl/ (carried) unless third_party/cutlass is checked out;
 # GoogleTest from the system, else built from /usr/src/googletest or .carry/googletest.
@@ -55,7 +55,8 @@ fi
 if want build; then
   tb=$(date +%s)
   cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DHOT_CUDA=ON -DHOT_CUDA_ARCHS="$ARCHS" \
-        -DHOT_BUILD_PYTHON=${HOT_BUILD_PYTHON:-OFF} "${PY_ARG[@]}" "${CUTLASS_ARG[@]}" "${GTEST_ARG[@]}" > "$OUT/build.log" 2>&1 \
+        -DHOT_BUILD_PYTHON=${HOT_BUILD_PYTHON:-OFF} -DHOT_BUILD_EMU_TESTS=OFF \
+        "${PY_ARG[@]}" "${CUTLASS_ARG[@]}" "${GTEST_ARG[@]}" > "$OUT/build.log" 2>&1 \
     && ninja -C $BUILD -j16 -k 0 >> "$OUT/build.log" 2>&1
   rc=$?
   note "build ($ARCHS)" "$([[ $rc == 0 ]] && echo ok || echo FAIL)" "$(( $(date +%s) - tb ))s wall; $(grep -c 'C7510' "$OUT/build.log") wgmma-serialisation warnings"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One-shot GPU check, run on the GPU machine from the repository root:
 #   build (cmake + ninja, -j16, HOT_CUDA_ARCHS=${HOT_CUDA_ARCHS:-90a}), ctest (CPU + CUDA suites; the Emu_* CPU
-#   emulation suites are CI's and not built here), compute-sanitizer memcheck on the CUDA gtests, the benchmarks, and (if time allows) a compile-only
-#   build of the CUDA backend for sm_80. Logs go to $OUT (default ./gpu_out); a summary table is printed last.
+#   emulation suites are CI's and not built here), compute-sanitizer memcheck on the CUDA gtests, the benchmarks,
+#   and (if time allows) a compile-only build of the CUDA backend for sm_80. Logs go to $OUT (default ./gpu_out); a summary table is printed last.
 # Needs: the nvidia-cutlass wheel in .whl/ (carried) unless third_party/cutlass is checked out;
 # GoogleTest from the system, else built from /usr/src/googletest or .carry/googletest.
 # Environment knobs: GPU_CHECK_BUDGET_S (default 520): later steps are skipped when it would be exceeded;

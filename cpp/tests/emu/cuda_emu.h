@@ -3,8 +3,9 @@
 //
 // Include this before anything else in a translation unit compiled by the host compiler (not nvcc); it
 // includes the CUDA headers itself. What it provides:
-// - every thread of a block is a std::thread; the blocks of a grid run one after another, so function-local __shared__
-//   arrays (made `static` here) and the dynamic shared memory (HOT_DYNAMIC_SMEM) are per block;
+// - every thread of a block is a std::thread; the blocks of a grid run one after another, in a shuffled order, so
+//   function-local __shared__ arrays (made `static` here) and the dynamic shared memory (HOT_DYNAMIC_SMEM) are per
+//   block;
 // - __syncthreads() is a barrier of the block's threads, __shfl_xor_sync a barrier-separated exchange among
 //   the 32 lanes of a warp (every lane of the warp must call it, as on the GPU with a full mask);
 // - threadIdx / blockIdx / blockDim / gridDim are thread-local;
@@ -111,6 +112,17 @@ inline void cp_async_wait(int n) {
 template <typename... KArgs, typename... Args>
 void launch(void (*kernel)(KArgs...), dim3 grid, int threads, size_t smem_bytes, Args&&... args) {
   if (threads % 32 != 0) fail("launch: the emulation needs whole warps");
+  // The blocks run one after another in a shuffled order (fixed per grid size), so a kernel that depends on the
+  // order in which blocks run, which the GPU does not promise, fails here too.
+  std::vector<uint3> order;
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) order.push_back(make_uint3(bx, by, bz));
+  uint64_t rng = 0x9e3779b97f4a7c15ull ^ order.size();
+  for (size_t i = order.size(); i > 1; --i) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    std::swap(order[i - 1], order[(rng >> 33) % i]);
+  }
   Block block(threads, smem_bytes);
   std::vector<std::thread> pool;
   pool.reserve(threads);
@@ -120,17 +132,15 @@ void launch(void (*kernel)(KArgs...), dim3 grid, int threads, size_t smem_bytes,
       blockDim = dim3(static_cast<unsigned>(threads));
       gridDim = grid;
       current = &block;
-      for (unsigned bz = 0; bz < grid.z; ++bz)
-        for (unsigned by = 0; by < grid.y; ++by)
-          for (unsigned bx = 0; bx < grid.x; ++bx) {
-            // Shared memory starts as garbage, never as zeros.
-            if (t == 0) std::memset(block.smem.data(), 0xA5, block.smem.size() * sizeof(uint4));
-            block.bar.arrive_and_wait();
-            blockIdx = make_uint3(bx, by, bz);
-            kernel(args...);
-            if (!open_group.empty() || !committed.empty()) fail("a block ended with cp.async copies pending");
-            block.bar.arrive_and_wait();  // the block is done before the next one starts
-          }
+      for (const uint3& b : order) {
+        // Shared memory starts as garbage, never as zeros.
+        if (t == 0) std::memset(block.smem.data(), 0xA5, block.smem.size() * sizeof(uint4));
+        block.bar.arrive_and_wait();
+        blockIdx = b;
+        kernel(args...);
+        if (!open_group.empty() || !committed.empty()) fail("a block ended with cp.async copies pending");
+        block.bar.arrive_and_wait();  // the block is done before the next one starts
+      }
       current = nullptr;
     });
   for (auto& th : pool) th.join();

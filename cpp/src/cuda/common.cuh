@@ -194,7 +194,8 @@ inline Mat<T> mat(const TensorView& v) {
 
 #if !defined(HOT_CUDA_EMULATION)
 // Launches kernels on one stream: the launcher interface of the launch sequences in qgo_kernels.cuh,
-// weight_kernels.cuh and basic_kernels.cuh (the host emulation in cpp/tests/emu supplies its own).
+// weight_kernels.cuh, basic_kernels.cuh and generic_gemm_kernels.cuh (the host emulation in cpp/tests/emu supplies
+// its own, hot_emu::Launch).
 struct StreamLaunch {
   cudaStream_t s;
   template <typename... KArgs, typename... Args>

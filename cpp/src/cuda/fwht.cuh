@@ -10,10 +10,12 @@ namespace hot::cuda {
 
 // In-register fast Walsh-Hadamard transform of B values, natural (Sylvester) order, no normalisation:
 // for h = 1, 2, 4, ... < B: for each pair (j, j + h) in blocks of 2h: (a, b) -> (a + b, a - b) in fp32.
+// With block < B (a run-time value) only the stages h < block run: B / block independent transforms of size block.
 template <int B>
-__device__ __forceinline__ void fwht_regs(float (&x)[B]) {
+__device__ __forceinline__ void fwht_regs(float (&x)[B], int block = B) {
 #pragma unroll
   for (int h = 1; h < B; h *= 2) {
+    if (h >= block) break;
 #pragma unroll
     for (int j = 0; j < B; ++j) {
       if ((j & h) == 0) {

@@ -144,23 +144,6 @@ __device__ __forceinline__ uint32_t pack4(const int8_t (&q)[4]) {
          (static_cast<uint32_t>(static_cast<uint8_t>(q[3])) << 24);
 }
 
-// In-register FWHT of 16 values restricted to the stages h < b (b = block size of the g_x path).
-__device__ __forceinline__ void fwht16_partial(float (&x)[16], int b) {
-#pragma unroll
-  for (int h = 1; h < 16; h *= 2) {
-    if (h < b) {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        if ((j & h) == 0) {
-          const float a = x[j], c = x[j + h];
-          x[j] = __fadd_rn(a, c);
-          x[j + h] = __fsub_rn(a, c);
-        }
-      }
-    }
-  }
-}
-
 template <typename T>
 struct VecIO {
   static constexpr int N = 16 / sizeof(T);  // elements per 16-byte load
@@ -226,7 +209,7 @@ __device__ __forceinline__ void qgo_tile(const QgoParams& p, const Tile& tile, i
       const int64_t r = r0 + row, c = c0 + g16;
       float x[16];
       tile.load16(row, g16, x);
-      fwht16_partial(x, p.block);
+      fwht_regs<16>(x, p.block);  // G~: blocks of b columns
       if (PASS == 1) {
         uint32_t k = 0;
 #pragma unroll

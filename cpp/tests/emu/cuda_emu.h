@@ -44,6 +44,8 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/convert.h"
+
 inline thread_local uint3 threadIdx;
 inline thread_local uint3 blockIdx;
 inline thread_local dim3 blockDim;
@@ -191,16 +193,8 @@ inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
-inline float __uint_as_float(unsigned u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline unsigned __float_as_uint(float f) {
-  unsigned u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
+inline float __uint_as_float(unsigned u) { return hot::cpu::bits_to_float(u); }
+inline unsigned __float_as_uint(float f) { return hot::cpu::float_to_bits(f); }
 // The GPU conversions saturate and map NaN to 0; the kernels only convert finite values inside the int8
 // range, and the emulation stops on anything outside the int32 range (where the two would differ).
 inline int emu_to_int(float r) {

@@ -300,13 +300,8 @@ class _LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, weight, q, scale = ctx.saved_tensors
-        need_gx, need_gw, need_gb = _needs(ctx)
-        if not (need_gx or need_gw or need_gb):
-            return None, None, None, None
-        gx, gw, gb = _linear_backward_body(grad_y, weight, x, q, scale, ctx.seed, ctx.x_shape, ctx.cfg, need_gx,
-                                           need_gw, need_gb)
-        return gx, gw, gb, None
+        return _eager_backward(ctx, grad_y, 1, lambda x, w, q, s, *needs: _linear_backward_body(
+            grad_y, w, x, q, s, ctx.seed, ctx.x_shape, ctx.cfg, *needs))
 
 
 def backward_config(gx_bits: int, rank: int, rounding: str, gx_scale: str, exact: bool):

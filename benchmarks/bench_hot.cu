@@ -194,9 +194,12 @@ int main(int argc, char** argv) {
       "## Kernel variants of the g_y pass and ABC (qgo_kernels.cuh; identical bytes)\n\n"
       "v5 = plain fp32 tile layout, v6 = bank-spread tile layout, v7 = persistent CTAs with cp.async double-buffered "
       "16-bit tiles. Pass = the default plan (4-bit per-tensor G~, rank-8 "
-      "G^, stochastic); stats = pass 1 alone (bias only); ABC = compress_activation of x (L x I, bf16, rank 8).\n\n"
-      "| layer | pass v5 us | v6 us | v7 us | stats v5 us | v6 us | v7 us | ABC v5 us | v6 us | v7 us |\n"
-      "|---|---|---|---|---|---|---|---|---|---|\n";
+      "G^, stochastic); stats = pass 1 alone (bias only); ABC = compress_activation of x (L x I, bf16, rank 8). "
+      "These use the kernels compiled for rank 8 (the default); 'run-time rank' = the same pass with the generic "
+      "kernels (set_qgo_fixed_rank(false)).\n\n"
+      "| layer | pass v5 us | v6 us | v7 us | stats v5 us | v6 us | v7 us | ABC v5 us | v6 us | v7 us | "
+      "pass v5 run-time rank us | v7 run-time rank us |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
 
   for (size_t li = 0; li < layers.size(); ++li) {
     if (!pick.empty() && std::find(pick.begin(), pick.end(), static_cast<int>(li)) == pick.end()) continue;
@@ -271,9 +274,18 @@ int main(int argc, char** argv) {
                                          saved[i % ns].scale.view(), 8, {});
         });
       }
+      double generic[2];
+      hot::cuda::set_qgo_fixed_rank(false);
+      for (int v = 0; v < 2; ++v) {
+        hot::cuda::set_qgo_variant(v == 0 ? 5 : 7);
+        generic[v] = variant(true, true, false, S, T);
+      }
+      hot::cuda::set_qgo_fixed_rank(true);
       hot::cuda::set_qgo_variant(5);
-      std::snprintf(row, sizeof row, "| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", ly.name,
-                    vt[0][0], vt[1][0], vt[2][0], vt[0][1], vt[1][1], vt[2][1], vt[0][2], vt[1][2], vt[2][2]);
+      std::snprintf(row, sizeof row,
+                    "| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", ly.name,
+                    vt[0][0], vt[1][0], vt[2][0], vt[0][1], vt[1][1], vt[2][1], vt[0][2], vt[1][2], vt[2][2],
+                    generic[0], generic[1]);
       t5 += row;
       std::printf("%s", row);
       cudaFree(gbias);

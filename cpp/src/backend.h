@@ -78,6 +78,9 @@ void memset_zero(void* p, size_t bytes, int device, Stream s);
 // Internal (benchmark, tests): the variant of the g_y pass / ABC kernels, 5, 6 or 7 (qgo_kernels.cuh); returns the
 // previous one. Process-wide; every variant gives identical bytes.
 int set_qgo_variant(int variant);
+// Internal (benchmark, tests): whether rank-8 calls run the kernels compiled for rank 8 (the default) or the
+// run-time-rank ones; returns the previous setting. Process-wide; identical bytes either way.
+bool set_qgo_fixed_rank(bool on);
 }  // namespace cuda
 
 }  // namespace hot

@@ -11,31 +11,50 @@ namespace hot::cuda {
 
 namespace {
 
+// One-time setup of the kernels of one input type and rank R (per process; one attribute value for all
+// devices): the dynamic shared memory they need, and how many CTAs of each persistent (variant 7) kernel fit
+// on an SM, which is how many per SM the variant-7 passes launch.
+template <typename T, int R>
+struct QgoKernels {
+  int ctas_per_sm[2] = {1, 1};
+  QgoKernels() {
+    const int smem = static_cast<int>(qgo_smem_bytes());
+    HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo_kernel<T, 1, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo_kernel<T, 2, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    if constexpr (sizeof(T) == 2) {
+      set16(qgo16_kernel<T, 1, R>, 1);
+      set16(qgo16_kernel<T, 2, R>, 2);
+    }
+  }
+  template <class K>
+  void set16(K kernel, int pass) {
+    const int smem = static_cast<int>(qgo16_smem_bytes(pass));
+    HOT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    int n = 0;
+    HOT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
+    ctas_per_sm[pass - 1] = std::max(1, n);
+  }
+  static const QgoKernels& get() {
+    static const QgoKernels k;  // thread-safe one-time initialisation
+    return k;
+  }
+};
+
 // The shared implementation of quantize_grad_output and compress_activation.
 void run_qgo(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out, Stream st) {
   const int dev = gy.device.index;
   DeviceGuard dg(dev);
   QgoSetup su = qgo_setup(gy, plan, out);
-  su.ctas[0] = 3 * static_cast<int64_t>(sm_count(dev));  // the kernels' __launch_bounds__ residency
-  su.ctas[1] = 2 * static_cast<int64_t>(sm_count(dev));
   Scratch scratch(su.scratch_bytes(), dev, st);
   su.bind_scratch(scratch.get());
   const StreamLaunch launch{to_cuda(st)};
   dispatch_float(gy.dtype, "quantize_grad_output", [&](auto t) {
     using T = decltype(t);
-    static bool attr_set = false;  // per instantiation (and process; one attribute value for all devices)
-    if (!attr_set) {
-      const int smem = static_cast<int>(qgo_smem_bytes());
-      HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo_kernel<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo_kernel<T, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      if constexpr (sizeof(T) == 2) {
-        HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo16_kernel<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(qgo16_smem_bytes(1))));
-        HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo16_kernel<T, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(qgo16_smem_bytes(2))));
-      }
-      attr_set = true;
-    }
+    const QgoKernels<T, 0>& k0 = QgoKernels<T, 0>::get();
+    const QgoKernels<T, kFixedRank>& k8 = QgoKernels<T, kFixedRank>::get();
+    const int* per_sm = su.fixed_rank == kFixedRank ? k8.ctas_per_sm : k0.ctas_per_sm;
+    su.ctas[0] = static_cast<int64_t>(per_sm[0]) * sm_count(dev);
+    su.ctas[1] = static_cast<int64_t>(per_sm[1]) * sm_count(dev);
     qgo_launch<T>(su, plan, out, static_cast<const T*>(gy.data), launch);
   });
 }
@@ -46,6 +65,8 @@ int set_qgo_variant(int variant) {
   HOT_CHECK_VALUE(variant >= 5 && variant <= 7, "set_qgo_variant: variant must be 5, 6 or 7, got ", variant);
   return g_qgo_variant.exchange(variant);
 }
+
+bool set_qgo_fixed_rank(bool on) { return g_qgo_fixed_rank.exchange(on); }
 
 void quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out, Stream st) {
   run_qgo(gy, plan, out, st);

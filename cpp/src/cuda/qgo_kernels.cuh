@@ -22,6 +22,8 @@
 // makes 2 calls, and for G^ the two lanes holding columns 8i .. 8i+7 of a row block split the rows
 // k, k+1 between them and swap the other half of each call by one shuffle pair. Other O take the
 // generic per-element path (quant_slow).
+// The HLA rank is a template parameter R of the kernels: 8 (the default rank; the G^ rows not kept are dead code,
+// so pass 2 fits 80 registers and 3 CTAs per SM) or 0 (any rank, read at run time).
 #pragma once
 
 #include <algorithm>
@@ -47,6 +49,16 @@ constexpr int kRowBlocks = kTileRows / 16;
 // fp32 input and, for bf16/fp16 input with aligned rows, persistent CTAs with cp.async double buffering
 // (qgo16_kernel). All give identical bytes. Set through hot::cuda::set_qgo_variant (benchmark and tests).
 std::atomic<int> g_qgo_variant{5};
+// Whether a call with HLA rank 8 (the default) runs the kernels compiled for that rank (R = 8: the G^ rows
+// that are not kept are dead code, fewer registers, no spills) rather than the run-time-rank ones (R = 0).
+// Identical bytes; the switch exists so the benchmark can time both.
+std::atomic<bool> g_qgo_fixed_rank{true};
+constexpr int kFixedRank = 8;
+
+// Minimum resident CTAs per SM that qgo_kernel is compiled for (__launch_bounds__), i.e. the registers it may
+// use: 3 (64 KB of shared memory each) except pass 2 with a run-time rank, which needs 128 registers (ptxas; the
+// figures are in benchmarks/NOTES.md). qgo16_kernel's pass 2 is held to 2 by its 85.5 KB of shared memory.
+constexpr int qgo_min_ctas(int pass, int r) { return pass == 2 && r == 0 ? 2 : 3; }
 
 struct QgoParams {
   int64_t L, O;
@@ -93,16 +105,16 @@ __device__ __noinline__ void quant_slow(const float* v, int n, float inv, float 
                       : quantize_nearest(v[i], qs, qmax);
 }
 
-// The rules of hot/quant_rules.h with fewer instructions, bit-identical for the inputs they see here
-// (inv != 0 implies a finite, non-zero amax, so |v * inv| <= qmax and v * inv + u < qmax + 1): the
-// float rounding + float clamp + conversion becomes one rounding conversion and an integer clamp.
+// The rules of hot/quant_rules.h with fewer instructions, bit-identical for the inputs they see here: the
+// callers handle inv == 0 (an all-zero or non-finite amax: every code is 0) once per unit of work, so these
+// run only with inv != 0, which implies a finite, non-zero amax, so |v * inv| <= qmax and v * inv + u < qmax + 1:
+// the float rounding + float clamp + conversion becomes one rounding conversion and an integer clamp. (A check
+// of inv in here became a branch per element in the unrolled loops: two more instructions each, in SASS.)
 __device__ __forceinline__ int8_t q_nearest(float v, float inv, float pre, int qmax) {
-  if (inv == 0.0f) return 0;
   const int i = __float2int_rn(__fmul_rn(__fmul_rn(v, pre), inv));
   return static_cast<int8_t>(max(-qmax, min(qmax, i)));
 }
 __device__ __forceinline__ int8_t q_stochastic(float v, float inv, float pre, int qmax, float u) {
-  if (inv == 0.0f) return 0;
   const int i = __float2int_rd(__fadd_rn(__fmul_rn(__fmul_rn(v, pre), inv), u));
   return static_cast<int8_t>(max(-qmax, min(qmax, i)));
 }
@@ -113,7 +125,11 @@ __device__ __forceinline__ void quant4(const float (&v)[4], int n, float inv, fl
                                        uint32_t stream, uint64_t e0, int8_t (&q)[4]) {
   if (n == 4 && !stochastic) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) q[i] = q_nearest(v[i], inv, pre, qmax);
+    for (int i = 0; i < 4; ++i) q[i] = 0;
+    if (inv != 0.0f) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) q[i] = q_nearest(v[i], inv, pre, qmax);
+    }
   } else {
     float vv[4] = {v[0], v[1], v[2], v[3]};
     int8_t qq[4] = {0, 0, 0, 0};
@@ -189,10 +205,11 @@ struct TileF32 {
 // The work on one 64 x 256 tile of g_y once it is in shared memory, read through `tile` (TileF32 or
 // TileRaw16): G~ (amax in pass 1; quantised and stored in pass 2), the g_b column sums (pass 1) and G^ (amax;
 // quantised, staged in `stage` and stored transposed). amax_gx / amax_gw accumulate this thread's maxima.
-template <int PASS, class Tile>
+template <int PASS, int R, class Tile>
 __device__ __forceinline__ void qgo_tile(const QgoParams& p, const Tile& tile, int64_t rt, int64_t ct,
                                          unsigned char* stage, uint32_t& amax_gx, uint32_t& amax_gw) {
   const int tid = threadIdx.x, lane = tid & 31;
+  const int rank = R > 0 ? R : p.rank;  // HLA rank: compile-time (R) or run-time (R == 0)
   const int64_t nb = (p.L + 15) / 16;
   const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
   const int64_t r0 = rt * kTileRows, c0 = ct * kTileCols;
@@ -227,7 +244,9 @@ __device__ __forceinline__ void qgo_tile(const QgoParams& p, const Tile& tile, i
         if (c < p.O) {
           const float inv = p.gx_per_row ? p.inv_gx[r] : p.inv_gx[0];
           const float pre = p.gx_per_row ? p.pre_gx[r] : p.pre_gx[0];
-          if (p.sr8) {
+          if (inv == 0.0f) {
+            // all codes 0: w stays zero
+          } else if (p.sr8) {
             // Two aligned 8-element RNG groups (r * O + c is a multiple of 8), each all in or all out.
             const uint64_t g0 = static_cast<uint64_t>(r * p.O + c) >> 3;
 #pragma unroll
@@ -274,7 +293,7 @@ __device__ __forceinline__ void qgo_tile(const QgoParams& p, const Tile& tile, i
   }
 
   // ---- G^ transform and amax / quantisation -------------------------------------------------------------
-  const int stage_ld = kRowBlocks * p.rank + 20;  // bytes per staged q_gh_t row (multiple of 4)
+  const int stage_ld = kRowBlocks * rank + 20;  // bytes per staged q_gh_t row (multiple of 4)
   if (p.gw) {
     float hx[16][4];
 #pragma unroll
@@ -301,11 +320,11 @@ __device__ __forceinline__ void qgo_tile(const QgoParams& p, const Tile& tile, i
       const int par = lane & 1;
       const int64_t cg8 = cg - 4 * par;  // multiple of 8
       const float inv = p.inv_gw[0], pre = p.pre_gw[0];
-      if (jglob < nb) {
+      if (jglob < nb && inv != 0.0f) {  // warp-uniform (inv == 0: all codes 0, packed stays zero)
 #pragma unroll
         for (int k = 0; k < 16; k += 2) {
-          if (k < p.rank) {
-            const uint64_t e = static_cast<uint64_t>((jglob * p.rank + k + par) * p.O + cg8);
+          if (k < rank) {
+            const uint64_t e = static_cast<uint64_t>((jglob * rank + k + par) * p.O + cg8);
             const Philox4 b = sr_group_bits(p.seed, rng_stream::gw_grad, e >> 3);
             const uint32_t s0 = par ? b.v[0] : b.v[2], s1 = par ? b.v[1] : b.v[3];
             const uint32_t m0 = par ? b.v[2] : b.v[0], m1 = par ? b.v[3] : b.v[1];
@@ -316,7 +335,7 @@ __device__ __forceinline__ void qgo_tile(const QgoParams& p, const Tile& tile, i
                                              pre, 127);
 #pragma unroll
               for (int v = 0; v < 4; ++v) packed[v][k >> 2] |= ((qa >> (8 * v)) & 0xffu) << (8 * (k & 3));
-              if (k + 1 < p.rank) {
+              if (k + 1 < rank) {
                 const int kb = hla_order(k + 1);
                 const uint32_t qb = sr4_packed(hx[kb][0], hx[kb][1], hx[kb][2], hx[kb][3], par ? m0 : r0, par ? m1 : r1,
                                                inv, pre, 127);
@@ -330,7 +349,7 @@ __device__ __forceinline__ void qgo_tile(const QgoParams& p, const Tile& tile, i
     } else {
 #pragma unroll
     for (int k = 0; k < 16; ++k) {
-      if (k < p.rank) {
+      if (k < rank) {
         const float h[4] = {hx[hla_order(k)][0], hx[hla_order(k)][1], hx[hla_order(k)][2], hx[hla_order(k)][3]};
         if (PASS == 1) {
 #pragma unroll
@@ -338,7 +357,7 @@ __device__ __forceinline__ void qgo_tile(const QgoParams& p, const Tile& tile, i
         } else if (nvalid > 0 && jglob < nb) {
           int8_t q[4] = {0, 0, 0, 0};
           quant4(h, nvalid, p.inv_gw[0], p.pre_gw[0], 127, p.stochastic, p.seed, rng_stream::gw_grad,
-                 static_cast<uint64_t>((jglob * p.rank + k) * p.O + cg), q);
+                 static_cast<uint64_t>((jglob * rank + k) * p.O + cg), q);
 #pragma unroll
           for (int v = 0; v < 4; ++v)
             packed[v][k >> 2] |= static_cast<uint32_t>(static_cast<uint8_t>(q[v])) << (8 * (k & 3));
@@ -352,25 +371,25 @@ __device__ __forceinline__ void qgo_tile(const QgoParams& p, const Tile& tile, i
       uint32_t* s32 = reinterpret_cast<uint32_t*>(stage);
       for (int i = tid; i < kTileCols * stage_ld / 4; i += kThreads) s32[i] = 0u;
       __syncthreads();
-      if ((p.rank & 3) == 0) {
+      if ((rank & 3) == 0) {
 #pragma unroll
         for (int v = 0; v < 4; ++v)
 #pragma unroll
           for (int w = 0; w < 4; ++w)
-            if (4 * w < p.rank)
-              *reinterpret_cast<uint32_t*>(stage + (c4 + v) * stage_ld + jb * p.rank + 4 * w) = packed[v][w];
+            if (4 * w < rank)
+              *reinterpret_cast<uint32_t*>(stage + (c4 + v) * stage_ld + jb * rank + 4 * w) = packed[v][w];
       } else {
 #pragma unroll
         for (int v = 0; v < 4; ++v)
 #pragma unroll
           for (int k = 0; k < 16; ++k)
-            if (k < p.rank)
-              stage[(c4 + v) * stage_ld + jb * p.rank + k] = static_cast<unsigned char>(packed[v][k >> 2] >> (8 * (k & 3)));
+            if (k < rank)
+              stage[(c4 + v) * stage_ld + jb * rank + k] = static_cast<unsigned char>(packed[v][k >> 2] >> (8 * (k & 3)));
       }
       __syncthreads();
       // Write rows c of q_gh_t: bytes [col0, col1) (the last row tile also zero-fills K .. K_pad).
-      const int64_t col0 = rt * kRowBlocks * p.rank;
-      const int64_t col1 = rt == n_rt - 1 ? p.K_pad : std::min<int64_t>(col0 + kRowBlocks * p.rank, p.K_pad);
+      const int64_t col0 = rt * kRowBlocks * rank;
+      const int64_t col1 = rt == n_rt - 1 ? p.K_pad : std::min<int64_t>(col0 + kRowBlocks * rank, p.K_pad);
       const int width = static_cast<int>(col1 - col0);
       const int nrows = static_cast<int>(std::min<int64_t>(kTileCols, p.O - c0));
       if (p.word_store_qgh) {
@@ -403,8 +422,8 @@ __device__ __forceinline__ void qgo_publish_amax(const QgoParams& p, uint32_t am
   }
 }
 
-template <typename T, int PASS>
-__global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo_kernel(const T* __restrict__ gy, QgoParams p) {
+template <typename T, int PASS, int R>
+__global__ void __launch_bounds__(kThreads, qgo_min_ctas(PASS, R)) qgo_kernel(const T* __restrict__ gy, QgoParams p) {
   HOT_DYNAMIC_SMEM(smem);
   float(*tile)[kTileCols] = reinterpret_cast<float(*)[kTileCols]>(smem);
   const TileF32 tf{tile, p.swizzle};
@@ -447,7 +466,7 @@ __global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo_kernel(const 
   __syncthreads();
 
   uint32_t amax_gx = 0, amax_gw = 0;
-  qgo_tile<PASS>(p, tf, rt, ct, smem, amax_gx, amax_gw);
+  qgo_tile<PASS, R>(p, tf, rt, ct, smem, amax_gx, amax_gw);
 
   if (PASS == 1) qgo_publish_amax(p, amax_gx, amax_gw);
 }
@@ -492,7 +511,7 @@ struct TileRaw16 {
   }
 };
 
-template <typename T, int PASS>
+template <typename T, int PASS, int R>
 __global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo16_kernel(const T* __restrict__ gy, QgoParams p) {
   static_assert(sizeof(T) == 2, "16-bit inputs only");
   HOT_DYNAMIC_SMEM(smem);
@@ -525,7 +544,7 @@ __global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo16_kernel(cons
     cp_async_wait<1>();
     __syncthreads();
     const int64_t lin = tile_of(i);
-    qgo_tile<PASS>(p, TileRaw16<T>{smem + buf * kRawTileBytes}, lin / n_ct, lin % n_ct, smem + 2 * kRawTileBytes,
+    qgo_tile<PASS, R>(p, TileRaw16<T>{smem + buf * kRawTileBytes}, lin / n_ct, lin % n_ct, smem + 2 * kRawTileBytes,
                    amax_gx, amax_gw);
     __syncthreads();  // everyone is done with this buffer and the staging before they are refilled
   }
@@ -565,6 +584,7 @@ struct QgoSetup {
   int64_t n_gx = 1;       // amax keys / scales of the g_x path: 1 (per tensor) or L (per token)
   int64_t n_rt = 0, n_ct = 0;
   int variant = 5;
+  int fixed_rank = 0;     // R of the kernels: kFixedRank, or 0 (run-time rank)
   // Variant 7: CTAs of the persistent kernels of pass 1 and pass 2 (the caller's choice: a multiple of the SMs).
   int64_t ctas[2] = {1, 1};
   size_t keys_bytes = 0, inv_bytes = 0, bias_bytes = 0;
@@ -622,6 +642,7 @@ QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradO
   su.bias_bytes = plan.bias ? static_cast<size_t>(su.n_rt * O) * 4 : 0;
 
   su.variant = g_qgo_variant.load(std::memory_order_relaxed);
+  su.fixed_rank = plan.gw && plan.rank == kFixedRank && g_qgo_fixed_rank.load(std::memory_order_relaxed) ? kFixedRank : 0;
   p.swizzle = su.variant >= 6 ? 12 : 0;
   p.sr8 = p.stochastic && O % kSrGroup == 0;
   const int vec = gy.dtype == DType::f32 ? 4 : 8;  // elements per 16-byte load
@@ -645,14 +666,22 @@ void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutput
   launch.zero(p.key_gx, su.keys_bytes);
   const auto pass = [&](auto pass_tag, const QgoParams& pp) {
     constexpr int P = decltype(pass_tag)::value;
-    if constexpr (sizeof(T) == 2) {
-      if (su.variant >= 7 && pp.vec_load) {
-        const int64_t ctas = std::max<int64_t>(1, std::min<int64_t>(su.ctas[P - 1], su.n_rt * su.n_ct));
-        launch(qgo16_kernel<T, P>, dim3(static_cast<unsigned>(ctas)), kThreads, qgo16_smem_bytes(P), src, pp);
-        return;
+    const auto run = [&](auto r_tag) {
+      constexpr int R = decltype(r_tag)::value;
+      if constexpr (sizeof(T) == 2) {
+        if (su.variant >= 7 && pp.vec_load) {
+          const int64_t ctas = std::max<int64_t>(1, std::min<int64_t>(su.ctas[P - 1], su.n_rt * su.n_ct));
+          launch(qgo16_kernel<T, P, R>, dim3(static_cast<unsigned>(ctas)), kThreads, qgo16_smem_bytes(P), src, pp);
+          return;
+        }
       }
+      launch(qgo_kernel<T, P, R>, grid, kThreads, smem, src, pp);
+    };
+    if (su.fixed_rank == kFixedRank) {
+      run(std::integral_constant<int, kFixedRank>{});
+    } else {
+      run(std::integral_constant<int, 0>{});
     }
-    launch(qgo_kernel<T, P>, grid, kThreads, smem, src, pp);
   };
   if (plan.gx || plan.gw || plan.bias) pass(std::integral_constant<int, 1>{}, p);
   if (plan.gx || plan.gw) {

@@ -350,7 +350,50 @@ TEST_F(Cuda_QuantizeWeight, BitExactVsCpu) {
 }
 
 
-class Cuda_QuantizeGradOutput : public CudaTest {};
+class Cuda_QuantizeGradOutput : public CudaTest {
+ protected:
+  // One g_y-pass case on the GPU against the CPU backend: integer codes and scales byte for byte, g_b within the
+  // fp32 summation bound.
+  void check_qgo_case(DType dt, const QgoCase& c, uint64_t seed) {
+    SCOPED_TRACE(testing::Message() << dt_name(dt) << " L " << c.L << " O " << c.O << " bits " << c.bits << " "
+                                    << hot::scale_mode_name(c.sm) << " " << hot::rounding_name(c.rd) << " gx " << c.gx
+                                    << " gw " << c.gw << " bias " << c.bias << " rank " << c.rank);
+    HostTensor gy = rand_float(dt, c.L, c.O, seed, c.O + (c.L % 2));
+    const hot::GradOutputPlan plan = qgo_plan(c, seed);
+    const int64_t Op = hot::padded_k(c.O), Kp = hot::padded_k(hot::hla_rows(c.L, c.rank));
+    HostTensor qg = out2d(DType::s8, c.L, Op), sg = out1d(DType::f32, c.sm == ScaleMode::tensor ? 1 : c.L);
+    HostTensor qh = out2d(DType::s8, c.O, Kp), sh = out1d(DType::f32, 1), gb = out1d(DType::f32, c.O);
+    DevTensor dqg(qg), dsg(sg), dqh(qh), dsh(sh), dgb(gb);
+    hot::GradOutputQuant oc, og;
+    if (c.gx) oc.q_g = qg, oc.s_g = sg, og.q_g = dqg, og.s_g = dsg;
+    if (c.gw) oc.q_gh_t = qh, oc.s_gh = sh, og.q_gh_t = dqh, og.s_gh = dsh;
+    if (c.bias) oc.g_b = gb, og.g_b = dgb;
+    DevTensor dgy(gy);
+    hot::cpu::quantize_grad_output(gy, plan, oc, {});
+    hot::cuda::quantize_grad_output(dgy, plan, og, st());
+    sync();
+    if (c.gx) {
+      EXPECT_TRUE(all_bytes_equal(qg, dqg.to_host())) << "q_g";
+      EXPECT_TRUE(all_bytes_equal(sg, dsg.to_host())) << "s_g";
+    }
+    if (c.gw) {
+      EXPECT_TRUE(all_bytes_equal(qh, dqh.to_host())) << "q_gh_t";
+      EXPECT_TRUE(all_bytes_equal(sh, dsh.to_host())) << "s_gh";
+    }
+    if (c.bias) {
+      // g_b is a float sum: different (fixed) association orders, so compare against float64 with
+      // the fp32 summation bound n * u * sum|g|.
+      const std::vector<float> g = gy.to_f32();
+      const HostTensor got = dgb.to_host();
+      for (int64_t o = 0; o < c.O; ++o) {
+        double s = 0, sa = 0;
+        for (int64_t l = 0; l < c.L; ++l) s += g[l * c.O + o], sa += std::fabs(g[l * c.O + o]);
+        const double tol = 2.0 * c.L * std::ldexp(1.0, -24) * sa + 1e-30;
+        ASSERT_NEAR(got.getf(o), s, tol) << "g_b[" << o << "]";
+      }
+    }
+  }
+};
 TEST_F(Cuda_QuantizeGradOutput, BitExactVsCpu) {
   std::vector<QgoCase> cases;
   for (int64_t L : {1, 17, 513, 20003})
@@ -368,47 +411,29 @@ TEST_F(Cuda_QuantizeGradOutput, BitExactVsCpu) {
     }
   uint64_t seed = 1000;
   for (int variant : {5, 6, 7})
-  for (DType dt : kFloatTypes)
-    for (const QgoCase& c : cases) {
-      const VariantGuard vg(variant);
-      SCOPED_TRACE(testing::Message() << "variant " << variant << " " << dt_name(dt) << " L " << c.L << " O " << c.O << " bits " << c.bits << " "
-                                      << hot::scale_mode_name(c.sm) << " " << hot::rounding_name(c.rd) << " gx " << c.gx
-                                      << " gw " << c.gw << " bias " << c.bias << " rank " << c.rank);
-      HostTensor gy = rand_float(dt, c.L, c.O, seed++, c.O + (c.L % 2));
-      const hot::GradOutputPlan plan = qgo_plan(c, seed);
-      const int64_t Op = hot::padded_k(c.O), Kp = hot::padded_k(hot::hla_rows(c.L, c.rank));
-      HostTensor qg = out2d(DType::s8, c.L, Op), sg = out1d(DType::f32, c.sm == ScaleMode::tensor ? 1 : c.L);
-      HostTensor qh = out2d(DType::s8, c.O, Kp), sh = out1d(DType::f32, 1), gb = out1d(DType::f32, c.O);
-      DevTensor dqg(qg), dsg(sg), dqh(qh), dsh(sh), dgb(gb);
-      hot::GradOutputQuant oc, og;
-      if (c.gx) oc.q_g = qg, oc.s_g = sg, og.q_g = dqg, og.s_g = dsg;
-      if (c.gw) oc.q_gh_t = qh, oc.s_gh = sh, og.q_gh_t = dqh, og.s_gh = dsh;
-      if (c.bias) oc.g_b = gb, og.g_b = dgb;
-      DevTensor dgy(gy);
-      hot::cpu::quantize_grad_output(gy, plan, oc, {});
-      hot::cuda::quantize_grad_output(dgy, plan, og, st());
-      sync();
-      if (c.gx) {
-        EXPECT_TRUE(all_bytes_equal(qg, dqg.to_host())) << "q_g";
-        EXPECT_TRUE(all_bytes_equal(sg, dsg.to_host())) << "s_g";
+    for (DType dt : kFloatTypes)
+      for (const QgoCase& c : cases) {
+        const VariantGuard vg(variant);
+        SCOPED_TRACE(testing::Message() << "variant " << variant);
+        check_qgo_case(dt, c, seed);
+        seed += 2;
       }
-      if (c.gw) {
-        EXPECT_TRUE(all_bytes_equal(qh, dqh.to_host())) << "q_gh_t";
-        EXPECT_TRUE(all_bytes_equal(sh, dsh.to_host())) << "s_gh";
+}
+
+// Rank 8 runs kernels compiled for that rank (qgo_kernels.cuh, kFixedRank); the run-time-rank kernels must give
+// the same bytes at rank 8 too (the benchmark times both).
+TEST_F(Cuda_QuantizeGradOutput, RunTimeRankKernelsAtRank8) {
+  const bool prev = hot::cuda::set_qgo_fixed_rank(false);
+  uint64_t seed = 1500;
+  for (int variant : {5, 7})
+    for (DType dt : kFloatTypes)
+      for (auto [L, O] : std::vector<std::pair<int64_t, int64_t>>{{17, 24}, {513, 30}, {513, 2304}}) {
+        const VariantGuard vg(variant);
+        SCOPED_TRACE(testing::Message() << "variant " << variant);
+        check_qgo_case(dt, {L, O, 4, ScaleMode::tensor, Rounding::stochastic, true, true, true, 8}, seed);
+        seed += 2;
       }
-      if (c.bias) {
-        // g_b is a float sum: different (fixed) association orders, so compare against float64 with
-        // the fp32 summation bound n * u * sum|g|.
-        const std::vector<float> g = gy.to_f32();
-        const HostTensor got = dgb.to_host();
-        for (int64_t o = 0; o < c.O; ++o) {
-          double s = 0, sa = 0;
-          for (int64_t l = 0; l < c.L; ++l) s += g[l * c.O + o], sa += std::fabs(g[l * c.O + o]);
-          const double tol = 2.0 * c.L * std::ldexp(1.0, -24) * sa + 1e-30;
-          ASSERT_NEAR(got.getf(o), s, tol) << "g_b[" << o << "]";
-        }
-      }
-    }
+  hot::cuda::set_qgo_fixed_rank(prev);
 }
 
 // ---- bias and exact matmul --------------------------------------------------------------------------------

@@ -104,6 +104,7 @@ class Emu_QuantizeGradOutput : public ::testing::TestWithParam<Param> {
   }
   void TearDown() override {
     hot::cuda::g_qgo_variant = 5;
+    hot::cuda::g_qgo_fixed_rank = true;
     hot_emu::copy_timing = hot_emu::CopyTiming::at_wait;
   }
 };
@@ -155,6 +156,16 @@ TEST_P(Emu_QuantizeGradOutput, NonFiniteAndTinyBitExactVsCpu) {
       run_case(dt, {67, 48, 4, ScaleMode::tensor, Rounding::stochastic, true, true, false, 8}, seed++, special);
       run_case(dt, {67, 48, 4, ScaleMode::token, Rounding::stochastic, true, true, false, 8}, seed++, special);
     }
+}
+
+// Rank 8 runs kernels compiled for that rank (kFixedRank); the run-time-rank kernels, which the benchmark times
+// against them, must give the same bytes at rank 8 too.
+TEST_P(Emu_QuantizeGradOutput, RunTimeRankKernelsAtRank8) {
+  hot::cuda::g_qgo_fixed_rank = false;
+  uint64_t seed = 6500;
+  for (DType dt : kDtypes)
+    for (int64_t O : {24, 300}) run_case(dt, {130, O, 4, ScaleMode::tensor, Rounding::stochastic, true, true, true, 8}, seed++, 0);
+  hot::cuda::g_qgo_fixed_rank = true;
 }
 
 TEST_P(Emu_CompressActivation, BitExactVsCpu) {

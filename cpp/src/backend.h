@@ -75,7 +75,7 @@ std::string build_info();
 void* allocate(size_t bytes, int device, Stream s);
 void deallocate(void* p, int device, Stream s);
 void memset_zero(void* p, size_t bytes, int device, Stream s);
-// Internal (benchmark, tests): the variant of the g_y pass / ABC kernels, 5, 6 or 7 (qgo_kernels.cuh); returns the
+// Internal (benchmark, tests): the variant of the g_y pass / ABC kernels, 5, 6, 7 or 8 (qgo_kernels.cuh); returns the
 // previous one. Process-wide; every variant gives identical bytes.
 int set_qgo_variant(int variant);
 // Internal (benchmark, tests): whether rank-8 calls run the kernels compiled for rank 8 (the default) or the

@@ -12,7 +12,7 @@ namespace hot::cuda {
 namespace {
 
 // One-time setup of the kernels of one input type and rank R (per process; one attribute value for all
-// devices): the dynamic shared memory they need, and how many CTAs of each persistent (variant 7) kernel fit
+// devices): the dynamic shared memory they may need, and how many CTAs of each persistent (variant 7) kernel fit
 // on an SM, which is how many per SM the variant-7 passes launch.
 template <typename T, int R>
 struct QgoKernels {
@@ -28,7 +28,7 @@ struct QgoKernels {
   }
   template <class K>
   void set16(K kernel, int pass) {
-    const int smem = static_cast<int>(qgo16_smem_bytes(pass));
+    const int smem = static_cast<int>(qgo16_smem_bytes(pass, 2));  // the larger (variant 7) of the two sizes
     HOT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int n = 0;
     HOT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
@@ -62,7 +62,7 @@ void run_qgo(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQ
 }  // namespace
 
 int set_qgo_variant(int variant) {
-  HOT_CHECK_VALUE(variant >= 5 && variant <= 7, "set_qgo_variant: variant must be 5, 6 or 7, got ", variant);
+  HOT_CHECK_VALUE(variant >= 5 && variant <= 8, "set_qgo_variant: variant must be 5, 6, 7 or 8, got ", variant);
   return g_qgo_variant.exchange(variant);
 }
 

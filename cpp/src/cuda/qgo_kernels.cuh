@@ -47,7 +47,9 @@ constexpr int kRowBlocks = kTileRows / 16;
 // The variant of the kernels a call runs (benchmarks/NOTES.md): 5 = the tile layout measured as v5 (the
 // default), 6 = the same kernels with the bank-spread tile layout (QgoParams::swizzle), 7 = variant 6 for
 // fp32 input and, for bf16/fp16 input with aligned rows, persistent CTAs with cp.async double buffering
-// (qgo16_kernel). All give identical bytes. Set through hot::cuda::set_qgo_variant (benchmark and tests).
+// (qgo16_kernel), 8 = variant 6 for fp32 input and, for aligned bf16/fp16 rows, qgo16_kernel with one 16-bit tile
+// buffer and one CTA per tile (32 KB of shared memory in pass 1: 4 CTAs per SM instead of 3). All give identical
+// bytes. Set through hot::cuda::set_qgo_variant (benchmark and tests).
 std::atomic<int> g_qgo_variant{5};
 // Whether a call with HLA rank 8 (the default) runs the kernels compiled for that rank (R = 8: the G^ rows
 // that are not kept are dead code, fewer registers, no spills) rather than the run-time-rank ones (R = 0).
@@ -57,8 +59,12 @@ constexpr int kFixedRank = 8;
 
 // Minimum resident CTAs per SM that qgo_kernel is compiled for (__launch_bounds__), i.e. the registers it may
 // use: 3 (64 KB of shared memory each) except pass 2 with a run-time rank, which needs 128 registers (ptxas; the
-// figures are in benchmarks/NOTES.md). qgo16_kernel's pass 2 is held to 2 by its 85.5 KB of shared memory.
+// figures are in benchmarks/NOTES.md).
 constexpr int qgo_min_ctas(int pass, int r) { return pass == 2 && r == 0 ? 2 : 3; }
+// The same for qgo16_kernel, which variant 8 runs with 32 KB of tile (+ 21.5 KB of q_gh_t staging in pass 2): with
+// the rank fixed, 64 registers (4 CTAs) in pass 1 and 80 (3 CTAs) in pass 2, no spills; variant 7's 64 / 85.5 KB
+// of shared memory hold it to 3 / 2 CTAs whatever the registers.
+constexpr int qgo16_min_ctas(int pass, int r) { return r == 0 ? (pass == 2 ? 2 : 3) : (pass == 2 ? 3 : 4); }
 
 struct QgoParams {
   int64_t L, O;
@@ -93,6 +99,7 @@ struct QgoParams {
   bool vec_store_qg;    // 4 consecutive q_g bytes store as one word
   bool word_store_qgh;  // q_gh_t rows can be written in 4-byte words
   int swizzle;          // shared-memory layout of the tile: 0 (plain) or 12 (bank-spread, see the kernel)
+  int raw_buffers;      // qgo16_kernel: tile buffers, 2 (variant 7, double-buffered) or 1 (variant 8)
 };
 
 // Generic (slow, out of line) quantisation of n <= 4 consecutive logical elements e0 .. e0+n-1: any
@@ -477,10 +484,12 @@ __global__ void __launch_bounds__(kThreads, qgo_min_ctas(PASS, R)) qgo_kernel(co
 // buffer while it works on the current one, so loads overlap compute within the CTA. The tile stays in the
 // input's 16 bits (32 KB): a row is 512 bytes, 32 chunks of 16 B, chunk c stored at c ^ ((c >> 3) & 1) so that
 // the 16-byte G~ loads (lanes 2 chunks apart) and the copies spread over the banks. q_gh_t has its own staging.
+// Variant 8 runs the same kernel with one buffer (p.raw_buffers = 1) and one CTA per tile: no overlap within a
+// CTA, but half the shared memory, so more CTAs per SM overlap each other (pass 1: 4 instead of 3).
 constexpr int kRawRowBytes = kTileCols * 2;
 constexpr int kRawTileBytes = kTileRows * kRawRowBytes;
 constexpr int kStageBytes = kTileCols * (kRowBlocks * 16 + 20);
-size_t qgo16_smem_bytes(int pass) { return 2 * kRawTileBytes + (pass == 2 ? kStageBytes : 0); }
+size_t qgo16_smem_bytes(int pass, int nbuf) { return nbuf * kRawTileBytes + (pass == 2 ? kStageBytes : 0); }
 
 template <typename T>
 struct TileRaw16 {
@@ -512,7 +521,7 @@ struct TileRaw16 {
 };
 
 template <typename T, int PASS, int R>
-__global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo16_kernel(const T* __restrict__ gy, QgoParams p) {
+__global__ void __launch_bounds__(kThreads, qgo16_min_ctas(PASS, R)) qgo16_kernel(const T* __restrict__ gy, QgoParams p) {
   static_assert(sizeof(T) == 2, "16-bit inputs only");
   HOT_DYNAMIC_SMEM(smem);
   const int tid = threadIdx.x;
@@ -533,20 +542,31 @@ __global__ void __launch_bounds__(kThreads, PASS == 2 ? 2 : 3) qgo16_kernel(cons
     cp_async_commit();
   };
   uint32_t amax_gx = 0, amax_gw = 0;
+  const int nbuf = p.raw_buffers;  // 2: double buffering (variant 7); 1: one tile buffer (variant 8)
   int buf = 0;
   if (blockIdx.x < n_tiles) fetch(blockIdx.x, 0);
-  for (int64_t i = blockIdx.x; i < n_tiles; i += gridDim.x, buf ^= 1) {
-    if (i + gridDim.x < n_tiles) {
-      fetch(i + gridDim.x, buf ^ 1);  // buf ^ 1 was released by the barrier that ended the last iteration
+  for (int64_t i = blockIdx.x; i < n_tiles; i += gridDim.x) {
+    const bool more = i + gridDim.x < n_tiles;
+    if (nbuf == 2) {
+      if (more) {
+        fetch(i + gridDim.x, buf ^ 1);  // buf ^ 1 was released by the barrier that ended the last iteration
+      } else {
+        cp_async_commit();  // an empty group keeps "all but the newest group" meaning the current tile
+      }
+      cp_async_wait<1>();
     } else {
-      cp_async_commit();  // an empty group keeps "all but the newest group" meaning the current tile
+      cp_async_wait<0>();
     }
-    cp_async_wait<1>();
     __syncthreads();
     const int64_t lin = tile_of(i);
-    qgo_tile<PASS, R>(p, TileRaw16<T>{smem + buf * kRawTileBytes}, lin / n_ct, lin % n_ct, smem + 2 * kRawTileBytes,
-                   amax_gx, amax_gw);
+    qgo_tile<PASS, R>(p, TileRaw16<T>{smem + buf * kRawTileBytes}, lin / n_ct, lin % n_ct,
+                      smem + nbuf * kRawTileBytes, amax_gx, amax_gw);
     __syncthreads();  // everyone is done with this buffer and the staging before they are refilled
+    if (nbuf == 2) {
+      buf ^= 1;
+    } else if (more) {
+      fetch(i + gridDim.x, 0);
+    }
   }
   cp_async_wait<0>();
   if (PASS == 1) qgo_publish_amax(p, amax_gx, amax_gw);
@@ -587,6 +607,8 @@ struct QgoSetup {
   int fixed_rank = 0;     // R of the kernels: kFixedRank, or 0 (run-time rank)
   // Variant 7: CTAs of the persistent kernels of pass 1 and pass 2 (the caller's choice: a multiple of the SMs).
   int64_t ctas[2] = {1, 1};
+  // Variant 8: at most this many CTAs (one per tile below it; past it, each CTA walks several tiles in turn).
+  int64_t tile_ctas_cap = 0x7fffffff;
   size_t keys_bytes = 0, inv_bytes = 0, bias_bytes = 0;
   size_t scratch_bytes() const { return keys_bytes + inv_bytes + bias_bytes; }
   // Points the parameters at a scratch block of scratch_bytes() bytes (4-byte aligned).
@@ -644,6 +666,7 @@ QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradO
   su.variant = g_qgo_variant.load(std::memory_order_relaxed);
   su.fixed_rank = plan.gw && plan.rank == kFixedRank && g_qgo_fixed_rank.load(std::memory_order_relaxed) ? kFixedRank : 0;
   p.swizzle = su.variant >= 6 ? 12 : 0;
+  p.raw_buffers = su.variant == 8 ? 1 : 2;
   p.sr8 = p.stochastic && O % kSrGroup == 0;
   const int vec = gy.dtype == DType::f32 ? 4 : 8;  // elements per 16-byte load
   p.vec_load = O % vec == 0 && p.ld_in % vec == 0 && aligned(gy.data, 16);
@@ -670,8 +693,11 @@ void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutput
       constexpr int R = decltype(r_tag)::value;
       if constexpr (sizeof(T) == 2) {
         if (su.variant >= 7 && pp.vec_load) {
-          const int64_t ctas = std::max<int64_t>(1, std::min<int64_t>(su.ctas[P - 1], su.n_rt * su.n_ct));
-          launch(qgo16_kernel<T, P, R>, dim3(static_cast<unsigned>(ctas)), kThreads, qgo16_smem_bytes(P), src, pp);
+          // Variant 7: a persistent grid; variant 8: one CTA per tile.
+          const int64_t n_tiles = su.n_rt * su.n_ct;
+          const int64_t ctas = std::max<int64_t>(1, std::min<int64_t>(su.variant == 8 ? su.tile_ctas_cap : su.ctas[P - 1], n_tiles));
+          launch(qgo16_kernel<T, P, R>, dim3(static_cast<unsigned>(ctas)), kThreads, qgo16_smem_bytes(P, pp.raw_buffers),
+                 src, pp);
           return;
         }
       }

@@ -308,7 +308,7 @@ struct VariantGuard {
 class Cuda_CompressActivation : public CudaTest {};
 TEST_F(Cuda_CompressActivation, BitExactVsCpu) {
   uint64_t seed = 800;
-  for (int variant : {5, 6, 7})
+  for (int variant : {5, 6, 7, 8})
   for (DType dt : kFloatTypes)
     for (int64_t L : {1, 31, 1000, 20011})
       for (int64_t I : {8, 77, 130})
@@ -410,7 +410,7 @@ TEST_F(Cuda_QuantizeGradOutput, BitExactVsCpu) {
       }
     }
   uint64_t seed = 1000;
-  for (int variant : {5, 6, 7})
+  for (int variant : {5, 6, 7, 8})
     for (DType dt : kFloatTypes)
       for (const QgoCase& c : cases) {
         const VariantGuard vg(variant);

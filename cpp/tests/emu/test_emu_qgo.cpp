@@ -35,9 +35,12 @@ using hot_cuda_test::rand_float;
 using hot_test::HostTensor;
 
 // What hot::cuda::quantize_grad_output does, with host memory and the emulated kernels.
+// Variant 8 runs one CTA per tile unless tile_ctas_cap is set (then CTAs walk several tiles, one buffer each).
+int64_t g_v8_cap = 0x7fffffff;
 void emu_quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out) {
   hot::cuda::QgoSetup su = hot::cuda::qgo_setup(gy, plan, out);
   su.ctas[0] = 2, su.ctas[1] = 2;  // variant 7: 2 persistent CTAs, so each walks several tiles (3 at 6 tiles)
+  su.tile_ctas_cap = g_v8_cap;
   std::vector<uint32_t> scratch(su.scratch_bytes() / 4 + 1, 0xdeadbeefu);
   su.bind_scratch(scratch.data());
   hot::cuda::dispatch_float(gy.dtype, "emu", [&](auto t) {
@@ -94,7 +97,8 @@ void run_case(DType dt, const Case& c, uint64_t seed, int special) {
 }
 
 // Every test runs under each kernel variant (qgo_kernels.cuh: 5 = plain tile layout, 6 = bank-spread layout,
-// 7 = persistent cp.async-pipelined kernels for 16-bit input) and each timing of the emulated cp.async copies.
+// 7 = persistent cp.async-pipelined kernels for 16-bit input, 8 = the same kernels with one 16-bit tile buffer and one
+// CTA per tile) and each timing of the emulated cp.async copies.
 using Param = std::tuple<int, hot_emu::CopyTiming>;
 class Emu_QuantizeGradOutput : public ::testing::TestWithParam<Param> {
  protected:
@@ -168,6 +172,16 @@ TEST_P(Emu_QuantizeGradOutput, RunTimeRankKernelsAtRank8) {
   hot::cuda::g_qgo_fixed_rank = true;
 }
 
+// Variant 8 past its grid cap: each CTA walks several tiles with its one buffer (fetch after the barrier).
+TEST_P(Emu_QuantizeGradOutput, CappedGridWalksTiles) {
+  if (hot::cuda::g_qgo_variant != 8) GTEST_SKIP() << "variant 8 only";
+  g_v8_cap = 2;
+  uint64_t seed = 6700;
+  for (DType dt : kDtypes)
+    for (int64_t O : {24, 300}) run_case(dt, {130, O, 4, ScaleMode::tensor, Rounding::stochastic, true, true, true, 8}, seed++, 0);
+  g_v8_cap = 0x7fffffff;
+}
+
 TEST_P(Emu_CompressActivation, BitExactVsCpu) {
   uint64_t seed = 7000;
   for (DType dt : kDtypes)
@@ -188,9 +202,9 @@ TEST_P(Emu_CompressActivation, BitExactVsCpu) {
         }
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, Emu_QuantizeGradOutput, ::testing::Combine(::testing::Values(5, 6, 7), kTimings),
+INSTANTIATE_TEST_SUITE_P(Variants, Emu_QuantizeGradOutput, ::testing::Combine(::testing::Values(5, 6, 7, 8), kTimings),
                          param_name);
-INSTANTIATE_TEST_SUITE_P(Variants, Emu_CompressActivation, ::testing::Combine(::testing::Values(5, 6, 7), kTimings),
+INSTANTIATE_TEST_SUITE_P(Variants, Emu_CompressActivation, ::testing::Combine(::testing::Values(5, 6, 7, 8), kTimings),
                          param_name);
 
 }  // namespace

@@ -143,6 +143,11 @@ int main(int argc, char** argv) {
        prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.l2CacheSize / 1e6, drv / 1000,
        (drv % 1000) / 10, rt / 1000, (rt % 1000) / 10, cublas_ver);
   emit("hot build: %s\n\n", hot::build_info().c_str());
+  {
+    const int v = hot::cuda::set_qgo_variant(5);
+    hot::cuda::set_qgo_variant(v);
+    emit("g_y pass / ABC kernel variant outside the variant table: %d (HOT_QGO_VARIANT, default 5)\n\n", v);
+  }
 
   // ---- copy bandwidth ----
   {
@@ -265,6 +270,7 @@ int main(int argc, char** argv) {
       t4 += row;
       std::printf("%s", row);
       double vt[4][3];
+      const int default_variant = hot::cuda::set_qgo_variant(5);  // 5, or HOT_QGO_VARIANT; restored below
       for (int v = 0; v < 4; ++v) {
         hot::cuda::set_qgo_variant(5 + v);
         vt[v][0] = variant(true, true, false, S, T);
@@ -281,7 +287,7 @@ int main(int argc, char** argv) {
         generic[v] = variant(true, true, false, S, T);
       }
       hot::cuda::set_qgo_fixed_rank(true);
-      hot::cuda::set_qgo_variant(5);
+      hot::cuda::set_qgo_variant(default_variant);
       std::string r5 = std::string("| ") + ly.name;
       for (int k = 0; k < 3; ++k)
         for (int v = 0; v < 4; ++v) {

@@ -101,7 +101,7 @@ if want profile && [[ -x $BUILD/hot_bench ]] && (( $(left) > 60 )); then
       cuobjdump -sass "$o" | awk '/Function :/{name=$3} /\/\*[0-9a-f]+\*\//{n[name]++} END{for(k in n) print n[k], k}' | sort -n | tail -12
     done
     echo "== ncu"
-    HOT_BENCH_LAYERS=${PROFILE_LAYERS:-0} HOT_BENCH_GEMMS=0 timeout $(( $(left) - 30 )) ncu --kernel-name regex:'qgo_(stats_|quant_)?kernel|weight_quant' \
+    HOT_BENCH_LAYERS=${PROFILE_LAYERS:-0} HOT_BENCH_GEMMS=0 timeout $(( $(left) - 30 )) ncu --kernel-name regex:'qgo(16)?_kernel|weight_quant' \
       --launch-skip ${NCU_SKIP:-8} --launch-count ${NCU_COUNT:-4} --section SpeedOfLight --section Occupancy --section LaunchStats \
       --section WarpStateStats --section MemoryWorkloadAnalysis $BUILD/hot_bench /dev/null 2>&1 | grep -v "^hot\||" | tail -400
   } > "$OUT/profile.txt" 2>&1

@@ -63,7 +63,9 @@ void run_qgo(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQ
 
 int set_qgo_variant(int variant) {
   HOT_CHECK_VALUE(variant >= 5 && variant <= 8, "set_qgo_variant: variant must be 5, 6, 7 or 8, got ", variant);
-  return g_qgo_variant.exchange(variant);
+  const int prev = qgo_variant();
+  g_qgo_variant.store(variant);
+  return prev;
 }
 
 bool set_qgo_fixed_rank(bool on) { return g_qgo_fixed_rank.exchange(on); }

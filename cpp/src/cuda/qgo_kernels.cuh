@@ -28,6 +28,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "common.cuh"
@@ -49,8 +51,24 @@ constexpr int kRowBlocks = kTileRows / 16;
 // fp32 input and, for bf16/fp16 input with aligned rows, persistent CTAs with cp.async double buffering
 // (qgo16_kernel), 8 = variant 6 for fp32 input and, for aligned bf16/fp16 rows, qgo16_kernel with one 16-bit tile
 // buffer and one CTA per tile (32 KB of shared memory in pass 1: 4 CTAs per SM instead of 3). All give identical
-// bytes. Set through hot::cuda::set_qgo_variant (benchmark and tests).
-std::atomic<int> g_qgo_variant{5};
+// bytes. The default is 5, or the environment variable HOT_QGO_VARIANT (read at the first call; a benchmarking
+// knob); hot::cuda::set_qgo_variant overrides it (benchmark and tests). 0 = not resolved yet.
+std::atomic<int> g_qgo_variant{0};
+
+int qgo_variant() {
+  int v = g_qgo_variant.load(std::memory_order_relaxed);
+  if (v != 0) return v;
+  v = 5;
+  if (const char* e = std::getenv("HOT_QGO_VARIANT"); e != nullptr && e[0] != '\0') {
+    const std::string s(e);
+    HOT_CHECK_VALUE(s == "5" || s == "6" || s == "7" || s == "8",
+                    "environment variable HOT_QGO_VARIANT: expected 5, 6, 7 or 8, got '", s, "'");
+    v = s[0] - '0';
+  }
+  int expected = 0;
+  g_qgo_variant.compare_exchange_strong(expected, v);
+  return g_qgo_variant.load(std::memory_order_relaxed);
+}
 // Whether a call with HLA rank 8 (the default) runs the kernels compiled for that rank (R = 8: the G^ rows
 // that are not kept are dead code, fewer registers, no spills) rather than the run-time-rank ones (R = 0).
 // Identical bytes; the switch exists so the benchmark can time both.
@@ -663,7 +681,7 @@ QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradO
   su.inv_bytes = static_cast<size_t>(su.n_gx + 1) * 8;
   su.bias_bytes = plan.bias ? static_cast<size_t>(su.n_rt * O) * 4 : 0;
 
-  su.variant = g_qgo_variant.load(std::memory_order_relaxed);
+  su.variant = qgo_variant();
   su.fixed_rank = plan.gw && plan.rank == kFixedRank && g_qgo_fixed_rank.load(std::memory_order_relaxed) ? kFixedRank : 0;
   p.swizzle = su.variant >= 6 ? 12 : 0;
   p.raw_buffers = su.variant == 8 ? 1 : 2;

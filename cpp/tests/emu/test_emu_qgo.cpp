@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -200,6 +201,40 @@ TEST_P(Emu_CompressActivation, BitExactVsCpu) {
           EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qc, qe));
           EXPECT_TRUE(hot_cuda_test::all_bytes_equal(sc, se));
         }
+}
+
+// The default variant comes from HOT_QGO_VARIANT at the first call; anything but 5..8 is a clear error.
+TEST(Emu_QgoVariant, FromEnvironment) {
+  HostTensor gy = rand_float(DType::bf16, 20, 24, 1, 24);
+  const hot_cuda_test::QgoCase c{20, 24, 4, ScaleMode::tensor, Rounding::stochastic, true, true, false, 8};
+  const GradOutputPlan plan = hot_cuda_test::qgo_plan(c, 1);
+  HostTensor qg = out2d(DType::s8, 20, hot::padded_k(24)), sg = out1d(DType::f32, 1);
+  HostTensor qh = out2d(DType::s8, 24, hot::padded_k(hot::hla_rows(20, 8))), sh = out1d(DType::f32, 1);
+  GradOutputQuant out;
+  out.q_g = qg, out.s_g = sg, out.q_gh_t = qh, out.s_gh = sh;
+  const auto setup_with = [&](const char* env) {
+    hot::cuda::g_qgo_variant = 0;
+    if (env) {
+      setenv("HOT_QGO_VARIANT", env, 1);
+    } else {
+      unsetenv("HOT_QGO_VARIANT");
+    }
+    return hot::cuda::qgo_setup(gy, plan, out).variant;
+  };
+  EXPECT_EQ(setup_with(nullptr), 5);
+  EXPECT_EQ(setup_with("8"), 8);
+  EXPECT_EQ(setup_with("6"), 6);
+  for (const char* bad : {"9", "4", "x", "55"}) {
+    try {
+      setup_with(bad);
+      ADD_FAILURE() << "HOT_QGO_VARIANT=" << bad << " was accepted";
+    } catch (const hot::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("HOT_QGO_VARIANT"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+    }
+  }
+  unsetenv("HOT_QGO_VARIANT");
+  hot::cuda::g_qgo_variant = 5;
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, Emu_QuantizeGradOutput, ::testing::Combine(::testing::Values(5, 6, 7, 8), kTimings),

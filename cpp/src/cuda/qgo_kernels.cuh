@@ -393,9 +393,14 @@ __device__ __forceinline__ void qgo_tile(const QgoParams& p, const Tile& tile, i
     if (PASS == 2) {
       // Where staging aliases the tile: wait until every thread is done reading it.
       if (Tile::kStageAliases) __syncthreads();
-      uint32_t* s32 = reinterpret_cast<uint32_t*>(stage);
-      for (int i = tid; i < kTileCols * stage_ld / 4; i += kThreads) s32[i] = 0u;
-      __syncthreads();
+      // Every thread stores all `rank` bytes of its 4 columns for its row block below, so the staged bytes
+      // [0, kRowBlocks * rank) of each column are all written; only the last row tile also writes bytes past
+      // them (the K .. K_pad zero padding), so only it clears the staging first.
+      if (rt == n_rt - 1) {
+        uint32_t* s32 = reinterpret_cast<uint32_t*>(stage);
+        for (int i = tid; i < kTileCols * stage_ld / 4; i += kThreads) s32[i] = 0u;
+        __syncthreads();
+      }
       if ((rank & 3) == 0) {
 #pragma unroll
         for (int v = 0; v < 4; ++v)

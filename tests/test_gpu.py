@@ -74,6 +74,26 @@ def test_torch_non_default_stream():
     np.testing.assert_allclose(gw.cpu().numpy(), ref[1], rtol=2 ** -22, atol=1e-30)
 
 
+def test_torch_every_gpu_of_one_process():
+    """One process, several GPUs (model parallel, nn.DataParallel): each device gets the same bits as the CPU,
+    whichever device was used first (per-device kernel setup, e.g. the g_y pass's shared-memory attribute)."""
+    torch = pytest.importorskip("torch")
+    n = torch.cuda.device_count()
+    if n < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    gy, w, x = _data(L=200, O=64, I=48)
+    cpu = hot.backward_linear(gy, w, x, seed=7)
+    cpu_q = hot.compress_activation(x).q
+    for d in list(range(n)) + [0]:
+        dev = torch.device("cuda", d)
+        t = [torch.tensor(a, device=dev) for a in (gy, w, x)]
+        gi, gw, _ = hot.backward_linear(*t, seed=7)
+        assert gi.device == dev and gw.device == dev
+        np.testing.assert_allclose(gi.cpu().numpy(), cpu[0], rtol=2 ** -22, atol=1e-30)
+        np.testing.assert_allclose(gw.cpu().numpy(), cpu[1], rtol=2 ** -22, atol=1e-30)
+        np.testing.assert_array_equal(hot.compress_activation(t[2]).q.cpu().numpy(), cpu_q)
+
+
 def test_torch_outputs_are_allocated_by_torch():
     """Outputs come from torch's allocator, so torch's memory accounting sees them."""
     torch = pytest.importorskip("torch")

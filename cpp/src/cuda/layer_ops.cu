@@ -2,6 +2,9 @@
 // ABC buffer (compress_activation), whose kernels live in qgo_kernels.cuh, and the quantised transposed
 // weight (quantize_weight, weight_kernels.cuh).
 #include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <utility>
 
 #include "qgo_kernels.cuh"
@@ -11,9 +14,10 @@ namespace hot::cuda {
 
 namespace {
 
-// One-time setup of the kernels of one input type and rank R (per process; one attribute value for all
-// devices): the dynamic shared memory they may need, and how many CTAs of each persistent (variant 7) kernel fit
-// on an SM, which is how many per SM the variant-7 passes launch.
+// One-time setup, per device, of the kernels of one input type and rank R: the dynamic shared memory they may
+// need (cudaFuncSetAttribute applies to the current device only, so a process that uses several GPUs must set it
+// on each), and how many CTAs of each persistent (variant 7) kernel fit on an SM, which is how many per SM the
+// variant-7 passes launch.
 template <typename T, int R>
 struct QgoKernels {
   int ctas_per_sm[2] = {1, 1};
@@ -34,9 +38,14 @@ struct QgoKernels {
     HOT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
     ctas_per_sm[pass - 1] = std::max(1, n);
   }
-  static const QgoKernels& get() {
-    static const QgoKernels k;  // thread-safe one-time initialisation
-    return k;
+  // The setup for `device`, which must be the current device (run_qgo's DeviceGuard).
+  static const QgoKernels& get(int device) {
+    static std::mutex m;
+    static std::map<int, std::unique_ptr<const QgoKernels>> per_device;
+    const std::lock_guard<std::mutex> lock(m);
+    std::unique_ptr<const QgoKernels>& k = per_device[device];
+    if (!k) k = std::make_unique<const QgoKernels>();  // if this throws, the next call tries again
+    return *k;
   }
 };
 
@@ -50,8 +59,8 @@ void run_qgo(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQ
   const StreamLaunch launch{to_cuda(st)};
   dispatch_float(gy.dtype, "quantize_grad_output", [&](auto t) {
     using T = decltype(t);
-    const QgoKernels<T, 0>& k0 = QgoKernels<T, 0>::get();
-    const QgoKernels<T, kFixedRank>& k8 = QgoKernels<T, kFixedRank>::get();
+    const QgoKernels<T, 0>& k0 = QgoKernels<T, 0>::get(dev);
+    const QgoKernels<T, kFixedRank>& k8 = QgoKernels<T, kFixedRank>::get(dev);
     const int* per_sm = su.fixed_rank == kFixedRank ? k8.ctas_per_sm : k0.ctas_per_sm;
     su.ctas[0] = static_cast<int64_t>(per_sm[0]) * sm_count(dev);
     su.ctas[1] = static_cast<int64_t>(per_sm[1]) * sm_count(dev);

@@ -51,20 +51,27 @@ inline int device_cc() {
 class DevTensor {
  public:
   DevTensor() = default;
-  explicit DevTensor(const HostTensor& h) : host_(h) {
+  // On CUDA device `device` (the current device is left as it was).
+  explicit DevTensor(const HostTensor& h, int device = 0) : host_(h), device_(device) {
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(device);
     void* p = nullptr;
-    if (cudaMalloc(&p, h.nbytes() + 16) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
-    ptr_.reset(p, [](void* q) { cudaFree(q); });
-    if (cudaMemcpy(p, h.bytes(), h.nbytes(), cudaMemcpyHostToDevice) != cudaSuccess)
-      throw std::runtime_error("cudaMemcpy H2D failed");
+    const bool ok = cudaMalloc(&p, h.nbytes() + 16) == cudaSuccess;
+    if (ok) ptr_.reset(p, [](void* q) { cudaFree(q); });
+    const bool copied = ok && cudaMemcpy(p, h.bytes(), h.nbytes(), cudaMemcpyHostToDevice) == cudaSuccess;
     // A pageable H2D cudaMemcpy may return before the DMA lands, and the tests' non-blocking stream
     // does not order after the legacy stream: wait here so no kernel races the upload.
-    if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("cudaDeviceSynchronize failed");
+    const bool synced = copied && cudaDeviceSynchronize() == cudaSuccess;
+    cudaSetDevice(prev);
+    if (!ok) throw std::runtime_error("cudaMalloc failed");
+    if (!copied) throw std::runtime_error("cudaMemcpy H2D failed");
+    if (!synced) throw std::runtime_error("cudaDeviceSynchronize failed");
   }
   TensorView view() const {
     TensorView v = host_.view();
     v.data = ptr_.get();
-    v.device = hot::Device::cuda(0);
+    v.device = hot::Device::cuda(device_);
     return v;
   }
   operator TensorView() const { return view(); }
@@ -78,6 +85,7 @@ class DevTensor {
 
  private:
   HostTensor host_;
+  int device_ = 0;
   std::shared_ptr<void> ptr_;
 };
 

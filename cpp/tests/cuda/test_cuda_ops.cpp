@@ -354,7 +354,9 @@ class Cuda_QuantizeGradOutput : public CudaTest {
  protected:
   // One g_y-pass case on the GPU against the CPU backend: integer codes and scales byte for byte, g_b within the
   // fp32 summation bound.
-  void check_qgo_case(DType dt, const QgoCase& c, uint64_t seed) {
+  // On `device` with `stream` (default: device 0 and the fixture's stream).
+  void check_qgo_case(DType dt, const QgoCase& c, uint64_t seed, int device = 0, cudaStream_t stream = nullptr) {
+    cudaStream_t strm = stream != nullptr ? stream : stream_;
     SCOPED_TRACE(testing::Message() << dt_name(dt) << " L " << c.L << " O " << c.O << " bits " << c.bits << " "
                                     << hot::scale_mode_name(c.sm) << " " << hot::rounding_name(c.rd) << " gx " << c.gx
                                     << " gw " << c.gw << " bias " << c.bias << " rank " << c.rank);
@@ -363,15 +365,15 @@ class Cuda_QuantizeGradOutput : public CudaTest {
     const int64_t Op = hot::padded_k(c.O), Kp = hot::padded_k(hot::hla_rows(c.L, c.rank));
     HostTensor qg = out2d(DType::s8, c.L, Op), sg = out1d(DType::f32, c.sm == ScaleMode::tensor ? 1 : c.L);
     HostTensor qh = out2d(DType::s8, c.O, Kp), sh = out1d(DType::f32, 1), gb = out1d(DType::f32, c.O);
-    DevTensor dqg(qg), dsg(sg), dqh(qh), dsh(sh), dgb(gb);
+    DevTensor dqg(qg, device), dsg(sg, device), dqh(qh, device), dsh(sh, device), dgb(gb, device);
     hot::GradOutputQuant oc, og;
     if (c.gx) oc.q_g = qg, oc.s_g = sg, og.q_g = dqg, og.s_g = dsg;
     if (c.gw) oc.q_gh_t = qh, oc.s_gh = sh, og.q_gh_t = dqh, og.s_gh = dsh;
     if (c.bias) oc.g_b = gb, og.g_b = dgb;
-    DevTensor dgy(gy);
+    DevTensor dgy(gy, device);
     hot::cpu::quantize_grad_output(gy, plan, oc, {});
-    hot::cuda::quantize_grad_output(dgy, plan, og, st());
-    sync();
+    hot::cuda::quantize_grad_output(dgy, plan, og, hot::Stream{strm});
+    ASSERT_EQ(cudaStreamSynchronize(strm), cudaSuccess);
     if (c.gx) {
       EXPECT_TRUE(all_bytes_equal(qg, dqg.to_host())) << "q_g";
       EXPECT_TRUE(all_bytes_equal(sg, dsg.to_host())) << "s_g";
@@ -418,6 +420,31 @@ TEST_F(Cuda_QuantizeGradOutput, BitExactVsCpu) {
         check_qgo_case(dt, c, seed);
         seed += 2;
       }
+}
+
+// One process, every visible GPU, device 0 again last: each gets the CPU backend's bytes whichever device ran first
+// (the kernels' shared-memory attribute is per device).
+TEST_F(Cuda_QuantizeGradOutput, EveryDeviceOfOneProcess) {
+  int n = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&n), cudaSuccess);
+  if (n < 2) GTEST_SKIP() << "needs 2 CUDA devices, have " << n;
+  uint64_t seed = 1700;
+  std::vector<int> order;
+  for (int d = 0; d < n; ++d) order.push_back(d);
+  order.push_back(0);
+  for (int d : order) {
+    SCOPED_TRACE(testing::Message() << "device " << d);
+    ASSERT_EQ(cudaSetDevice(d), cudaSuccess);
+    cudaStream_t s = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    for (int variant : {5, 8}) {
+      const VariantGuard vg(variant);
+      check_qgo_case(DType::bf16, {513, 2304, 4, ScaleMode::tensor, Rounding::stochastic, true, true, true, 8}, seed, d, s);
+      seed += 2;
+    }
+    cudaStreamDestroy(s);
+  }
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
 }
 
 // Rank 8 runs kernels compiled for that rank (qgo_kernels.cuh, kFixedRank); the run-time-rank kernels must give

@@ -95,9 +95,7 @@ __global__ void amax_row_kernel(Mat<const T> in, unsigned* keys) {
 
 // scale[i] / inv[i] from the amax keys (n = 1 or R).
 __global__ void finalize_scales_kernel(const unsigned* keys, int64_t n, int qmax, float* scale, float* inv, float* pre) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    store_scale_from_key(keys[i], qmax, scale + i, inv + i, pre + i);
+  store_scales_from_keys(keys, n, qmax, scale, inv, pre);
 }
 
 // One thread per group of 8 logical elements (one Philox call per group, 16-bit uniforms: rng.h).

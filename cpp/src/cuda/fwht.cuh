@@ -39,12 +39,17 @@ constexpr bool hla_order_matches() {
 }
 static_assert(hla_order_matches(), "hla_order must equal hot::kHlaOrder");
 
-// scale / inv / pre of one quantiser from its amax key (hot/quant_rules.h).
-__device__ __forceinline__ void store_scale_from_key(unsigned key, int qmax, float* scale, float* inv, float* pre) {
-  const QuantScale qs = quant_scale_from_amax(amax_from_key(key), qmax);
-  *scale = qs.scale;
-  *inv = qs.inv;
-  *pre = qs.pre;
+// scale[i] / inv[i] / pre[i] of n quantisers from their amax keys (hot/quant_rules.h), grid-stride over the
+// threads of the launch.
+__device__ __forceinline__ void store_scales_from_keys(const unsigned* keys, int64_t n, int qmax, float* scale,
+                                                       float* inv, float* pre) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const QuantScale qs = quant_scale_from_amax(amax_from_key(keys[i]), qmax);
+    scale[i] = qs.scale;
+    inv[i] = qs.inv;
+    pre[i] = qs.pre;
+  }
 }
 
 __device__ __forceinline__ uint32_t warp_max_u32(uint32_t v) {

@@ -59,9 +59,9 @@ void run_qgo(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQ
   const StreamLaunch launch{to_cuda(st)};
   dispatch_float(gy.dtype, "quantize_grad_output", [&](auto t) {
     using T = decltype(t);
-    const QgoKernels<T, 0>& k0 = QgoKernels<T, 0>::get(dev);
-    const QgoKernels<T, kFixedRank>& k8 = QgoKernels<T, kFixedRank>::get(dev);
-    const int* per_sm = su.fixed_rank == kFixedRank ? k8.ctas_per_sm : k0.ctas_per_sm;
+    // Only the instantiation this call launches is set up (and looked up).
+    const int* per_sm = su.fixed_rank == kFixedRank ? QgoKernels<T, kFixedRank>::get(dev).ctas_per_sm
+                                                    : QgoKernels<T, 0>::get(dev).ctas_per_sm;
     su.ctas[0] = static_cast<int64_t>(per_sm[0]) * sm_count(dev);
     su.ctas[1] = static_cast<int64_t>(per_sm[1]) * sm_count(dev);
     qgo_launch<T>(su, plan, out, static_cast<const T*>(gy.data), launch);

@@ -597,10 +597,8 @@ __global__ void __launch_bounds__(kThreads, qgo16_min_ctas(PASS, R)) qgo16_kerne
 
 __global__ void qgo_finalize_kernel(const unsigned* key_gx, int64_t n_gx, int gx_qmax, float* s_g, float* inv_gx,
                                     float* pre_gx, const unsigned* key_gw, float* s_gh, float* inv_gw, float* pre_gw) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n_gx;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    store_scale_from_key(key_gx[i], gx_qmax, s_g + i, inv_gx + i, pre_gx + i);
-  if (key_gw != nullptr && blockIdx.x == 0 && threadIdx.x == 0) store_scale_from_key(key_gw[0], 127, s_gh, inv_gw, pre_gw);
+  store_scales_from_keys(key_gx, n_gx, gx_qmax, s_g, inv_gx, pre_gx);
+  if (key_gw != nullptr) store_scales_from_keys(key_gw, 1, 127, s_gh, inv_gw, pre_gw);
 }
 
 bool aligned(const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }

@@ -22,6 +22,9 @@ enum HotDLDataTypeCode : uint8_t {
   kDLUInt = 1,
   kDLFloat = 2,
   kDLBfloat = 4,
+  kDLComplex = 5,
+  kDLBool = 6,
+  // 7 .. 17: the 8-, 6- and 4-bit float formats (named in interop.cpp's messages only)
 };
 
 typedef struct {

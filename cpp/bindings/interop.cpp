@@ -13,16 +13,29 @@ constexpr const char* kVersionedName = "dltensor_versioned";
 constexpr const char* kUsedLegacyName = "used_dltensor";
 constexpr const char* kUsedVersionedName = "used_dltensor_versioned";
 
+// A DLPack dtype as numpy and torch name it ("float32", "bool", "complex64", "float8_e4m3fn").
 std::string dl_dtype_str(DLDataType t) {
+  // DLPack 1.1's codes 7 .. 17 (DLDataTypeCode): formats whose name carries their width
+  static const char* const narrow[] = {"float8_e3m4",    "float8_e4m3",     "float8_e4m3b11fnuz", "float8_e4m3fn",
+                                       "float8_e4m3fnuz", "float8_e5m2",    "float8_e5m2fnuz",    "float8_e8m0fnu",
+                                       "float6_e2m3fn",  "float6_e3m2fn",   "float4_e2m1fn"};
   const char* base = "unknown";
+  std::string s;
   switch (t.code) {
     case kDLInt: base = "int"; break;
     case kDLUInt: base = "uint"; break;
     case kDLFloat: base = "float"; break;
     case kDLBfloat: base = "bfloat"; break;
-    default: return hot::detail::concat("dlpack(code=", int(t.code), ", bits=", int(t.bits), ", lanes=", t.lanes, ")");
+    case kDLComplex: base = "complex"; break;
+    case kDLBool: s = "bool"; break;
+    default:
+      if (t.code >= 7 && t.code <= 17) {
+        s = narrow[t.code - 7];
+        break;
+      }
+      return hot::detail::concat("dlpack(code=", int(t.code), ", bits=", int(t.bits), ", lanes=", t.lanes, ")");
   }
-  std::string s = hot::detail::concat(base, int(t.bits));
+  if (s.empty()) s = hot::detail::concat(base, int(t.bits));
   if (t.lanes != 1) s += hot::detail::concat("x", t.lanes);
   return s;
 }

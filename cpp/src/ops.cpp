@@ -78,10 +78,11 @@ void check_rank(const char* op, int rank) {
 }
 
 // int32 accumulation of K products of magnitude <= qmax^2 must not overflow.
-void check_k_fits(const char* op, const char* what, int64_t k, int qmax_a, int qmax_b) {
+// `hint` says what the caller can do about it.
+void check_k_fits(const char* op, const char* what, int64_t k, int qmax_a, int qmax_b, const char* hint) {
   const int64_t max_k = std::numeric_limits<int32_t>::max() / (static_cast<int64_t>(qmax_a) * qmax_b);
   HOT_CHECK_VALUE(k <= max_k, op, ": ", what, " has ", k, " terms; int32 accumulation of ", qmax_a, "x", qmax_b,
-                  " products overflows past ", max_k, " (split the batch)");
+                  " products overflows past ", max_k, " (", hint, ")");
 }
 
 #define HOT_DISPATCH(device, fn, ...) \
@@ -182,12 +183,13 @@ void check_gemm(const char* op, const TensorView& a, const TensorView& b, const 
 
 void gemm_s8s8s32(const TensorView& a, const TensorView& b, const TensorView& c, Stream stream) {
   check_gemm("gemm_s8", a, b, c, DType::s8);
-  check_k_fits("gemm_s8", "the contraction", a.shape[1], 128, 128);
+  check_k_fits("gemm_s8", "the contraction", a.shape[1], 128, 128, "split K");
   HOT_DISPATCH(a.device, gemm_s8s8s32, a, b, c, stream);
 }
 
 void gemm_s4s4s32(const TensorView& a, const TensorView& b, const TensorView& c, Stream stream) {
   check_gemm("gemm_s4", a, b, c, DType::s4);
+  check_k_fits("gemm_s4", "the contraction", a.shape[1], 8, 8, "split K");
   HOT_DISPATCH(a.device, gemm_s4s4s32, a, b, c, stream);
 }
 
@@ -280,9 +282,11 @@ void backward_linear(const TensorView& gy, const TensorView& w, const SavedActiv
     check_vector(op, "saved.scale", saved->scale.view(), 1, false, DType::f32);
     HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "saved.q", q);
     HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "saved.scale", saved->scale.view());
-    check_k_fits(op, "the g_w contraction", padded_k(K), 127, 127);
+    check_k_fits(op, "the g_w contraction", padded_k(K), 127, 127, "split the batch");
   }
-  if (gx) check_k_fits(op, "the g_x contraction", O_pad, qmax_gx, qmax_gx);
+  if (gx)
+    check_k_fits(op, "the g_x contraction (the layer's output features)", O_pad, qmax_gx, qmax_gx,
+                 qmax_gx > 7 ? "use gx_bits=4 or exact mode for this layer" : "use exact mode for this layer");
   if (!gx && !gw && !gb) return;
 
   GradOutputPlan plan;

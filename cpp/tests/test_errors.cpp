@@ -138,6 +138,13 @@ TEST(Cpu_Errors, Gemm) {
   EXPECT_HOT_ERROR(hot::gemm_s4s4s32(a, b4, c), type, "gemm_s4", "a");
   EXPECT_HOT_ERROR(hot::gemm_s4s4s32(HostTensor::make2d(DType::s4, 3, 15), HostTensor::make2d(DType::s4, 5, 15), c),
                    value, "gemm_s4");
+  {
+    // s4 products reach 64 (-8 x -8): past 2^31 / 64 terms an int32 sum can overflow, on every backend alike
+    const int64_t k = (int64_t{1} << 31) / 64;  // 33,554,432: one more than fits
+    const HostTensor a1 = HostTensor::make2d(DType::s4, 1, k), b1 = HostTensor::make2d(DType::s4, 1, k);
+    HostTensor c1 = HostTensor::make2d(DType::s32, 1, 1);
+    EXPECT_HOT_ERROR(hot::gemm_s4s4s32(a1, b1, c1), value, "gemm_s4", "contraction", std::to_string(k), "split K");
+  }
 }
 
 TEST(Cpu_Errors, CompressActivation) {
@@ -230,6 +237,19 @@ TEST(Cpu_Errors, BackwardLinear) {
     HostTensor gb = HostTensor::make1d(DType::f32, f.O);
     o.grad_bias = gb.view();
     EXPECT_HOT_ERROR(hot::backward_linear(gy0, f.w, nullptr, cfg, 0, o), value, "grad_output", "empty");
+  }
+  {
+    // 8-bit g_x: the contraction runs over the output features; past 2^31 / 127^2 = 133,144 of them the int32 sums
+    // can overflow, and the error says what to do (batching does not help)
+    const int64_t O = 133152;
+    const HostTensor gy = f32(16, O), w = f32(O, 4);
+    HostTensor gx = f32(16, 4);
+    hot::BackwardOutputs o;
+    o.grad_input = gx.view();
+    hot::Config c8;
+    c8.gx_bits = 8;
+    EXPECT_HOT_ERROR(hot::backward_linear(gy, w, nullptr, c8, 0, o), value, "g_x contraction", std::to_string(O),
+                     "gx_bits=4");
   }
   // the saved activation
   EXPECT_HOT_ERROR(hot::backward_linear(f.gy, f.w, nullptr, cfg, 0, f.out()), value, "saved");

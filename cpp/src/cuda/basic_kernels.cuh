@@ -163,13 +163,14 @@ constexpr int kBiasRowsPerChunk = 128;
 
 template <typename T>
 __global__ void bias_partial_kernel(Mat<const T> gy, float* partial) {
-  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  // Row chunks (up to millions of rows) on grid.x, 128-column groups on grid.y.
+  const int64_t c = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= gy.cols) return;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kBiasRowsPerChunk;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kBiasRowsPerChunk;
   const int64_t r1 = min(r0 + kBiasRowsPerChunk, gy.rows);
   float s = 0.0f;
   for (int64_t r = r0; r < r1; ++r) s = hot_add(s, load_f(gy.p + r * gy.ld + c));
-  partial[blockIdx.y * gy.cols + c] = s;
+  partial[static_cast<int64_t>(blockIdx.x) * gy.cols + c] = s;
 }
 
 
@@ -259,10 +260,11 @@ inline size_t bias_partial_bytes(const TensorView& gy) {
 template <typename Launch>
 void bias_grad_launch(const TensorView& gy, const TensorView& out, float* partial, const Launch& launch) {
   const int64_t O = gy.shape[1], nchunks = bias_chunks(gy);
-  HOT_CHECK_VALUE(nchunks < 65536, "bias_grad: too many rows (", gy.shape[0], ")");
+  HOT_CHECK_VALUE(nchunks <= kMaxGridX && ceil_div(O, 128) <= kMaxGridYZ, "bias_grad: g_y of ", gy.shape[0], " x ",
+                  O, " is too large (at most ", kMaxGridYZ * 128, " columns)");
   dispatch_float(gy.dtype, "bias_grad", [&](auto t) {
     using T = decltype(t);
-    launch(bias_partial_kernel<T>, dim3(static_cast<unsigned>(ceil_div(O, 128)), static_cast<unsigned>(nchunks)), 128,
+    launch(bias_partial_kernel<T>, dim3(static_cast<unsigned>(nchunks), static_cast<unsigned>(ceil_div(O, 128))), 128,
            0, mat<const T>(gy), partial);
   });
   dispatch_float(out.dtype, "bias_grad", [&](auto t) {

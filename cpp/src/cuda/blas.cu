@@ -3,6 +3,8 @@
 
 #include <mutex>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "common.cuh"
 
@@ -18,16 +20,48 @@ namespace hot::cuda {
 
 namespace {
 
-// One handle per (host thread, device): cuBLAS handles are not meant to be shared between threads
-// that set different streams concurrently. Created on first use and kept for the thread's lifetime.
+// One handle per (host thread, device) at a time: cuBLAS handles are not meant to be shared between threads that
+// set different streams concurrently. A thread takes a handle from its device's pool on first use and gives it
+// back when the thread ends, so programs that start threads again and again reuse a few handles instead of
+// creating (and leaking) one per thread. The pool itself lives until the process ends (never destroyed: handles
+// must not be destroyed after the CUDA runtime has shut down).
+struct HandlePool {
+  std::mutex m;
+  std::unordered_map<int, std::vector<cublasHandle_t>> free;
+};
+HandlePool& handle_pool() {
+  static HandlePool* pool = new HandlePool;
+  return *pool;
+}
+
+struct ThreadHandles {
+  std::unordered_map<int, cublasHandle_t> held;
+  ~ThreadHandles() {
+    HandlePool& pool = handle_pool();
+    const std::lock_guard<std::mutex> lock(pool.m);
+    for (const auto& [device, h] : held) pool.free[device].push_back(h);
+  }
+};
+
 cublasHandle_t handle_for(int device) {
-  thread_local std::unordered_map<int, cublasHandle_t> handles;
-  auto it = handles.find(device);
-  if (it != handles.end()) return it->second;
-  cublasHandle_t h;
-  HOT_CUBLAS_CHECK(cublasCreate(&h));
-  HOT_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH));  // no TF32, no reduced-precision reductions
-  handles.emplace(device, h);
+  thread_local ThreadHandles handles;
+  auto it = handles.held.find(device);
+  if (it != handles.held.end()) return it->second;
+  cublasHandle_t h = nullptr;
+  {
+    HandlePool& pool = handle_pool();
+    const std::lock_guard<std::mutex> lock(pool.m);
+    std::vector<cublasHandle_t>& v = pool.free[device];
+    if (!v.empty()) {
+      h = v.back();
+      v.pop_back();
+    }
+  }
+  if (h == nullptr) {
+    HOT_CUBLAS_CHECK(cublasCreate(&h));  // on the current device: the caller's DeviceGuard
+    HOT_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH));  // no TF32, no reduced-precision reductions
+  }
+  handles.held.emplace(device, h);
   return h;
 }
 
@@ -60,6 +94,12 @@ void matmul_exact(const TensorView& a, bool trans_a, const TensorView& b, bool t
   const cudaStream_t s = to_cuda(st);
   const int64_t M = out.shape[0], N = out.shape[1];
   const int64_t K = trans_a ? a.shape[0] : a.shape[1];
+  // cuBLAS takes its sizes and leading dimensions as int.
+  const std::pair<const char*, int64_t> sizes[] = {{"rows of the output", M},   {"columns of the output", N},
+                                                   {"the contraction", K},      {"the row stride of a", a.strides[0]},
+                                                   {"the row stride of b", b.strides[0]}, {"the row stride of the output", out.strides[0]}};
+  for (const auto& [what, v] : sizes)
+    HOT_CHECK_VALUE(fits_int32(v), "exact GEMM (cuBLAS): ", what, " is ", v, "; at most 2147483647 is supported");
   cublasHandle_t h = handle_for(dev);
   HOT_CUBLAS_CHECK(cublasSetStream(h, s));
   const bool direct = out.dtype == a.dtype || out.dtype == DType::f32;
@@ -76,6 +116,7 @@ void matmul_exact(const TensorView& a, bool trans_a, const TensorView& b, bool t
   if (!direct) {
     dispatch_float(out.dtype, "matmul_exact", [&](auto t) {
       using T = decltype(t);
+      clear_stale_error();
       cast_f32_kernel<T><<<grid_1d(M * N, 256), 256, 0, s>>>(tmp.as<float>(), M, N, static_cast<T*>(out.data),
                                                              out.strides[0]);
     });

@@ -18,13 +18,21 @@
 #define HOT_CUDA_CHECK(expr)                                                                          \
   do {                                                                                                \
     const cudaError_t hot_err_ = (expr);                                                              \
-    if (hot_err_ != cudaSuccess)                                                                      \
+    if (hot_err_ != cudaSuccess) {                                                                    \
+      (void)cudaGetLastError(); /* reported here: not again by the next launch check */               \
       HOT_FAIL(internal, "CUDA error ", cudaGetErrorName(hot_err_), " (", cudaGetErrorString(hot_err_), \
                ") in ", #expr);                                                                       \
+    }                                                                                                 \
   } while (0)
 
 // After every kernel launch: a launch error (bad configuration, missing kernel image) surfaces here.
 #define HOT_CUDA_CHECK_LAUNCH() HOT_CUDA_CHECK(cudaGetLastError())
+
+// The runtime keeps the last error of any call (not only of launches) until cudaGetLastError reads it. Before a
+// launch whose error is read back that way, an error left by an earlier call (one whose failure was already
+// returned to its caller, ours or another library's) is cleared, so that it is not reported as this launch's.
+// Sticky errors (a kernel fault) are not cleared by this and still surface.
+inline void clear_stale_error() { (void)cudaGetLastError(); }
 
 // The dynamic shared memory of a kernel, as a byte array `name`. The host emulation of the kernels
 // (cpp/tests/emu/cuda_emu.h, which defines HOT_CUDA_EMULATION) supplies the current block's buffer.
@@ -47,7 +55,7 @@ class DeviceGuard {
     cur_ = device;
   }
   ~DeviceGuard() {
-    if (prev_ != cur_) cudaSetDevice(prev_);
+    if (prev_ != cur_ && cudaSetDevice(prev_) != cudaSuccess) clear_stale_error();  // no throw in a destructor
   }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
@@ -63,6 +71,9 @@ const char* gemm_path_name(GemmPath p);
 // Compute capability (major*10+minor) of a device, cached.
 int compute_capability(int device);
 int sm_count(int device);
+// The most shared memory one block may use on a device (cudaDevAttrMaxSharedMemoryPerBlockOptin): 227 KB on
+// sm_80 / sm_90, 99 KB on sm_86 / sm_89, 64 KB on sm_75.
+int64_t smem_per_block_optin(int device);
 
 // Stream-ordered scratch memory. Every temporary of the backend comes from the device's default
 // memory pool through cudaMallocAsync/cudaFreeAsync on the call's stream; the pool's release threshold
@@ -173,6 +184,12 @@ void dispatch_float(DType dt, const char* what, F&& f) {
 }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// CUDA's launch limits: grid.x up to 2^31 - 1 blocks, grid.y and grid.z up to 65535.
+constexpr int64_t kMaxGridX = 0x7fffffff;
+constexpr int64_t kMaxGridYZ = 65535;
+
+inline bool fits_int32(int64_t v) { return v >= 0 && v <= 0x7fffffff; }
+
 inline unsigned grid_1d(int64_t n, int threads, int64_t cap = 65535LL * 32) {
   int64_t g = ceil_div(n, threads);
   if (g < 1) g = 1;
@@ -200,6 +217,7 @@ struct StreamLaunch {
   cudaStream_t s;
   template <typename... KArgs, typename... Args>
   void operator()(void (*kernel)(KArgs...), dim3 grid, int threads, size_t smem, Args&&... args) const {
+    clear_stale_error();
     kernel<<<grid, threads, smem, s>>>(std::forward<Args>(args)...);
     HOT_CUDA_CHECK_LAUNCH();
   }

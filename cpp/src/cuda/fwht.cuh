@@ -59,8 +59,9 @@ __device__ __forceinline__ uint32_t warp_max_u32(uint32_t v) {
 }
 
 // Max over the block (any blockDim.x multiple of 32, at most 1024); the result is valid in thread 0.
-__device__ __forceinline__ uint32_t block_max_u32(uint32_t v) {
-  __shared__ uint32_t red[32];
+// `red`: 32 words of shared memory that no thread touches during the call (the barrier at its start also waits
+// for every thread to finish with what was there before, so a caller may lend a buffer it is done with).
+__device__ __forceinline__ uint32_t block_max_u32(uint32_t v, uint32_t* red) {
   v = warp_max_u32(v);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();
@@ -72,6 +73,10 @@ __device__ __forceinline__ uint32_t block_max_u32(uint32_t v) {
     v = warp_max_u32(v);
   }
   return v;
+}
+__device__ __forceinline__ uint32_t block_max_u32(uint32_t v) {
+  __shared__ uint32_t red[32];
+  return block_max_u32(v, red);
 }
 
 }  // namespace hot::cuda

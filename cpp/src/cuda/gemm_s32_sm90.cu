@@ -24,6 +24,18 @@ namespace {
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
+}  // namespace
+
+// What the kernel needs of A (M x K) and of the sizes, checked before the padded route of with_padding allocates
+// anything: int sizes (CUTLASS's problem shape; the padded N too), K a multiple of 16, A's rows 16-byte aligned.
+bool a_operand_ok(const TensorView& a, const TensorView& b) {
+  const int64_t M = a.shape[0], K = a.shape[1], N = b.shape[0];
+  return fits_int32(M) && fits_int32(round_up(N, 16)) && fits_int32(K) && K % 16 == 0 && a.strides[0] % 16 == 0 &&
+         aligned16(a.data);
+}
+
+namespace {
+
 // Calls run(b, ldb, d, ldd, N_run) directly when the output can be stored by TMA, else through a
 // padded copy of B (zero rows up to a multiple of 16) and a padded scratch D, copied back with one 2-D
 // memcpy. Returns false when even the padded route is not implementable (A/B alignment).
@@ -58,6 +70,7 @@ bool with_padding(const TensorView& bv, const TensorView& out, int elem_bytes, i
 namespace hot::cuda {
 
 bool sm90_gemm_s8s8s32(const TensorView& a, const TensorView& b, const TensorView& c, int device, cudaStream_t s) {
+  if (!sm90::a_operand_ok(a, b)) return false;
   const int M = static_cast<int>(a.shape[0]), K = static_cast<int>(a.shape[1]);
   const auto* ap = static_cast<const int8_t*>(a.data);
   return sm90::with_padding(b, c, 4, device, s, [&](const int8_t* bp, int64_t ldb, void* d, int64_t ldd, int N) {
@@ -67,6 +80,7 @@ bool sm90_gemm_s8s8s32(const TensorView& a, const TensorView& b, const TensorVie
 
 bool sm90_gemm_s8_dequant(const TensorView& a, const TensorView& b, const TensorView& sa, const TensorView& sb,
                           float factor, const TensorView& out, int device, cudaStream_t s) {
+  if (!sm90::a_operand_ok(a, b)) return false;
   const int M = static_cast<int>(a.shape[0]), K = static_cast<int>(a.shape[1]);
   const auto* ap = static_cast<const int8_t*>(a.data);
   const bool per_row = sa.shape[0] != 1;

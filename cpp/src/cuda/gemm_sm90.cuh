@@ -113,6 +113,7 @@ bool run_gemm(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, void* 
   cutlass::Status st = gemm.initialize(args, ws.get(), stream);
   HOT_CHECK(st == cutlass::Status::kSuccess, internal, "CUTLASS sm90 GEMM initialize failed: ",
             cutlass::cutlassGetStatusString(st), " (M=", M, " N=", N, " K=", K, ")");
+  clear_stale_error();  // CUTLASS reads cudaGetLastError after its launch
   st = gemm.run(stream);
   HOT_CHECK(st == cutlass::Status::kSuccess, internal, "CUTLASS sm90 GEMM run failed: ",
             cutlass::cutlassGetStatusString(st), " (M=", M, " N=", N, " K=", K, ")");

@@ -43,7 +43,8 @@ __global__ void __launch_bounds__(256) gemm_s8_generic_kernel(Mat<const int8_t> 
   __shared__ int8_t As[kTM][kTK + 4];
   __shared__ int8_t Bs[kTN][kTK + 4];
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int64_t bm = static_cast<int64_t>(blockIdx.y) * kTM, bn = static_cast<int64_t>(blockIdx.x) * kTN;
+  // M (rows of A: tokens, up to millions) on grid.x, N (a feature dimension) on grid.y.
+  const int64_t bm = static_cast<int64_t>(blockIdx.x) * kTM, bn = static_cast<int64_t>(blockIdx.y) * kTN;
   const int64_t M = A.rows, N = B.rows, K = A.cols;
   int32_t acc[4][4] = {};
   for (int64_t k0 = 0; k0 < K; k0 += kTK) {
@@ -98,8 +99,10 @@ Dequant<T> make_dequant(const TensorView& sa, const TensorView& sb, float factor
 // C (M x N) = A (M x K) B (N x K)^T through the epilogue epi(m, n, acc).
 template <typename Epi, typename Launch>
 void generic_gemm_launch(const Mat<const int8_t>& a, const Mat<const int8_t>& b, const Epi& epi, const Launch& launch) {
-  const dim3 grid(static_cast<unsigned>(ceil_div(b.rows, kTN)), static_cast<unsigned>(ceil_div(a.rows, kTM)));
-  HOT_CHECK_VALUE(grid.y < 65536, "integer GEMM: M = ", a.rows, " is too large for the generic kernel");
+  const int64_t tiles_m = ceil_div(a.rows, kTM), tiles_n = ceil_div(b.rows, kTN);
+  HOT_CHECK_VALUE(tiles_m <= kMaxGridX && tiles_n <= kMaxGridYZ, "integer GEMM: M = ", a.rows, ", N = ", b.rows,
+                  " is too large for the generic kernel (at most ", kMaxGridYZ * kTN, " columns)");
+  const dim3 grid(static_cast<unsigned>(tiles_m), static_cast<unsigned>(tiles_n));
   launch(gemm_s8_generic_kernel<Epi>, grid, 256, 0, a, b, epi);
 }
 

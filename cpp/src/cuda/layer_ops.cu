@@ -21,7 +21,8 @@ namespace {
 template <typename T, int R>
 struct QgoKernels {
   int ctas_per_sm[2] = {1, 1};
-  QgoKernels() {
+  int64_t smem_optin;
+  explicit QgoKernels(int64_t optin) : smem_optin(optin) {
     const int smem = static_cast<int>(qgo_smem_bytes());
     HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo_kernel<T, 1, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo_kernel<T, 2, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -32,7 +33,9 @@ struct QgoKernels {
   }
   template <class K>
   void set16(K kernel, int pass) {
-    const int smem = static_cast<int>(qgo16_smem_bytes(pass, 2));  // the larger (variant 7) of the two sizes
+    // the larger (variant 7) of the two sizes, where the GPU allows it (qgo_setup runs variant 8 where it does not)
+    const size_t v7 = qgo16_smem_bytes(pass, 2);
+    const int smem = static_cast<int>(static_cast<int64_t>(v7) <= smem_optin ? v7 : qgo16_smem_bytes(pass, 1));
     HOT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int n = 0;
     HOT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
@@ -44,7 +47,7 @@ struct QgoKernels {
     static std::map<int, std::unique_ptr<const QgoKernels>> per_device;
     const std::lock_guard<std::mutex> lock(m);
     std::unique_ptr<const QgoKernels>& k = per_device[device];
-    if (!k) k = std::make_unique<const QgoKernels>();  // if this throws, the next call tries again
+    if (!k) k = std::make_unique<const QgoKernels>(smem_per_block_optin(device));  // if this throws, the next call tries again
     return *k;
   }
 };
@@ -53,7 +56,7 @@ struct QgoKernels {
 void run_qgo(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out, Stream st) {
   const int dev = gy.device.index;
   DeviceGuard dg(dev);
-  QgoSetup su = qgo_setup(gy, plan, out);
+  QgoSetup su = qgo_setup(gy, plan, out, smem_per_block_optin(dev));
   Scratch scratch(su.scratch_bytes(), dev, st);
   su.bind_scratch(scratch.get());
   const StreamLaunch launch{to_cuda(st)};

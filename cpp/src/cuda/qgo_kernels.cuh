@@ -440,14 +440,18 @@ __device__ __forceinline__ void qgo_tile(const QgoParams& p, const Tile& tile, i
 
 }
 
-// Pass 1: the block's maxima into the per-tensor amax keys (every thread of the block calls this).
-__device__ __forceinline__ void qgo_publish_amax(const QgoParams& p, uint32_t amax_gx, uint32_t amax_gw) {
+// Pass 1: the block's maxima into the per-tensor amax keys (every thread of the block calls this, once the tile
+// in `smem` is no longer needed: the reduction borrows its first 128 bytes, so that the kernels use no static
+// shared memory and the 64 KB fp32 tile fits the 64 KB per block of sm_75).
+__device__ __forceinline__ void qgo_publish_amax(const QgoParams& p, uint32_t amax_gx, uint32_t amax_gw,
+                                                 unsigned char* smem) {
+  uint32_t* red = reinterpret_cast<uint32_t*>(smem);
   if (p.gx && !p.gx_per_row) {
-    const uint32_t k = block_max_u32(amax_gx);
+    const uint32_t k = block_max_u32(amax_gx, red);
     if (threadIdx.x == 0) atomicMax(p.key_gx, k);
   }
   if (p.gw) {
-    const uint32_t k = block_max_u32(amax_gw);
+    const uint32_t k = block_max_u32(amax_gw, red);
     if (threadIdx.x == 0) atomicMax(p.key_gw, k);
   }
 }
@@ -460,7 +464,7 @@ __global__ void __launch_bounds__(kThreads, qgo_min_ctas(PASS, R)) qgo_kernel(co
   const int tid = threadIdx.x;
   const int64_t n_ct = (std::max<int64_t>(p.O_pad, p.O) + kTileCols - 1) / kTileCols;
   const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
-  int64_t lin = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  int64_t lin = blockIdx.x;  // a 1-D grid of n_ct * n_rt tiles (grid.y would cap L at 65535 tiles)
   if (PASS == 2) lin = n_ct * n_rt - 1 - lin;  // reverse order: reuse what pass 1 left in L2
   const int64_t rt = lin / n_ct, ct = lin % n_ct;
   const int64_t r0 = rt * kTileRows, c0 = ct * kTileCols;
@@ -498,7 +502,7 @@ __global__ void __launch_bounds__(kThreads, qgo_min_ctas(PASS, R)) qgo_kernel(co
   uint32_t amax_gx = 0, amax_gw = 0;
   qgo_tile<PASS, R>(p, tf, rt, ct, smem, amax_gx, amax_gw);
 
-  if (PASS == 1) qgo_publish_amax(p, amax_gx, amax_gw);
+  if (PASS == 1) qgo_publish_amax(p, amax_gx, amax_gw, smem);
 }
 
 // ---- variant 7: persistent CTAs, raw 16-bit tiles double-buffered by cp.async ----------------------------
@@ -592,7 +596,7 @@ __global__ void __launch_bounds__(kThreads, qgo16_min_ctas(PASS, R)) qgo16_kerne
     }
   }
   cp_async_wait<0>();
-  if (PASS == 1) qgo_publish_amax(p, amax_gx, amax_gw);
+  if (PASS == 1) qgo_publish_amax(p, amax_gx, amax_gw, smem);
 }
 
 __global__ void qgo_finalize_kernel(const unsigned* key_gx, int64_t n_gx, int gx_qmax, float* s_g, float* inv_gx,
@@ -646,7 +650,9 @@ struct QgoSetup {
   }
 };
 
-QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out) {
+// `smem_optin`: the most shared memory a block may have on the device (smem_per_block_optin).
+QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out,
+                   int64_t smem_optin = kMaxGridX) {
   QgoSetup su;
   QgoParams& p = su.p;
   const int64_t L = gy.shape[0], O = gy.shape[1];
@@ -687,13 +693,24 @@ QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradO
   su.variant = qgo_variant();
   su.fixed_rank = plan.gw && plan.rank == kFixedRank && g_qgo_fixed_rank.load(std::memory_order_relaxed) ? kFixedRank : 0;
   p.swizzle = su.variant >= 6 ? 12 : 0;
-  p.raw_buffers = su.variant == 8 ? 1 : 2;
   p.sr8 = p.stochastic && O % kSrGroup == 0;
   const int vec = gy.dtype == DType::f32 ? 4 : 8;  // elements per 16-byte load
   p.vec_load = O % vec == 0 && p.ld_in % vec == 0 && aligned(gy.data, 16);
+  // Shared memory per block: variant 7's two 16-bit tile buffers (85 KB in pass 2) exceed sm_75's 64 KB, so there
+  // it runs as variant 8 (the same kernel with one buffer; identical bytes). Every other kernel fits the 64 KB of
+  // the oldest GPUs CUDA 13 builds for (sm_75).
+  const bool raw16 = gy.dtype != DType::f32 && p.vec_load;
+  if (su.variant == 7 && raw16 && static_cast<int64_t>(qgo16_smem_bytes(2, 2)) > smem_optin) su.variant = 8;
+  p.raw_buffers = su.variant == 8 ? 1 : 2;
+  const int64_t smem = static_cast<int64_t>(su.variant >= 7 && raw16 ? qgo16_smem_bytes(2, p.raw_buffers)
+                                                                     : qgo_smem_bytes());
+  HOT_CHECK(smem <= smem_optin, unavailable, "quantize_grad_output / compress_activation: the CUDA kernels need ",
+            smem, " bytes of shared memory per block; this GPU allows ", smem_optin);
   p.vec_store_qg = plan.gx && p.ld_qg % 16 == 0 && aligned(p.q_g, 16) && p.O_pad % 16 == 0;
   p.word_store_qgh = plan.gw && p.ld_qgh % 4 == 0 && aligned(p.q_gh, 4) && p.K_pad % 4 == 0;
-  HOT_CHECK_VALUE(su.n_rt < 65536 * 65536LL / std::max<int64_t>(su.n_ct, 1), "quantize_grad_output: too many rows");
+  HOT_CHECK_VALUE(su.n_rt * su.n_ct <= kMaxGridX, "quantize_grad_output / compress_activation: an input of ", L, " x ", O, " has ",
+                  su.n_rt * su.n_ct, " tiles of ", kTileRows, " x ", kTileCols, "; at most ", kMaxGridX,
+                  " fit one launch (split the rows)");
   return su;
 }
 
@@ -705,7 +722,7 @@ template <typename T, class Launch>
 void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutputQuant& out, const T* src,
                 Launch&& launch) {
   const QgoParams& p = su.p;
-  const dim3 grid(static_cast<unsigned>(su.n_ct), static_cast<unsigned>(su.n_rt));
+  const dim3 grid(static_cast<unsigned>(su.n_ct * su.n_rt));
   const size_t smem = qgo_smem_bytes();
   launch.zero(p.key_gx, su.keys_bytes);
   const auto pass = [&](auto pass_tag, const QgoParams& pp) {

@@ -22,6 +22,7 @@ namespace {
 struct DeviceInfo {
   int cc = 0;
   int sms = 0;
+  int64_t smem_optin = 0;  // dynamic + static shared memory one block may have (opt-in maximum)
   bool pool_ready = false;
 };
 
@@ -50,6 +51,9 @@ void probe_locked() {
     if (cudaGetDeviceProperties(&prop, d) == cudaSuccess) {
       g_devices[d].cc = prop.major * 10 + prop.minor;
       g_devices[d].sms = prop.multiProcessorCount;
+      g_devices[d].smem_optin = static_cast<int64_t>(prop.sharedMemPerBlockOptin);
+    } else {
+      clear_stale_error();
     }
   }
 }
@@ -91,6 +95,7 @@ std::string unavailable_reason() {
 
 int compute_capability(int device) { return info(device).cc; }
 int sm_count(int device) { return info(device).sms; }
+int64_t smem_per_block_optin(int device) { return info(device).smem_optin; }
 
 // The one architecture dispatch of the backend.
 GemmPath select_gemm_path(int device) {
@@ -140,10 +145,15 @@ std::string build_info() {
     os << "; no device: " << unavailable_reason();
   } else {
     int n = 0;
-    cudaGetDeviceCount(&n);
+    if (cudaGetDeviceCount(&n) != cudaSuccess) clear_stale_error();
     for (int d = 0; d < n; ++d) {
       cudaDeviceProp prop{};
-      cudaGetDeviceProperties(&prop, d);
+      const cudaError_t e = cudaGetDeviceProperties(&prop, d);
+      if (e != cudaSuccess) {
+        clear_stale_error();
+        os << "\ncuda:" << d << ": properties unavailable (" << cudaGetErrorName(e) << ")";
+        continue;
+      }
       os << "\ncuda:" << d << ": " << prop.name << " (sm_" << prop.major << prop.minor << ", "
          << prop.multiProcessorCount << " SMs), integer GEMM: " << gemm_path_name(select_gemm_path(d));
     }
@@ -163,9 +173,10 @@ void deallocate(void* p, int device, Stream s) {
   if (p == nullptr) return;
   int prev = 0;
   if (cudaGetDevice(&prev) != cudaSuccess) return;
-  if (prev != device) cudaSetDevice(device);
-  cudaFreeAsync(p, to_cuda(s));  // no throw: called from destructors
-  if (prev != device) cudaSetDevice(prev);
+  bool failed = prev != device && cudaSetDevice(device) != cudaSuccess;
+  failed |= cudaFreeAsync(p, to_cuda(s)) != cudaSuccess;  // no throw: called from destructors
+  failed |= prev != device && cudaSetDevice(prev) != cudaSuccess;
+  if (failed) clear_stale_error();
 }
 
 void memset_zero(void* p, size_t bytes, int device, Stream s) {
@@ -179,7 +190,7 @@ Scratch::Scratch(size_t bytes, int device, Stream s) : stream_(to_cuda(s)) {
 }
 
 Scratch::~Scratch() {
-  if (p_) cudaFreeAsync(p_, stream_);
+  if (p_ && cudaFreeAsync(p_, stream_) != cudaSuccess) clear_stale_error();  // no throw in a destructor
 }
 
 }  // namespace hot::cuda

@@ -233,6 +233,20 @@ TEST_F(Cuda_GemmS8, BitExactVsCpu) {
   }
 }
 
+// K not a multiple of 16 takes the generic kernel on every GPU: M in the millions (more 64-row tiles than a grid's y
+// dimension holds) gives the CPU backend's products.
+TEST_F(Cuda_GemmS8, GenericKernelMillionsOfRows) {
+  if (small_run()) GTEST_SKIP() << "large shapes are skipped under HOT_CUDA_TEST_SMALL";
+  const int64_t M = 4200000, N = 5, K = 8;
+  HostTensor a = rand_int(DType::s8, M, K, -128, 127, 1950), b = rand_int(DType::s8, N, K, -128, 127, 1951);
+  HostTensor cc = out2d(DType::s32, M, N), cg = cc;
+  DevTensor da(a), db(b), dc(cg);
+  hot::gemm_s8s8s32(a, b, cc);
+  hot::gemm_s8s8s32(da, db, dc, st());
+  sync();
+  EXPECT_TRUE(all_bytes_equal(cc, dc.to_host()));
+}
+
 TEST_F(Cuda_GemmS8, ExtremeValuesAndLargeShapes) {
   // All -127 / 127: the largest int32 sums the contraction allows.
   for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{256, 256, 8192}, {4096, 2304, 4096}}) {
@@ -422,6 +436,20 @@ TEST_F(Cuda_QuantizeGradOutput, BitExactVsCpu) {
       }
 }
 
+// Millions of rows (a convolution's L = batch x H x W): more tiles than a grid's y dimension holds (65535 tiles of
+// 64 rows), the CPU backend's bytes all the same.
+TEST_F(Cuda_QuantizeGradOutput, MillionsOfRows) {
+  if (small_run()) GTEST_SKIP() << "large shapes are skipped under HOT_CUDA_TEST_SMALL";
+  uint64_t seed = 1900;
+  for (int variant : {5, 8}) {
+    const VariantGuard vg(variant);
+    SCOPED_TRACE(testing::Message() << "variant " << variant);
+    check_qgo_case(DType::bf16, {4194304 + 100, 16, 4, ScaleMode::tensor, Rounding::stochastic, true, true, true, 8},
+                   seed);
+    seed += 2;
+  }
+}
+
 // One process, every visible GPU, device 0 again last: each gets the CPU backend's bytes whichever device ran first
 // (the kernels' shared-memory attribute is per device).
 TEST_F(Cuda_QuantizeGradOutput, EveryDeviceOfOneProcess) {
@@ -469,7 +497,8 @@ class Cuda_BiasGrad : public CudaTest {};
 TEST_F(Cuda_BiasGrad, MatchesFloat64) {
   uint64_t seed = 1100;
   for (DType dt : kFloatTypes)
-    for (auto [L, O] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {333, 17}, {25216, 768}}) {
+    // 8.4 M rows: more 128-row chunks than a grid's y dimension holds
+    for (auto [L, O] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {333, 17}, {25216, 768}, {8400000, 3}}) {
       if (L > 20000 && small_run()) continue;
       HostTensor gy = rand_float(dt, L, O, seed++);
       for (DType ot : {DType::f32, dt}) {

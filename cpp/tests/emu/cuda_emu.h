@@ -110,9 +110,18 @@ inline void cp_async_wait(int n) {
   }
 }
 
+// The launch configurations the GPU accepts (sm_80 .. sm_90): 1 .. 2^31 - 1 blocks in x, 1 .. 65535 in y and z,
+// 1 .. 1024 threads, at most 227 KB of dynamic shared memory. A configuration outside them fails the launch
+// (cudaErrorInvalidConfiguration), so it fails here too.
+inline bool launch_config_ok(dim3 grid, int threads, size_t smem_bytes) {
+  return grid.x >= 1 && grid.x <= 0x7fffffffu && grid.y >= 1 && grid.y <= 65535u && grid.z >= 1 && grid.z <= 65535u &&
+         threads >= 1 && threads <= 1024 && smem_bytes <= 227u * 1024u;
+}
+
 // Runs kernel(args...) over the grid: `threads` std::threads run the blocks one after another.
 template <typename... KArgs, typename... Args>
 void launch(void (*kernel)(KArgs...), dim3 grid, int threads, size_t smem_bytes, Args&&... args) {
+  if (!launch_config_ok(grid, threads, smem_bytes)) fail("launch: a configuration the GPU would reject");
   if (threads % 32 != 0) fail("launch: the emulation needs whole warps");
   // The blocks run one after another in a shuffled order (fixed per grid size), so a kernel that depends on the
   // order in which blocks run, which the GPU does not promise, fails here too.
@@ -155,6 +164,23 @@ struct Launch {
     launch(kernel, grid, threads, smem, std::forward<Args>(args)...);
   }
   void zero(void* p, size_t bytes) const { std::memset(p, 0, bytes); }
+};
+
+// A launcher that runs nothing: it records each launch's configuration and whether the GPU would accept it. For
+// the launch sequences of inputs too large to emulate (millions of rows; the views' data is never touched).
+struct RecordLaunch {
+  struct Entry {
+    dim3 grid;
+    int threads;
+    size_t smem;
+    bool ok;
+  };
+  mutable std::vector<Entry> launches;  // the launch sequences take their launcher by const reference
+  template <typename... KArgs, typename... Args>
+  void operator()(void (*)(KArgs...), dim3 grid, int threads, size_t smem, Args&&...) const {
+    launches.push_back({grid, threads, smem, launch_config_ok(grid, threads, smem)});
+  }
+  void zero(void*, size_t) const {}
 };
 
 }  // namespace hot_emu

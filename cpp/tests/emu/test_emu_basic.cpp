@@ -163,6 +163,19 @@ TEST(Emu_Int4, PackUnpackBitExactVsCpu) {
   }
 }
 
+// g_b of millions of rows (a convolution's L = batch x H x W) fits the grid: the row chunks run on grid.x (65535
+// chunks of 128 rows would cap L at 8.4 M on grid.y). Recorded, not run.
+TEST(Emu_BiasGrad, MillionsOfRowsFitTheGrid) {
+  void* const fake = reinterpret_cast<void*>(uintptr_t{1} << 20);  // never dereferenced
+  const hot::Device cuda0 = hot::Device::cuda(0);
+  const hot::TensorView gy = hot::make_view(fake, DType::bf16, cuda0, {40000000, 256});
+  const hot::TensorView out = hot::make_view(fake, DType::bf16, cuda0, {256});
+  hot_emu::RecordLaunch rec;
+  hot::cuda::bias_grad_launch(gy, out, static_cast<float*>(fake), rec);
+  ASSERT_EQ(rec.launches.size(), 2u);
+  for (const auto& e : rec.launches) EXPECT_TRUE(e.ok) << "grid " << e.grid.x << " x " << e.grid.y;
+}
+
 // g_b: fixed 128-row chunks summed in chunk order; against float64 with the fp32 summation bound n u sum|g| plus
 // the output dtype's rounding, and bit-identical between two runs (deterministic).
 TEST(Emu_BiasGrad, MatchesFloat64AndDeterministic) {

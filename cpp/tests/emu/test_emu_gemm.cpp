@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -44,6 +45,23 @@ TEST(Emu_GemmS8Generic, BitExactVsCpu) {
     hot::cuda::generic_gemm_launch(hot::cuda::mat<const int8_t>(a.view()), hot::cuda::mat<const int8_t>(b.view()),
                                    hot::cuda::StoreS32{c.p, c.ld}, hot_emu::Launch{});
     EXPECT_TRUE(all_bytes_equal(cc, ce));
+  }
+}
+
+// M (tokens) in the millions fits the grid: M tiles run on grid.x (65535 tiles of 64 rows would cap M at 4.19 M on
+// grid.y). Recorded, not run. N past 65535 tiles is a clear error naming the sizes.
+TEST(Emu_GemmS8Generic, MillionsOfRowsFitTheGrid) {
+  const hot::cuda::Mat<const int8_t> a{nullptr, 40000000, 64, 64}, b{nullptr, 768, 64, 64};
+  hot_emu::RecordLaunch rec;
+  hot::cuda::generic_gemm_launch(a, b, hot::cuda::StoreS32{nullptr, 768}, rec);
+  ASSERT_EQ(rec.launches.size(), 1u);
+  EXPECT_TRUE(rec.launches[0].ok) << rec.launches[0].grid.x << " x " << rec.launches[0].grid.y;
+  const hot::cuda::Mat<const int8_t> wide{nullptr, 65536 * 64 + 1, 64, 64};
+  try {
+    hot::cuda::generic_gemm_launch(a, wide, hot::cuda::StoreS32{nullptr, 768}, rec);
+    ADD_FAILURE() << "N = " << wide.rows << " was accepted";
+  } catch (const hot::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(wide.rows)), std::string::npos) << e.what();
   }
 }
 

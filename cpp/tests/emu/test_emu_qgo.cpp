@@ -203,6 +203,81 @@ TEST_P(Emu_CompressActivation, BitExactVsCpu) {
         }
 }
 
+// Inputs with millions of rows (a convolution's L = batch x H x W): every launch of the pass fits the GPU's grid
+// limits, in every variant, for g_y and for ABC. The launches are recorded, not run (the data is never touched).
+TEST(Emu_QgoLaunch, MillionsOfRowsFitTheGrid) {
+  void* const fake = reinterpret_cast<void*>(uintptr_t{1} << 20);  // 16-byte aligned, never dereferenced
+  const hot::Device cuda0 = hot::Device::cuda(0);
+  for (const int64_t L : {int64_t{4194304} + 64, int64_t{40000000}}) {  // past 65535 tiles of 64 rows
+    const int64_t O = 768, Kp = hot::padded_k(hot::hla_rows(L, 8));
+    const TensorView gy = hot::make_view(fake, DType::bf16, cuda0, {L, O});
+    const hot_cuda_test::QgoCase c{L, O, 4, ScaleMode::tensor, Rounding::stochastic, true, true, true, 8};
+    GradOutputQuant out;
+    out.q_g = hot::make_view(fake, DType::s8, cuda0, {L, O});
+    out.s_g = hot::make_view(fake, DType::f32, cuda0, {1});
+    out.q_gh_t = hot::make_view(fake, DType::s8, cuda0, {O, Kp});
+    out.s_gh = hot::make_view(fake, DType::f32, cuda0, {1});
+    out.g_b = hot::make_view(fake, DType::bf16, cuda0, {O});
+    for (const int variant : {5, 6, 7, 8}) {
+      for (const bool abc : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "L " << L << " variant " << variant << " abc " << abc);
+        hot::cuda::g_qgo_variant = variant;
+        GradOutputQuant o = out;
+        if (abc) o.q_g = o.s_g = o.g_b = TensorView{};
+        const GradOutputPlan plan = abc ? hot::cuda::abc_plan(8) : hot_cuda_test::qgo_plan(c, 1);
+        hot::cuda::QgoSetup su = hot::cuda::qgo_setup(gy, plan, o);
+        su.ctas[0] = su.ctas[1] = 132 * 2;
+        su.bind_scratch(fake);
+        hot_emu::RecordLaunch rec;
+        hot::cuda::qgo_launch<__nv_bfloat16>(su, plan, o, static_cast<const __nv_bfloat16*>(fake), rec);
+        ASSERT_GE(rec.launches.size(), 3u);
+        for (const auto& e : rec.launches)
+          EXPECT_TRUE(e.ok) << "grid " << e.grid.x << " x " << e.grid.y << " x " << e.grid.z << ", " << e.threads
+                            << " threads, " << e.smem << " B";
+      }
+    }
+  }
+  hot::cuda::g_qgo_variant = 5;
+}
+
+// On a GPU with 64 KB of shared memory per block (sm_75, the oldest CUDA 13 builds for) every launch of the pass
+// fits: variant 7 (two 16-bit buffers, 85 KB in pass 2) runs as variant 8, the rest already fit. The kernels use
+// no static shared memory (the amax reduction borrows the tile's), which ptxas shows (scripts/kernel_report.py).
+TEST(Emu_QgoLaunch, FitsSixtyFourKilobytesPerBlock) {
+  const int64_t L = 300, O = 264, Kp = hot::padded_k(hot::hla_rows(L, 8));
+  for (const DType dt : {DType::bf16, DType::f16, DType::f32}) {
+    HostTensor gy = rand_float(dt, L, O, 3, O);
+    const hot_cuda_test::QgoCase c{L, O, 4, ScaleMode::tensor, Rounding::stochastic, true, true, true, 8};
+    HostTensor qg = out2d(DType::s8, L, O), sg = out1d(DType::f32, 1), gb = out1d(dt, O);
+    HostTensor qh = out2d(DType::s8, O, Kp), sh = out1d(DType::f32, 1);
+    GradOutputQuant out;
+    out.q_g = qg, out.s_g = sg, out.q_gh_t = qh, out.s_gh = sh, out.g_b = gb;
+    const GradOutputPlan plan = hot_cuda_test::qgo_plan(c, 1);
+    for (const int variant : {5, 6, 7, 8}) {
+      SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " variant " << variant);
+      hot::cuda::g_qgo_variant = variant;
+      hot::cuda::QgoSetup su = hot::cuda::qgo_setup(gy, plan, out, 65536);
+      EXPECT_EQ(su.variant, variant == 7 && dt != DType::f32 ? 8 : variant);
+      su.bind_scratch(qg.view().data);  // never touched by the recording launcher
+      hot_emu::RecordLaunch rec;
+      hot::cuda::dispatch_float(dt, "emu", [&](auto t) {
+        using T = decltype(t);
+        hot::cuda::qgo_launch<T>(su, plan, out, static_cast<const T*>(gy.view().data), rec);
+      });
+      for (const auto& e : rec.launches) EXPECT_LE(e.smem, 65536u);
+      // a GPU with less than the fp32 tile's 64 KB gets a clear error (none that CUDA 13 builds for)
+      try {
+        hot::cuda::qgo_setup(gy, plan, out, 48 * 1024);
+        ADD_FAILURE() << "48 KB accepted";
+      } catch (const hot::Error& e) {
+        EXPECT_EQ(e.kind(), hot::ErrorKind::unavailable);
+        EXPECT_NE(std::string(e.what()).find("49152"), std::string::npos) << e.what();
+      }
+    }
+  }
+  hot::cuda::g_qgo_variant = 5;
+}
+
 // The default variant comes from HOT_QGO_VARIANT at the first call; anything but 5..8 is a clear error.
 TEST(Emu_QgoVariant, FromEnvironment) {
   HostTensor gy = rand_float(DType::bf16, 20, 24, 1, 24);

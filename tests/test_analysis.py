@@ -46,6 +46,63 @@ def test_capture_matches_autograd(captured):
         np.testing.assert_allclose(gw, ref, rtol=1e-4, atol=1e-6 * np.abs(ref).max())
 
 
+def _check_against_autograd(model, batch, loss_fn, caps):
+    """Each capture's g_yᵀ x and g_y W are the layer's weight gradient and (for a Linear) its input's gradient."""
+    model.zero_grad()
+    loss_fn(model(batch[0]), batch[1]).backward()
+    for c in caps:
+        mod = model.get_submodule(c.name)
+        gw = c.gy.astype(np.float64).T @ c.x.astype(np.float64)
+        ref = mod.weight.grad.reshape(mod.weight.shape[0], -1).double().numpy()
+        np.testing.assert_allclose(gw, ref, rtol=1e-4, atol=1e-6 * np.abs(ref).max())
+
+
+CONV_PADDINGS = [dict(padding="same", kernel_size=2), dict(padding="valid", kernel_size=3),
+                 dict(padding=1, kernel_size=3, padding_mode="reflect"),
+                 dict(padding=(1, 2), kernel_size=3, padding_mode="circular"),
+                 dict(padding="same", kernel_size=3, dilation=2, padding_mode="replicate")]
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")
+@pytest.mark.parametrize("unbatched", [False, True], ids=["batched", "unbatched"])
+@pytest.mark.parametrize("conv", CONV_PADDINGS, ids=["same_even", "valid", "reflect", "circular", "same_replicate"])
+def test_capture_of_conv_padding_modes_matches_autograd(conv, unbatched):
+    """Columns padded as nn.Conv2d pads: string padding (asymmetric 'same' included), any padding_mode, and
+    unbatched (C, H, W) input."""
+    torch.manual_seed(2)
+    model = nn.Conv2d(3, 4, **conv)
+    x = torch.randn((3, 7, 6) if unbatched else (2, 3, 7, 6))
+    loss_fn = lambda out, t: (out * t).sum()  # noqa: E731
+    with torch.no_grad():
+        target = torch.randn(model(x).shape)
+    caps = ha.capture(model, (x, target), loss_fn)
+    assert [c.name for c in caps] == [""]
+    _check_against_autograd(model, (x, target), loss_fn, caps)
+
+
+def test_capture_skips_a_frozen_first_layer():
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    model[0].requires_grad_(False)
+    batch = (torch.randn(8, 16), torch.randint(0, 4, (8,)))
+    caps = ha.capture(model, batch, F.cross_entropy)
+    assert [c.name for c in caps] == ["2"]  # no gradient reaches layer 0's output
+    _check_against_autograd(model, batch, F.cross_entropy, caps)
+
+
+def test_capture_refuses_a_layer_called_twice():
+    class Shared(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.head = nn.Linear(16, 16), nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.head(self.fc(self.fc(x)))
+
+    with pytest.raises(ValueError, match="fidelity: layer 'fc' \\(Linear\\) is called more than once per forward"):
+        ha.capture(Shared(), (torch.randn(8, 16), torch.randint(0, 4, (8,))), F.cross_entropy)
+
+
 def test_metrics_and_orderings(captured):
     _, _, caps = captured
     rep = ha.fidelity_of_captures(caps, seed=3)

@@ -304,3 +304,23 @@ def test_rows_past_the_int32_gw_limit_are_split(source):
     assert rel(gx, gy.astype(np.float64) @ w) < 0.05
     assert rel(gw, gy.astype(np.float64).T @ x) < 0.05
     assert rel(gb, gy.sum(0, dtype=np.float64)) < 1e-5
+
+
+@pytest.mark.parametrize("case", ["raw_x_other_shape", "saved_of_more_rows", "saved_other_rank"])
+def test_split_rows_check_saved_as_one_gemm_does(case):
+    """The split path checks saved like the single-GEMM path: a raw x of another shape (same element count) or a
+    SavedActivation of another x is an error, not reshaped or sliced silently."""
+    from hot import _api
+
+    L = _api._gw_chunk_rows(8) + 1  # the smallest L that is split at the default rank 8
+    gy = np.ones((L, 2), np.float32)
+    w = np.ones((2, 2), np.float32)
+    saved, msg = {
+        "raw_x_other_shape": (np.ones((2, L), np.float32), r"saved \(the raw x\) has shape \(2, %d\)" % L),
+        "saved_of_more_rows": (hot.compress_activation(np.ones((L + 16, 2), np.float32)),
+                               r"saved holds x of shape \(%d, 2\)" % (L + 16)),
+        "saved_other_rank": (hot.compress_activation(np.ones((L, 2), np.float32), hot.Config(rank=4)),
+                             "saved activation was compressed with rank 4 but config.rank is 8"),
+    }[case]
+    with pytest.raises(ValueError, match="backward_linear: " + msg):
+        hot.backward_linear(gy, w, saved)

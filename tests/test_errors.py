@@ -8,6 +8,7 @@ rng = np.random.default_rng(0)
 GY = rng.standard_normal((8, 16)).astype(np.float32)
 W = rng.standard_normal((16, 12)).astype(np.float32)
 X = rng.standard_normal((8, 12)).astype(np.float32)
+EXACT = hot.Config(exact=True)
 
 
 def f32(*s):
@@ -81,6 +82,20 @@ CASES = [
     ("gemm_s4_dtype", lambda: hot.gemm_s4(np.ones((2, 3), np.int8), np.ones((2, 3), np.uint8)), TypeError,
      ["gemm_s4", "a", "int8"]),
     ("set_num_threads", lambda: hot.set_num_threads(-2), ValueError, ["set_num_threads"]),
+    # exact mode casts x and W to grad_output's dtype, floating dtypes only
+    ("exact_x_complex", lambda: hot.backward_linear(GY, W, X.astype(np.complex64), config=EXACT), TypeError,
+     ["backward_linear", "saved has dtype complex64", "float32"]),
+    ("exact_x_bool", lambda: hot.backward_linear(GY, W, X > 0, config=EXACT), TypeError,
+     ["backward_linear", "saved has dtype bool"]),
+    ("exact_weight_int", lambda: hot.backward_linear(GY, W.astype(np.int32), X, config=EXACT), TypeError,
+     ["backward_linear", "weight has dtype int32"]),
+    # dtypes without a name in the native module's messages get their numpy name
+    ("grad_output_bool", lambda: hot.backward_linear(GY > 0, W, X), TypeError,
+     ["backward_linear: grad_output has dtype bool, expected"]),
+    ("quantize_complex", lambda: hot.quantize(X.astype(np.complex64)), TypeError,
+     ["quantize: x has dtype complex64, expected"]),
+    ("dequantize_bfloat16_numpy", lambda: hot.dequantize(np.ones((2, 2), np.int8), f32(1), dtype="bfloat16"),
+     TypeError, ["dequantize", "dtype bfloat16", "numpy"]),
 ]
 
 
@@ -105,6 +120,13 @@ def test_mixed_devices_is_a_value_error():
 
     with pytest.raises(ValueError, match=r"backward_linear: weight is on cuda:0 but grad_output is on cpu"):
         hot.backward_linear(GY, FakeCuda(), X)
+
+
+def test_torch_dtypes_are_named():
+    torch = pytest.importorskip("torch")
+    for dt, name in ((torch.bool, "bool"), (torch.complex64, "complex64"), (torch.float8_e4m3fn, "float8_e4m3fn")):
+        with pytest.raises(TypeError, match=f"quantize: x has dtype {name}, expected"):
+            hot.quantize(torch.ones(4, 4).to(dt))
 
 
 @pytest.mark.skipif(not hot.cuda_available(), reason="needs a GPU")

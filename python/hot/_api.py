@@ -14,6 +14,7 @@ from . import _frameworks as fws
 
 _ROUNDINGS = ("stochastic", "nearest")
 _SCALES = ("tensor", "token")
+_FLOATS = ("float32", "float16", "bfloat16")
 _UINT64_MAX = (1 << 64) - 1
 
 
@@ -258,6 +259,9 @@ def dequantize(q, scale, dtype="float32"):
     _need_ndim(op, "q", q, 1)
     _nonempty(op, "q", q)
     name = _dtype_name(op, dtype)
+    if name == "bfloat16" and c.fw.name == "numpy":
+        raise TypeError(f"{op}: dtype bfloat16 needs arrays of a framework that has it (torch, jax, cupy); numpy has "
+                        f"no bfloat16, use float32 or float16")
     s = fws.shape(q)
     out = c.empty(s, name)
     return c.result(out, c.call(_C.dequantize, q, scale, out, name, c.stream), s)
@@ -402,12 +406,7 @@ def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: O
     L = fws.prod(lead)
     dt = c.fw.dtype_name(gy)
 
-    if need_grad_weight and not config.exact and saved is not None and L > _gw_chunk_rows(config.rank):
-        return _backward_linear_chunked(c, gy, w, saved, is_saved, raw, lead, L, O, I, dt, bias, config, seed,
-                                        need_grad_input)
-
-    core_saved, x = None, None
-    if need_grad_weight:
+    if need_grad_weight:  # the checks of saved come before the chunked path, which slices it
         if saved is None:
             raise ValueError(f"{op}: need_grad_weight=True needs saved (a hot.SavedActivation or the raw x), got None")
         if is_saved:
@@ -416,18 +415,31 @@ def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: O
             if saved.rows != L or saved.cols != I:
                 raise ValueError(f"{op}: saved holds x of shape {saved.shape} ({saved.rows} x {saved.cols}) but "
                                  f"grad_output has {L} rows and weight has {I} columns")
-            core_saved = saved._core(op, c)
+            if saved.rank != config.rank:
+                raise ValueError(f"{op}: saved activation was compressed with rank {saved.rank} but config.rank is "
+                                 f"{config.rank}")
         else:
             xs = fws.shape(raw)
             if len(xs) < 1 or xs[-1] != I or fws.prod(xs[:-1]) != L:
                 raise ValueError(f"{op}: saved (the raw x) has shape {xs}, expected {L} rows of {I} (..., I) to "
                                  f"match grad_output {gs} and weight {(O, I)}")
-            if config.exact:
-                x = raw if c.fw.dtype_name(raw) == dt else c.fw.cast(raw, dt)
-            else:
-                core_saved = c.call(_C.compress_activation, raw, config.rank, c.stream, op, "saved")
-    if config.exact and c.fw.dtype_name(w) != dt:
-        w = c.fw.cast(w, dt)
+
+    if need_grad_weight and not config.exact and L > _gw_chunk_rows(config.rank):
+        if is_saved:
+            saved._core(op, c)  # checks q and scale against the whole x before they are sliced
+        return _backward_linear_chunked(c, gy, w, saved, is_saved, raw, lead, L, O, I, dt, bias, config, seed,
+                                        need_grad_input)
+
+    core_saved, x = None, None
+    if need_grad_weight:
+        if is_saved:
+            core_saved = saved._core(op, c)
+        elif config.exact:
+            x = _exact_operand(c, op, "saved", raw, dt)
+        else:
+            core_saved = c.call(_C.compress_activation, raw, config.rank, c.stream, op, "saved")
+    if config.exact:
+        w = _exact_operand(c, op, "weight", w, dt)
 
     gi_shape = lead + (I,)
     gi = c.empty(gi_shape, dt) if need_grad_input else None
@@ -441,6 +453,17 @@ def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: O
         c.result(gw, rw) if need_grad_weight else None,
         c.result(gb, rb) if bias else None,
     )
+
+
+def _exact_operand(c, op, name, a, dt):
+    """a in grad_output's dtype dt for exact mode: a cast of a floating array (a cast would silently turn bool, integer
+    or complex arrays into floats)."""
+    have = c.fw.dtype_name(a)
+    if have == dt:
+        return a
+    if have not in _FLOATS:
+        raise TypeError(f"{op}: {name} has dtype {have}, expected float32, float16 or bfloat16")
+    return c.fw.cast(a, dt)
 
 
 # The g_w GEMM contracts over K = ceil(L/16) * rank rows (padded to 16) with int32 accumulation of 8-bit

@@ -220,8 +220,12 @@ def capture(model, batch, loss_fn, include_conv: bool = True) -> List[LayerCaptu
 
     def fwd_hook(name):
         def hook(mod, inputs, output):
-            store.setdefault(name, {})["x"] = inputs[0].detach()
-            output.register_hook(lambda g: store[name].__setitem__("gy", g.detach()))
+            if name in store:
+                raise ValueError(f"fidelity: layer {name!r} ({type(mod).__name__}) is called more than once per "
+                                 f"forward pass; capture needs one (x, g_y) pair per layer")
+            store[name] = {"x": inputs[0].detach()}
+            if output.requires_grad:  # else no gradient reaches it (a frozen layer on an input without grad)
+                output.register_hook(lambda g: store[name].__setitem__("gy", g.detach()))
 
         return hook
 
@@ -247,7 +251,12 @@ def capture(model, batch, loss_fn, include_conv: bool = True) -> List[LayerCaptu
             W = m.weight.detach().float()
             kind = "linear"
         else:
-            cols = F.unfold(x, m.kernel_size, dilation=m.dilation, padding=m.padding, stride=m.stride)
+            if x.dim() == 3:  # an unbatched call (C, H, W)
+                x, gy = x.unsqueeze(0), gy.unsqueeze(0)
+            # padded as nn.Conv2d pads (any padding_mode, 'same' / 'valid' included), then unfolded without padding
+            x = F.pad(x, m._reversed_padding_repeated_twice,
+                      mode="constant" if m.padding_mode == "zeros" else m.padding_mode)
+            cols = F.unfold(x, m.kernel_size, dilation=m.dilation, stride=m.stride)
             X = cols.transpose(1, 2).reshape(-1, cols.shape[1])  # L x (C k k)
             G = gy.permute(0, 2, 3, 1).reshape(-1, gy.shape[1])  # L x O
             W = m.weight.detach().float().reshape(m.out_channels, -1)

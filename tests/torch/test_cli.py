@@ -40,3 +40,19 @@ def test_python_dash_m(tmp_path):
                        timeout=120)
     assert r.returncode == 0, r.stderr
     assert "backends" in r.stdout
+
+
+BAD_OPTIONS = [(["summary", "vit", "--rank", "0"], "--rank"), (["summary", "vit", "--rank", "17"], "--rank"),
+               (["summary", "vit", "--batch", "-3"], "--batch"), (["demo", "--rank", "0"], "--rank"),
+               (["parity", "--threads", "-1"], "--threads"), (["parity", "--device", "foo"], "--device"),
+               (["gradnoise", "--device", "foo"], "--device"), (["fidelity", "--batch", "0"], "--batch")]
+
+
+@pytest.mark.parametrize("argv,option", [pytest.param(a, o, id=" ".join(a)) for a, o in BAD_OPTIONS])
+def test_bad_option_values_are_usage_errors(argv, option, capsys):
+    """argparse refuses them (exit 2, the option named) before any work, instead of a traceback later."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: argument {option}: expected" in err and argv[-1] in err

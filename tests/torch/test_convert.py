@@ -129,6 +129,47 @@ def test_lqs_choice_rule_and_state_dict_round_trip():
     m2.load_state_dict(m3.state_dict(), strict=True)
 
 
+@pytest.mark.parametrize("kind", ["linear_nhwc", "conv_unbatched", "conv_batched"])
+def test_lqs_takes_the_output_dim_by_layer_type(kind):
+    """O is a Linear's last dim, also on an (N, H, W, C) input, and a Conv2d's dim 1, or dim 0 unbatched: calibrate
+    measures the L x O rows of g_y, as computed here directly from SPEC §7."""
+    torch.manual_seed(3)
+    layer, x = {"linear_nhwc": (nn.Linear(16, 32), torch.randn(2, 3, 5, 16)),
+                "conv_unbatched": (nn.Conv2d(3, 16, 3), torch.randn(3, 10, 12)),
+                "conv_batched": (nn.Conv2d(3, 16, 3), torch.randn(2, 3, 10, 12))}[kind]
+    ht.convert(layer)
+    with torch.no_grad():
+        gy = torch.randn(layer(x).shape)
+    gy *= torch.rand(gy.shape[:-1]).unsqueeze(-1) * 10  # rows of different magnitude along the last dim
+    res = ht.calibrate(layer, x, lambda y: (y * gy).sum())[""]  # the loss's g_y is gy
+    o_dim = {"linear_nhwc": -1, "conv_unbatched": 0, "conv_batched": 1}[kind]
+    rows = gy.movedim(o_dim, -1).reshape(-1, gy.shape[o_dim]).contiguous()
+    gt = hot.hadamard_transform(rows, block=16)
+    for mode in ("tensor", "token"):
+        q, s = hot.quantize(gt, bits=4, scale=mode, rounding="nearest")
+        err = torch.linalg.vector_norm((gt - hot.dequantize(q, s)).double()).item()
+        assert res[f"e_{mode}"] == pytest.approx(err, rel=1e-6), mode
+
+
+BAD_EXTRA = [({"config": {"rank": 99}, "lqs": None}, "rank must be an integer in 1..16, got 99"),
+             ({"config": {"foo": 1}, "lqs": None}, r"unknown fields \['foo'\]"),
+             ("junk", "expected a dict"), ({"lqs": None}, "expected a dict"),
+             ({"config": {"rank": 4}, "lqs": "x"}, "got 'lqs': 'x'")]
+
+
+@pytest.mark.parametrize("extra,match", BAD_EXTRA, ids=["bad_rank", "unknown_field", "not_a_dict", "no_config",
+                                                        "lqs_not_a_dict"])
+def test_malformed_extra_state_is_named_and_loads_nothing_into_the_layer(extra, match):
+    m = nn.Sequential(nn.Linear(8, 4))
+    ht.convert(m)
+    w0, cfg0 = m[0].weight.detach().clone(), m[0].hot_config
+    sd = {k: torch.zeros_like(v) for k, v in m.state_dict().items()}  # weights that would change the layer
+    sd["0._extra_state"] = extra
+    with pytest.raises(RuntimeError, match=r"0\._extra_state: .*" + match):
+        m.load_state_dict(sd)
+    assert torch.equal(m[0].weight, w0) and m[0].hot_config == cfg0 and m[0].hot_lqs is None
+
+
 def test_token_scale_is_used_in_backward(monkeypatch):
     # The layers call the engine (hot._C.backward_linear) directly; its 14th argument is gx_scale.
     seen = []

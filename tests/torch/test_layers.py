@@ -296,3 +296,95 @@ def test_eager_route_matches_custom_op_route(kind, keep, device):
 def test_unsupported_torch_device_is_named():
     with pytest.raises(ValueError, match="compress_activation: x is on torch device 'meta', expected a CPU or CUDA"):
         hot.compress_activation(torch.randn(4, 16, device="meta"))
+
+
+EMPTY_CASES = [("linear", 16, 8, (0, 16)), ("linear", 16, 8, (2, 0, 16)), ("linear", 0, 8, (4, 0)),
+               ("linear", 16, 0, (4, 16)), ("conv", 3, 4, (0, 3, 8, 8))]
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
+@pytest.mark.parametrize("exact", [False, True], ids=["hot", "exact"])
+@pytest.mark.parametrize("kind,i,o,shape", EMPTY_CASES, ids=["L0", "L0_3d", "I0", "O0", "conv_N0"])
+def test_empty_operands_behave_like_torch(kind, i, o, shape, exact):
+    """Empty batches and zero-width layers give nn.Linear / nn.Conv2d's outputs and gradients (empty, zero, or for
+    I = 0 the bias gradient sum(g_y)) instead of the engine's empty-array errors."""
+    torch.manual_seed(9)
+    cfg = hot.Config(exact=exact)
+    ref = torch.nn.Linear(i, o) if kind == "linear" else torch.nn.Conv2d(i, o, 3)
+    mod = ht.Linear(i, o, config=cfg) if kind == "linear" else ht.Conv2d(i, o, 3, config=cfg)
+    mod.load_state_dict(ref.state_dict())
+    x = torch.randn(shape)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y1, y2 = ref(x1), mod(x2)
+    assert torch.equal(y1, y2)
+    gy = torch.randn(y1.shape)
+    y1.backward(gy)
+    y2.backward(gy)
+    for a, b in ((x2.grad, x1.grad), (mod.weight.grad, ref.weight.grad), (mod.bias.grad, ref.bias.grad)):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("gy_depends_on_x", [True, False], ids=["penalty", "constant_gy"])
+@pytest.mark.parametrize("route", ["eager", "custom_op"])
+@pytest.mark.parametrize("kind", ["linear", "conv"])
+def test_double_backward_raises(kind, route, gy_depends_on_x):
+    """HOT's backward is not differentiable: create_graph=True still gives the first-order gradient, but
+    differentiating it again raises instead of silently dropping the second-order terms (the constant_gy case:
+    g_x = g_y W still depends on W)."""
+    from hot.torch import ops
+
+    torch.manual_seed(12)
+    seed = torch.zeros((), dtype=torch.int64)
+    args = (ops.KEEP_RAW, 4, 8, "stochastic", "tensor", True)  # keep, gx_bits, rank, rounding, gx_scale, exact
+    if kind == "linear":
+        x, w, b = torch.randn(5, 16), torch.randn(8, 16), torch.randn(8)
+        geom, ref_fn = (), F.linear
+    else:
+        x, w, b = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3), torch.randn(4)
+        geom, ref_fn = ([1, 1], [1, 1], [1, 1]), lambda x, w, b: F.conv2d(x, w, b, 1, 1)
+    if route == "eager":
+        fn = ops.linear if kind == "linear" else ops.conv2d
+    else:
+        op = torch.ops.hot.linear if kind == "linear" else torch.ops.hot.conv2d
+        fn = lambda *a: op(*a)[0]  # noqa: E731
+    x, w, b = (t.requires_grad_() for t in (x, w, b))
+    y = fn(x, w, b, seed, *geom, *args)
+    loss = y.square().sum() if gy_depends_on_x else y.sum()
+    (g,) = torch.autograd.grad(loss, x, create_graph=True)
+    y_ref = ref_fn(x, w, b)
+    (g_ref,) = torch.autograd.grad(y_ref.square().sum() if gy_depends_on_x else y_ref.sum(), x)
+    torch.testing.assert_close(g.detach(), g_ref, rtol=1e-5, atol=1e-5)  # exact mode: the first order is right
+    with pytest.raises(RuntimeError, match=f"hot.torch.{'Linear' if kind == 'linear' else 'Conv2d'}: double "
+                                           "backward is not supported"):
+        (y.sum() + g.square().sum()).backward()
+
+
+@pytest.mark.parametrize("geom", [(2, 1, 1), ((2, 1), (1, 0), (1, 2)), (1, (0, 1), 2)],
+                         ids=["ints", "pairs", "mixed"])
+def test_functional_conv2d_takes_ints_or_pairs_like_f_conv2d(geom):
+    torch.manual_seed(13)
+    x, w, b = torch.randn(2, 3, 9, 9), torch.randn(4, 3, 3, 3), torch.randn(4)
+    x1, w1, b1 = (t.clone().requires_grad_() for t in (x, w, b))
+    x2, w2, b2 = (t.clone().requires_grad_() for t in (x, w, b))
+    y1 = F.conv2d(x1, w1, b1, *geom)
+    y2 = ht.hot_conv2d(x2, w2, b2, *geom, config=hot.Config(exact=True))
+    assert torch.equal(y1, y2)
+    gy = torch.randn(y1.shape)
+    y1.backward(gy)
+    y2.backward(gy)
+    for a, r in ((x2.grad, x1.grad), (w2.grad, w1.grad), (b2.grad, b1.grad)):
+        torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-4)
+
+
+def test_functional_bad_geometry_or_weight_is_refused_up_front():
+    x, w = torch.randn(2, 3, 8, 8, requires_grad=True), torch.randn(4, 3, 3, 3, requires_grad=True)
+    with pytest.raises(ValueError, match=r"hot_conv2d: stride must be an int or a pair of ints \(h, w\), got \(2,\)"):
+        ht.hot_conv2d(x, w, None, (2,), 0, 1)
+    with pytest.raises(ValueError, match=r"hot_conv2d: padding must be an int or a pair of ints \(h, w\), got "
+                                         r"\(1, 1, 1\)"):
+        ht.hot_conv2d(x, w, None, 1, (1, 1, 1), 1)
+    with pytest.raises(ValueError, match=r"hot_conv2d: padding .* got 'same'"):
+        ht.hot_conv2d(x, w, None, 1, "same", 1)
+    with pytest.raises(ValueError, match=r"hot_linear: weight has 1 dims, expected 2 \(O x I\) \(got shape \(5,\)\)"):
+        ht.hot_linear(torch.randn(4, 5, requires_grad=True), torch.randn(5, requires_grad=True))

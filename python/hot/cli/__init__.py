@@ -18,6 +18,33 @@ def _torch():
         return None
 
 
+def int_in(lo: int, hi: Optional[int] = None):
+    """argparse type: an integer in lo..hi (no upper bound when hi is None)."""
+    want = f"an integer in {lo}..{hi}" if hi is not None else f"an integer >= {lo}"
+
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {want}, got {s!r}") from None
+        if v < lo or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {v}")
+        return v
+
+    return parse
+
+
+def torch_device(s: str) -> str:
+    """argparse type: a torch device string (cpu, cuda, cuda:1, ...)."""
+    torch = _torch()
+    if torch is not None:
+        try:
+            torch.device(s)
+        except (RuntimeError, ValueError):
+            raise argparse.ArgumentTypeError(f"expected a torch device (cpu, cuda, cuda:1, ...), got {s!r}") from None
+    return s
+
+
 def cmd_info(args) -> int:
     import hot
 
@@ -78,11 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="train a small ViT on scikit-learn's digits, exact vs HOT, side by side")
     d.add_argument("--model", choices=["vit", "cnn"], default="vit")
     d.add_argument("--steps", type=int, default=300, help="training steps per run (default 300)")
-    d.add_argument("--batch", type=int, default=128)
+    d.add_argument("--batch", type=int_in(1), default=128)
     d.add_argument("--lr", type=float, default=3e-3)
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    d.add_argument("--rank", type=int, default=8, help="HLA rank of the g_w path (1..16)")
+    d.add_argument("--device", type=torch_device, default=None,
+                   help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    d.add_argument("--rank", type=int_in(1, 16), default=8, help="HLA rank of the g_w path (1..16)")
     d.add_argument("--gx-bits", type=int, default=4, choices=[4, 8])
     d.add_argument("--no-lqs", action="store_true", help="skip LQS calibration (all layers per-tensor)")
     d.add_argument("--hot-input-layer", action="store_true",
@@ -94,8 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.set_defaults(fn=cmd_info)
     s = sub.add_parser("summary", help="per-layer HOT table of a built-in model")
     s.add_argument("model", choices=["vit", "cnn"])
-    s.add_argument("--batch", type=int, default=128)
-    s.add_argument("--rank", type=int, default=8)
+    s.add_argument("--batch", type=int_in(1), default=128)
+    s.add_argument("--rank", type=int_in(1, 16), default=8, help="HLA rank of the g_w path (1..16)")
     s.add_argument("--gx-bits", type=int, default=4, choices=[4, 8])
     s.set_defaults(fn=cmd_summary)
     from . import fidelity, gradnoise, parity  # noqa: E402  (hot fidelity, hot parity, hot gradnoise)

@@ -10,12 +10,14 @@ from typing import List, Sequence
 def add_parser(sub) -> None:
     from hot.analysis import DEFAULT_METHODS
 
+    from . import int_in
+
     p = sub.add_parser("fidelity", help="per-layer cosine similarity / relative error of g_x and g_w vs exact",
                        description="Capture one batch of a built-in model (optionally trained exact on digits "
                        "first) and compare every Linear/Conv2d layer's g_x and g_w from HOT and from the "
                        "baselines with the exact float64 gradients.")
     p.add_argument("--model", choices=["vit", "cnn"], default="vit")
-    p.add_argument("--batch", type=int, default=128, help="images in the captured batch (default 128)")
+    p.add_argument("--batch", type=int_in(1), default=128, help="images in the captured batch (default 128)")
     p.add_argument("--trained-steps", type=int, default=300,
                    help="exact training steps on digits before the capture (0: random init only; default 300). "
                         "With N > 0 the report also gives the random-init model.")

@@ -8,6 +8,8 @@ import sys
 def add_parser(sub) -> None:
     from hot.parity import TASKS
 
+    from . import int_in, torch_device
+
     p = sub.add_parser("gradnoise", help="end-to-end gradient error of HOT variants vs exact and vs batch noise",
                        description="Backpropagate one training batch through a whole model, exact and with each "
                        "method (hot.parity names), several stochastic-rounding draws each, and compare every "
@@ -16,12 +18,12 @@ def add_parser(sub) -> None:
     p.add_argument("--model", choices=["vit", "cnn"], default="vit")
     p.add_argument("--methods", default="hot,hot+lqs,hot-token,hot-gx8", help="comma-separated (default: %(default)s)")
     p.add_argument("--draws", type=int, default=6, help="backward passes per method (default 6)")
-    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--batch", type=int_in(1), default=64)
     p.add_argument("--ref-batches", type=int, default=16, help="batches for the batch-noise reference (default 16)")
     p.add_argument("--trained-steps", type=int, default=0, help="exact training steps first (0 or >= 20)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None, help="torch and hot CPU threads")
+    p.add_argument("--device", type=torch_device, default="cpu")
+    p.add_argument("--threads", type=int_in(0), default=None, help="torch and hot CPU threads (0: their default)")
     p.add_argument("--out", default="gradnoise_out")
     p.add_argument("--name", default="gradnoise", help="file stem (default: %(default)s)")
     p.set_defaults(fn=cmd_gradnoise)

@@ -11,6 +11,8 @@ import time
 def add_parser(sub) -> None:
     from hot.parity import DEFAULT_METHODS, GAP_METHODS, METHODS, TASKS
 
+    from . import int_in, torch_device
+
     tasks = "; ".join(f"{t.name}: {t.title}, {t.steps} steps of batch {t.batch}, lr {t.lr:g}"
                       + (f", {t.n_train} train / {t.n_test} test" if t.n_train else "") for t in TASKS.values())
     p = sub.add_parser("parity", help="training parity (digits, or a synthetic GPU task): exact vs HOT vs "
@@ -28,14 +30,14 @@ def add_parser(sub) -> None:
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="training steps per run (at least 20; default: the "
                    "task's, 300 for digits)")
-    p.add_argument("--batch", type=int, default=None, help="batch size (default: the task's, 128 for digits)")
+    p.add_argument("--batch", type=int_in(1), default=None, help="batch size (default: the task's, 128 for digits)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the task's)")
     p.add_argument("--n-train", type=int, default=None, help="synthetic tasks: training images")
     p.add_argument("--n-test", type=int, default=None, help="synthetic tasks: test images")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="comma-separated method names, or 'gap' (default: %(default)s)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None, help="torch and hot CPU threads")
+    p.add_argument("--device", type=torch_device, default="cpu")
+    p.add_argument("--threads", type=int_in(0), default=None, help="torch and hot CPU threads (0: their default)")
     p.add_argument("--out", default="parity_out", help="output directory (default: %(default)s)")
     p.add_argument("--name", default=None, help="file stem (default: parity_<model>)")
     p.set_defaults(fn=cmd_parity)

@@ -14,7 +14,7 @@ example one of the original ``nn.Linear`` model) loads into a converted model wi
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import hot
-from hot._api import _DEFAULT_CONFIG
+from hot._api import _DEFAULT_CONFIG, _is_int
 
 from . import ops
 
@@ -110,7 +110,10 @@ def _linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], plan, ac: b
 
 
 def hot_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, config=None) -> Tensor:
-    """Functional HOT linear: ``F.linear`` forward, HOT backward."""
+    """Functional HOT linear: ``F.linear`` forward, HOT backward; weight O x I."""
+    if weight.dim() != 2:
+        raise ValueError(f"hot_linear: weight has {weight.dim()} dims, expected 2 (O x I) (got shape "
+                         f"{tuple(weight.shape)})")
     config = config if config is not None else _DEFAULT_CONFIG
     if not _grad_wanted(x, weight, bias):
         return F.linear(x, weight, bias)
@@ -124,8 +127,20 @@ def hot_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, config=
                       config.rounding, config.gx_scale, config.exact)
 
 
-def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding, dilation, config=None) -> Tensor:
-    """Functional HOT conv2d (groups = 1, zero padding given as two ints): ``F.conv2d`` forward, HOT backward."""
+def _pair(name: str, v) -> List[int]:
+    """An int or a pair of ints of hot_conv2d as [h, w]."""
+    if _is_int(v):
+        return [int(v), int(v)]
+    if isinstance(v, (tuple, list)) and len(v) == 2 and all(_is_int(e) for e in v):
+        return [int(e) for e in v]
+    raise ValueError(f"hot_conv2d: {name} must be an int or a pair of ints (h, w), got {v!r}")
+
+
+def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride=1, padding=0, dilation=1,
+               config=None) -> Tensor:
+    """Functional HOT conv2d (groups = 1, zero padding; stride, padding and dilation each an int or a pair of
+    ints): ``F.conv2d`` forward, HOT backward."""
+    stride, padding, dilation = _pair("stride", stride), _pair("padding", padding), _pair("dilation", dilation)
     config = config if config is not None else _DEFAULT_CONFIG
     if not _grad_wanted(x, weight, bias):
         return F.conv2d(x, weight, bias, stride, padding, dilation)
@@ -138,10 +153,21 @@ def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride, paddin
         _check_inputs("Conv2d", x, weight, bias, True)
     x, weight, bias, ac = _autocast_cast(x, weight, bias)
     _check_inputs("Conv2d", x, weight, bias, ac)
-    y = ops.conv2d(x, weight, bias, _seed(config), list(stride), list(padding), list(dilation),
+    y = ops.conv2d(x, weight, bias, _seed(config), stride, padding, dilation,
                    _keep_mode(weight, config), config.gx_bits, config.rank, config.rounding, config.gx_scale,
                    config.exact)
     return y.squeeze(0) if unbatched else y
+
+
+def _parse_extra_state(extra) -> Tuple[Any, Optional[Dict[str, Any]]]:
+    """(hot.Config, LQS result or None) of a layer's ``_extra_state`` entry; TypeError / ValueError if malformed."""
+    what = "a dict {'config': dict, 'lqs': dict or None} (hot.torch extra state)"
+    if not isinstance(extra, dict) or not isinstance(extra.get("config"), dict):
+        raise TypeError(f"expected {what}, got {extra!r:.200}")
+    lqs = extra.get("lqs")
+    if lqs is not None and not isinstance(lqs, dict):
+        raise TypeError(f"expected {what}, got 'lqs': {lqs!r:.200}")
+    return hot.Config.from_dict(extra["config"]), (dict(lqs) if lqs is not None else None)
 
 
 class _HotMixin:
@@ -177,17 +203,18 @@ class _HotMixin:
                               error_msgs):
         key = prefix + "_extra_state"
         extra = state_dict.get(key)
+        if extra is not None:  # checked before anything of this layer is loaded
+            try:
+                config, lqs = _parse_extra_state(extra)
+            except (TypeError, ValueError) as e:
+                error_msgs.append(f"{key}: {e}")
+                return
         nn.Module._load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                                         unexpected_keys, error_msgs)
         if key in unexpected_keys:
             unexpected_keys.remove(key)
         if extra is not None:
-            if not isinstance(extra, dict) or "config" not in extra:
-                error_msgs.append(f"{key}: expected a dict with 'config' and 'lqs' (hot.torch extra state), "
-                                  f"got {type(extra).__name__}")
-                return
-            self.hot_config = hot.Config.from_dict(dict(extra["config"]))
-            self.hot_lqs = dict(extra["lqs"]) if extra.get("lqs") is not None else None
+            self.hot_config, self.hot_lqs = config, lqs
 
     def set_lqs(self, choice: str, e_tensor: float = float("nan"), e_token: float = float("nan")) -> None:
         """Fix this layer's g_x scale choice ('tensor' or 'token')."""

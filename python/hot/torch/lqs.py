@@ -31,12 +31,24 @@ def block_size(O: int) -> int:
     return b
 
 
-def lqs_errors(g: torch.Tensor, bits: int = 4):
-    """(e_tensor, e_token) of one layer's output gradient g (..., O) or a conv gradient (N, O, H, W)."""
-    if g.dim() == 4:
-        g = g.permute(0, 2, 3, 1)
-    O = g.shape[-1]
-    g2 = g.reshape(-1, O).float().contiguous()
+def _rows(g: torch.Tensor, channel_dim: int) -> torch.Tensor:
+    """g as L x O rows, O being its dim channel_dim."""
+    return g.movedim(channel_dim, -1).reshape(-1, g.shape[channel_dim])
+
+
+def _layer_rows(layer: nn.Module, g: torch.Tensor) -> torch.Tensor:
+    """A layer's output gradient as L x O rows: O is a Linear's last dim, a Conv2d's dim 1 (N, O, H, W) or, for an
+    unbatched call, dim 0 (O, H, W)."""
+    if isinstance(layer, nn.Conv2d):
+        return _rows(g, 1 if g.dim() == 4 else 0)
+    return _rows(g, -1)
+
+
+def lqs_errors(g: torch.Tensor, bits: int = 4, channel_dim: int = -1):
+    """(e_tensor, e_token) of one layer's output gradient g, whose dim channel_dim holds the O outputs: -1 for a
+    Linear's (..., O), 1 for a Conv2d's (N, O, H, W)."""
+    g2 = _rows(g, channel_dim).float().contiguous()
+    O = g2.shape[-1]
     gt = hot.hadamard_transform(g2, block=block_size(O), axis=-1)
     errs = []
     for mode in ("tensor", "token"):
@@ -90,12 +102,8 @@ def calibrate(model: nn.Module, batch: Any, loss_fn: Callable) -> Dict[str, Dict
             result[name] = {"choice": m.hot_config.gx_scale, "e_tensor": float("nan"), "e_token": float("nan"),
                             "note": "no gradient reached this layer; choice unchanged"}
             continue
-        if len(gs) == 1:
-            g = gs[0]
-        else:  # a layer called several times: measure on all its calls together
-            O = gs[0].shape[1] if gs[0].dim() == 4 else gs[0].shape[-1]
-            g = torch.cat([(x.permute(0, 2, 3, 1) if x.dim() == 4 else x).reshape(-1, O) for x in gs])
-        e_tensor, e_token = lqs_errors(g)
+        # L x O rows of all the layer's calls (several for a layer called more than once)
+        e_tensor, e_token = lqs_errors(torch.cat([_layer_rows(m, g) for g in gs]))
         choice = "token" if e_token < LQS_THRESHOLD * e_tensor else "tensor"
         m.set_lqs(choice, e_tensor, e_token)
         result[name] = dict(m.hot_lqs)

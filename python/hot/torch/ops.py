@@ -38,6 +38,7 @@ per layer. The seed travels as a 0-d int64 CPU tensor, so compiled graphs do not
 from __future__ import annotations
 
 import functools
+import math
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -93,9 +94,9 @@ def _or_empty(t: Optional[Tensor], like: Tensor) -> Tensor:
 # The layers call hot._C directly with DLPack capsules of torch tensors whose shapes, devices and dtypes follow
 # from the layer's own (checked) forward, skipping the framework-generic argument handling of hot.compress_activation
 # and hot.backward_linear (which costs more host time than a small layer's kernels). The native module still
-# validates dtypes, devices and strides. Anything unusual (an empty tensor, a device other than CPU/CUDA, a shape
-# that does not match, a g_w contraction that needs the chunked path) goes through the public functions instead, so
-# errors and results are theirs.
+# validates dtypes, devices and strides. Anything unusual (a device other than CPU/CUDA, a shape that does not match,
+# a g_w contraction that needs the chunked path) goes through the public functions instead, so errors and results are
+# theirs. Empty tensors, which the engine refuses, get nn.Linear's results from torch ops (empty or zero gradients).
 _to_dlpack = torch.utils.dlpack.to_dlpack
 _UINT64_MAX = (1 << 64) - 1
 
@@ -113,9 +114,12 @@ def _compress(x: Tensor, rank: int) -> Tuple[Tensor, Tensor]:
     would). A layer accepts any input layout F.linear does: a non-contiguous x is compressed from a temporary
     contiguous copy."""
     I = x.shape[-1]
+    if x.numel() == 0:  # an empty batch (or I = 0): an empty buffer (the engine refuses empty arrays)
+        return (x.new_zeros((I, padded_k(math.prod(x.shape[:-1]), rank)), dtype=torch.int8),
+                x.new_ones((1,), dtype=torch.float32))
     if not x.is_contiguous():
         x = x.contiguous()
-    if I == 0 or not (x.is_cpu or x.is_cuda) or x.numel() == 0:
+    if not (x.is_cpu or x.is_cuda):
         saved = hot.compress_activation(x.reshape(-1, I), _config(4, rank, "stochastic", "tensor", False))
         return saved.q, saved.scale
     dev = x.device
@@ -133,10 +137,13 @@ def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tens
     is needed) or else the ABC buffer (q, scale) of L x I; g_x comes back shaped gx_shape (g's leading dims, I)."""
     O = g.shape[-1]
     I = w.shape[1]
-    L = g.numel() // O if O else 0
+    L = math.prod(g.shape[:-1])
+    if L == 0 or I == 0 or O == 0:  # empty operands (the engine refuses them): g_x and g_w are zeros
+        return (g.new_zeros(gx_shape) if need_gx else None, g.new_zeros((O, I)) if need_gw else None,
+                g.reshape(L, O).sum(0) if need_gb else None)
     rank = cfg.rank
     dev = g.device
-    fast = L > 0 and I > 0 and (g.is_cpu or g.is_cuda) and w.device == dev and 0 <= seed <= _UINT64_MAX
+    fast = (g.is_cpu or g.is_cuda) and w.device == dev and 0 <= seed <= _UINT64_MAX
     if fast and need_gw:
         if x is not None:
             fast = (x.device == dev and x.shape[-1] == I and x.numel() == L * I
@@ -204,7 +211,7 @@ def linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, k
 def _linear_fake(x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale, exact):
     y = x.new_empty((*x.shape[:-1], weight.shape[0]))
     if keep == KEEP_COMPRESSED:
-        rows = x.numel() // x.shape[-1]
+        rows = math.prod(x.shape[:-1])
         return (y, x.new_empty((x.shape[-1], padded_k(rows, rank)), dtype=torch.int8),
                 x.new_empty((1,), dtype=torch.float32))
     return y, x.new_empty((0,), dtype=torch.int8), x.new_empty((0,), dtype=torch.float32)
@@ -253,13 +260,43 @@ def _save_eager(ctx, x, weight, bias, q, scale, seed: int, keep, gx_bits, rank, 
     ctx.cfg = _config(gx_bits, rank, rounding, gx_scale, exact)
 
 
-def _eager_backward(ctx, grad_y, n_other: int, body):
+def _double_backward_error(kind: str) -> RuntimeError:
+    return RuntimeError(
+        f"hot.torch.{kind}: double backward is not supported: HOT's backward pass runs in the hot engine, outside "
+        f"autograd, so the gradient of its gradients (create_graph=True: gradient penalties, Hessian-vector products) "
+        f"would miss its terms; keep this layer as nn.{kind} (hot.torch.convert(..., exclude=...))")
+
+
+class _NotDifferentiable(torch.autograd.Function):
+    """Passes the results of a HOT backward run with create_graph=True through a node whose backward raises. The
+    tensors they depend on (g_y, W, the raw x) come after them, so that they require grad where exact ones would."""
+
+    @staticmethod
+    def forward(ctx, kind: str, n: int, *tensors):
+        ctx.kind = kind
+        return tuple(t.clone() for t in tensors[:n])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise _double_backward_error(ctx.kind)
+
+
+def _eager_backward(ctx, grad_y, n_other: int, kind: str, body):
     """Backward of an eager autograd.Function: body(x, weight, q, scale, need_gx, need_gw, need_gb) when anything
-    is needed; (g_x, g_w, g_b) then None for the n_other non-tensor inputs."""
+    is needed; (g_x, g_w, g_b) then None for the n_other non-tensor inputs. Under create_graph=True the results
+    come out of a _NotDifferentiable node: differentiating them again raises instead of silently giving zero."""
     x, weight, q, scale = ctx.saved_tensors
     needs = _needs(ctx)
-    grads = body(x, weight, q, scale, *needs) if any(needs) else (None, None, None)
-    return tuple(grads) + (None,) * n_other
+    if not any(needs):
+        return (None,) * (3 + n_other)
+    if not torch.is_grad_enabled():  # the usual backward, without create_graph
+        return tuple(body(x, weight, q, scale, *needs)) + (None,) * n_other
+    with torch.no_grad():
+        grads = body(x, weight, q, scale, *needs)
+    got = [g for g in grads if g is not None]
+    deps = [t for t in (grad_y, weight, x) if t is not None]
+    marked = iter(_NotDifferentiable.apply(kind, len(got), *got, *deps))
+    return tuple(None if g is None else next(marked) for g in grads) + (None,) * n_other
 
 
 def _linear_setup(ctx, inputs, output):
@@ -281,6 +318,13 @@ def _linear_backward(ctx, grad_y, _gq, _gs):
 linear_op.register_autograd(_linear_backward, setup_context=_linear_setup)
 
 
+def _linear_double_backward(ctx, *grads):
+    raise _double_backward_error("Linear")
+
+
+linear_backward_op.register_autograd(_linear_double_backward)
+
+
 class _LinearFunction(torch.autograd.Function):
     """The eager route of :func:`linear`: the same bodies as the custom ops, without the dispatcher. The non-tensor
     arguments travel as one tuple ``(seed, keep, cfg)`` (cfg: the backward's hot.Config, see :func:`backward_config`)
@@ -300,7 +344,7 @@ class _LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y):
-        return _eager_backward(ctx, grad_y, 1, lambda x, w, q, s, *needs: _linear_backward_body(
+        return _eager_backward(ctx, grad_y, 1, "Linear", lambda x, w, q, s, *needs: _linear_backward_body(
             grad_y, w, x, q, s, ctx.seed, ctx.x_shape, ctx.cfg, *needs))
 
 
@@ -336,8 +380,11 @@ def _conv_out(size, k, s, p, d):
 def _conv2d_forward(x, weight, bias, stride, padding, dilation, keep):
     y = F.conv2d(x, weight, bias, stride, padding, dilation)
     if keep == KEEP_COMPRESSED:
-        xc = x.contiguous()
-        q, s = hot.quantize(xc.reshape(xc.shape[0] * xc.shape[1], -1), bits=8, scale="tensor", rounding="nearest")
+        N, C, H, W = x.shape
+        xc = x.contiguous().reshape(N * C, H * W)
+        if xc.numel() == 0:  # an empty batch: an empty copy (hot.quantize refuses empty arrays)
+            return y, xc.to(torch.int8), x.new_ones((1,), dtype=torch.float32)
+        q, s = hot.quantize(xc, bits=8, scale="tensor", rounding="nearest")
         return y, q, s
     return y, _empty(x, torch.int8), _empty(x, torch.float32)
 
@@ -415,7 +462,7 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
     CKK = C * kh * kw
     g = grad_y.permute(0, 2, 3, 1).reshape(N * P, O).contiguous()
     cols = None
-    if need_gw:
+    if need_gw and min(N * P, O, CKK) > 0:  # else _backward_linear gives the zero g_w of empty operands
         if x is not None:
             xf = x
         else:
@@ -471,6 +518,13 @@ def _conv2d_backward(ctx, grad_y, _gq, _gs):
 conv2d_op.register_autograd(_conv2d_backward, setup_context=_conv2d_setup)
 
 
+def _conv2d_double_backward(ctx, *grads):
+    raise _double_backward_error("Conv2d")
+
+
+conv2d_backward_op.register_autograd(_conv2d_double_backward)
+
+
 class _Conv2dFunction(torch.autograd.Function):
     """The eager route of :func:`conv2d` (see :class:`_LinearFunction`)."""
 
@@ -484,7 +538,7 @@ class _Conv2dFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y):
-        return _eager_backward(ctx, grad_y, 10, lambda x, w, q, s, *needs: _conv2d_backward_body(
+        return _eager_backward(ctx, grad_y, 10, "Conv2d", lambda x, w, q, s, *needs: _conv2d_backward_body(
             grad_y, w, x, q, s, ctx.seed, ctx.x_shape, *ctx.geom, ctx.cfg, *needs))
 
 

@@ -90,6 +90,27 @@ def test_capture_skips_a_frozen_first_layer():
     _check_against_autograd(model, batch, F.cross_entropy, caps)
 
 
+def test_capture_of_a_converted_model_is_exact():
+    """A model converted by hot.torch.convert is captured with exact gradients: the same x, W, g_y as the original."""
+    import copy
+
+    import hot.torch as ht
+
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 16), nn.ReLU(),
+                          nn.Linear(16, 4))
+    converted = copy.deepcopy(model)
+    ht.convert(converted)
+    assert isinstance(converted[5], ht.Linear) and isinstance(converted[0], ht.Conv2d)
+    batch = (torch.randn(8, 3, 6, 6), torch.randint(0, 4, (8,)))
+    ref, got = ha.capture(model, batch, F.cross_entropy), ha.capture(converted, batch, F.cross_entropy)
+    assert [c.name for c in got] == [c.name for c in ref] == ["0", "3", "5"]
+    for r, g in zip(ref, got):
+        for a, b in ((r.x, g.x), (r.w, g.w), (r.gy, g.gy)):
+            np.testing.assert_array_equal(a, b)
+    assert all(m._hot_capture is None for m in converted.modules() if hasattr(m, "_hot_capture"))
+
+
 def test_capture_refuses_a_layer_called_twice():
     class Shared(nn.Module):
         def __init__(self):

@@ -206,7 +206,9 @@ def method_fn(name: str) -> Callable:
 
 def capture(model, batch, loss_fn, include_conv: bool = True) -> List[LayerCapture]:
     """One exact forward/backward of ``loss_fn(model(inputs), targets)`` with ``batch = (inputs,
-    targets)``; returns every Linear (and groups = 1 Conv2d, as im2col columns) layer's x, W, g_y."""
+    targets)``; returns every Linear (and groups = 1 Conv2d, as im2col columns) layer's x, W, g_y. Layers of a model
+    converted by ``hot.torch.convert`` run exactly here (as ``hot.torch.calibrate`` runs them), so every g_y is the
+    exact one."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -231,7 +233,10 @@ def capture(model, batch, loss_fn, include_conv: bool = True) -> List[LayerCaptu
 
     for n, m in layers:
         handles.append(m.register_forward_hook(fwd_hook(n)))
+    converted = [m for m in model.modules() if hasattr(m, "_hot_capture")]  # hot.torch layers
     try:
+        for m in converted:
+            m._hot_capture = []  # exact forward (F.linear / F.conv2d), hence exact autograd backward
         inputs, targets = batch
         model.zero_grad(set_to_none=True)
         loss = loss_fn(model(inputs), targets)
@@ -239,6 +244,8 @@ def capture(model, batch, loss_fn, include_conv: bool = True) -> List[LayerCaptu
     finally:
         for h in handles:
             h.remove()
+        for m in converted:
+            m._hot_capture = None
 
     out = []
     for n, m in layers:

@@ -33,7 +33,10 @@ them. Both routes give the same tensors for the same seed (tested).
 
 Stochastic-rounding seeds are drawn from torch's default CPU generator at each forward call of each
 layer (one int64 draw), so ``torch.manual_seed`` makes runs reproducible and seeds differ per step and
-per layer. The seed travels as a 0-d int64 CPU tensor, so compiled graphs do not specialise on it.
+per layer. The seed travels as a 0-d int64 CPU tensor, so compiled graphs do not specialise on it. Under
+``torch.compile`` with the inductor backend the draw is traced with the graph and inductor replaces torch's random
+ops by its own generator, so a compiled model draws other seeds than the eager one after the same
+``torch.manual_seed`` (each reproducible on its own); ``torch._inductor.config.fallback_random = True`` keeps torch's.
 """
 from __future__ import annotations
 

@@ -162,3 +162,41 @@ def test_torch_non_contiguous_leading_dims_error_names_argument():
     with pytest.raises(ValueError, match="compress_activation: x .*contiguous"):
         hot.compress_activation(x)
     hot.compress_activation(x.contiguous())
+
+
+@pytest.mark.parametrize("view", ["columns", "reversed_rows"])
+def test_array_copy_of_a_strided_wrapped_array_is_exactly_its_elements(view):
+    """copy=True of an Array over a strided framework array (a SavedActivation wrapping a column slice, or rows in
+    reverse) copies the view's elements, compactly, not a contiguous block from its first address."""
+    base = (np.arange(64 * 4096) % 251 - 125).astype(np.int8).reshape(64, 4096)
+    q = base[:, 8:24] if view == "columns" else base[::-1, :16]
+    s = _C.SavedActivation.wrap(q, np.ones(1, np.float32), 4, 4, 8, 0)
+    c = np.from_dlpack(s.q, copy=True)
+    np.testing.assert_array_equal(c, q)
+    assert c.flags.c_contiguous and c.flags.writeable and not np.shares_memory(c, base)
+    assert s.q.nbytes == q.size
+
+
+def test_array_over_read_only_memory_is_exported_read_only():
+    """A SavedActivation wrapping read-only arrays hands them out read-only (versioned DLPack flag), refuses the
+    legacy capsule that could not say so, and a copy is writable."""
+    q = np.zeros((4, 16), np.int8)
+    q.flags.writeable = False
+    s = _C.SavedActivation.wrap(q, np.ones(1, np.float32), 4, 4, 8, 0)
+    a = np.from_dlpack(s.q)
+    assert not a.flags.writeable and np.shares_memory(a, q)
+    with pytest.raises(ValueError):
+        a[0, 0] = 1
+    with pytest.raises(BufferError, match="read-only"):
+        s.q.__dlpack__()
+    assert _C._inspect(s.q.__dlpack__(max_version=(1, 0)))["read_only"]
+    c = np.from_dlpack(s.q, copy=True)
+    c[0, 0] = 1
+    assert q[0, 0] == 0
+    assert np.from_dlpack(s.scale).flags.writeable  # scale was writable
+
+
+@pytest.mark.parametrize("split", [100000000, 3, -3])
+def test_split_out_of_range_is_a_value_error(split):
+    with pytest.raises(ValueError, match=f"hadamard_transform: split must be -1 or in 0..2 .*got {split}"):
+        _C.hadamard_transform(np.ones((32, 64), np.float32), None, 16, split, 1, 0)

@@ -82,6 +82,7 @@ CASES = [
     ("gemm_s4_dtype", lambda: hot.gemm_s4(np.ones((2, 3), np.int8), np.ones((2, 3), np.uint8)), TypeError,
      ["gemm_s4", "a", "int8"]),
     ("set_num_threads", lambda: hot.set_num_threads(-2), ValueError, ["set_num_threads"]),
+    ("set_num_threads_big", lambda: hot.set_num_threads(2 ** 31), ValueError, ["set_num_threads", "0..1024"]),
     # exact mode casts x and W to grad_output's dtype, floating dtypes only
     ("exact_x_complex", lambda: hot.backward_linear(GY, W, X.astype(np.complex64), config=EXACT), TypeError,
      ["backward_linear", "saved has dtype complex64", "float32"]),
@@ -120,6 +121,25 @@ def test_mixed_devices_is_a_value_error():
 
     with pytest.raises(ValueError, match=r"backward_linear: weight is on cuda:0 but grad_output is on cpu"):
         hot.backward_linear(GY, FakeCuda(), X)
+
+
+@pytest.mark.parametrize("value", ["abc", "-3", "4x", "100000"])
+def test_bad_hot_num_threads_is_a_clear_error(value):
+    """HOT_NUM_THREADS is read at the first CPU operation: anything but an integer in 0..1024 is an error naming it."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import numpy as np, hot\n"
+            "try:\n"
+            "    hot.gemm_s8(np.ones((64, 16), np.int8), np.ones((2, 16), np.int8))\n"
+            "except ValueError as e:\n"
+            "    print('ValueError:', e)\n")
+    env = dict(os.environ, HOT_NUM_THREADS=value)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "ValueError: environment variable HOT_NUM_THREADS: expected an integer in 0..1024" in out.stdout
+    assert f"got '{value}'" in out.stdout
 
 
 def test_torch_dtypes_are_named():

@@ -171,7 +171,9 @@ hot::TensorView to_view(const Imported& imp, const char* op, const char* name, D
 hot::TensorView flatten_2d(const hot::TensorView& v, int split, const char* op, const char* name) {
   const int nd = v.ndim();
   HOT_CHECK_VALUE(nd >= 1, op, ": ", name, " has 0 dims, expected at least 1");
-  if (split < 0) split = nd - 1;
+  if (split == -1) split = nd - 1;
+  HOT_CHECK_VALUE(split >= 0 && split <= nd, op, ": split must be -1 or in 0..", nd, " (the leading dims of ", name,
+                  " taken as rows), got ", split);
   auto fail = [&]() {
     HOT_FAIL(value, op, ": ", name, " with shape ", hot::shape_str(v.shape), " and strides ",
              hot::shape_str(v.strides),
@@ -307,35 +309,51 @@ py::object Array::dlpack(py::object stream, py::object max_version, py::object d
     if (want[0].cast<int>() != own.device_type || want[1].cast<int>() != own.device_id)
       throw py::buffer_error("Array.__dlpack__: cannot export to another device (dl_device); copy with the framework instead");
   }
-  bool copied = false;
-  hot::Tensor src = tensor;
-  hot::TensorView v = view;
-  if (!copy.is_none() && copy.cast<bool>()) {
-    if (!view.device.is_cpu()) throw py::buffer_error("Array.__dlpack__: copy=True is supported for CPU arrays only");
-    hot::Tensor c = hot::Tensor::empty(tensor.view().dtype, tensor.view().shape, tensor.view().device);
-    std::memcpy(c.view().data, tensor.view().data, tensor.nbytes());
-    const char* base = static_cast<const char*>(tensor.view().data);
-    const auto off = static_cast<const char*>(view.data) - base;
-    v.data = static_cast<char*>(c.view().data) + off;
-    src = c;
-    copied = true;
-  }
-  auto* ctx = new ExportCtx();
-  ctx->tensor = src;
-  ctx->shape = v.shape;
-  ctx->strides = v.strides;
-  if (v.dtype == hot::DType::s4) {
+  const bool copied = !copy.is_none() && copy.cast<bool>();
+  if (copied && !view.device.is_cpu())
+    throw py::buffer_error("Array.__dlpack__: copy=True is supported for CPU arrays only");
+  auto ctx = std::make_unique<ExportCtx>();
+  ctx->tensor = tensor;
+  ctx->shape = view.shape;
+  ctx->strides = view.strides;
+  void* data = view.data;
+  if (view.dtype == hot::DType::s4) {
     // Exchanged as uint8 bytes: last dim halved, other strides halved (nibbles -> bytes).
     const size_t last = ctx->shape.size() - 1;
     for (size_t d = 0; d < last; ++d) ctx->strides[d] /= 2;
     ctx->shape[last] = (ctx->shape[last] + 1) / 2;
     ctx->strides[last] = 1;
   }
+  if (copied) {
+    // A compact row-major copy of exactly the exported elements (the view may be strided: a wrapped framework
+    // array's row stride can exceed its row).
+    const size_t elem = view.dtype == hot::DType::s4 ? 1 : static_cast<size_t>(hot::dtype_bits(view.dtype) / 8);
+    int64_t n = 1;
+    for (int64_t s : ctx->shape) n *= s;
+    hot::Tensor c = hot::Tensor::empty(hot::DType::s8, {n * static_cast<int64_t>(elem)}, view.device);
+    char* dst = static_cast<char*>(c.view().data);
+    const int nd = static_cast<int>(ctx->shape.size());
+    std::vector<int64_t> idx(nd, 0);
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t off = 0;
+      for (int d = 0; d < nd; ++d) off += idx[d] * ctx->strides[d];
+      std::memcpy(dst + i * elem, static_cast<const char*>(data) + off * static_cast<int64_t>(elem), elem);
+      for (int d = nd - 1; d >= 0 && ++idx[d] == ctx->shape[d]; --d) idx[d] = 0;
+    }
+    int64_t stride = 1;
+    for (int d = nd - 1; d >= 0; --d) {
+      ctx->strides[d] = stride;
+      stride *= ctx->shape[d];
+    }
+    ctx->tensor = c;
+    data = dst;
+  }
+  const bool read_only_export = read_only && !copied;
   DLTensor t{};
-  t.data = v.data;
+  t.data = data;
   t.device = own;
   t.ndim = static_cast<int32_t>(ctx->shape.size());
-  t.dtype = to_dl_dtype(v.dtype);
+  t.dtype = to_dl_dtype(view.dtype);
   t.shape = ctx->shape.data();
   t.strides = ctx->strides.data();  // always filled
   t.byte_offset = 0;
@@ -351,26 +369,29 @@ py::object Array::dlpack(py::object stream, py::object max_version, py::object d
     }
   }
   if (versioned) {
-    ctx->versioned.version = DLPackVersion{kHotDLPackMajor, minor};
-    ctx->versioned.manager_ctx = ctx;
-    ctx->versioned.deleter = versioned_deleter;
-    ctx->versioned.flags = copied ? kDLPackFlagBitmaskIsCopied : 0;
-    ctx->versioned.dl_tensor = t;
-    PyObject* cap = PyCapsule_New(&ctx->versioned, kVersionedName, versioned_capsule_dtor);
-    if (!cap) {
-      delete ctx;
-      throw py::error_already_set();
-    }
+    ExportCtx* x = ctx.get();
+    x->versioned.version = DLPackVersion{kHotDLPackMajor, minor};
+    x->versioned.manager_ctx = x;
+    x->versioned.deleter = versioned_deleter;
+    x->versioned.flags =
+        (copied ? kDLPackFlagBitmaskIsCopied : 0) | (read_only_export ? kDLPackFlagBitmaskReadOnly : 0);
+    x->versioned.dl_tensor = t;
+    PyObject* cap = PyCapsule_New(&x->versioned, kVersionedName, versioned_capsule_dtor);
+    if (!cap) throw py::error_already_set();  // ctx still owns x
+    ctx.release();  // the capsule (then its consumer) owns it now
     return py::reinterpret_steal<py::object>(cap);
   }
-  ctx->legacy.dl_tensor = t;
-  ctx->legacy.manager_ctx = ctx;
-  ctx->legacy.deleter = legacy_deleter;
-  PyObject* cap = PyCapsule_New(&ctx->legacy, kLegacyName, legacy_capsule_dtor);
-  if (!cap) {
-    delete ctx;
-    throw py::error_already_set();
-  }
+  // A legacy capsule cannot say read-only, and its consumer would write through it (numpy refuses likewise).
+  if (read_only_export)
+    throw py::buffer_error("Array.__dlpack__: the array wraps read-only memory, which a legacy (unversioned) DLPack "
+                           "capsule cannot flag; ask for max_version=(1, 0) or copy=True");
+  ExportCtx* x = ctx.get();
+  x->legacy.dl_tensor = t;
+  x->legacy.manager_ctx = x;
+  x->legacy.deleter = legacy_deleter;
+  PyObject* cap = PyCapsule_New(&x->legacy, kLegacyName, legacy_capsule_dtor);
+  if (!cap) throw py::error_already_set();
+  ctx.release();
   return py::reinterpret_steal<py::object>(cap);
 }
 

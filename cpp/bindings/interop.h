@@ -70,6 +70,8 @@ class OpContext {
   hot::TensorView output(py::handle obj, const char* name, DTypeMask allowed, int split = -1);
   // Hands over ownership of the most recent import (e.g. to wrap it in a hot::Tensor that outlives the op).
   std::shared_ptr<void> release_last();
+  // Whether the most recent import was flagged read-only by its producer.
+  bool last_read_only() const { return !keep_.empty() && keep_.back()->read_only; }
   const char* op() const { return op_; }
   hot::Stream stream() const { return hot::Stream{reinterpret_cast<void*>(stream_handle_)}; }
   int64_t stream_handle() const { return stream_handle_; }
@@ -90,8 +92,10 @@ struct Array {
   hot::Tensor tensor;
   hot::TensorView view;  // what is exported (a reshaped view of tensor's storage)
   int64_t stream_handle = 0;
+  bool read_only = false;  // wraps memory its producer flagged read-only: exported flagged so, never writable
 
-  Array(hot::Tensor t, int64_t stream) : tensor(std::move(t)), view(tensor.view()), stream_handle(stream) {}
+  Array(hot::Tensor t, int64_t stream, bool ro = false)
+      : tensor(std::move(t)), view(tensor.view()), stream_handle(stream), read_only(ro) {}
   py::tuple dlpack_device() const;
   py::object dlpack(py::object stream, py::object max_version, py::object dl_device, py::object copy) const;
 };

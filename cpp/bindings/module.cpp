@@ -66,6 +66,7 @@ hot::TensorView nonempty(const hot::TensorView& v, const char* op, const char* n
 struct PySaved {
   std::shared_ptr<hot::SavedActivation> s;
   int64_t stream_handle = 0;
+  bool q_read_only = false, scale_read_only = false;  // wrapped arrays their producers flagged read-only
 };
 
 }  // namespace
@@ -101,15 +102,16 @@ PYBIND11_MODULE(_C, m) {
         return std::string(a.view.dtype == hot::DType::s4 ? "uint8" : hot::dtype_name(a.view.dtype));
       })
       .def_property_readonly("device", [](const Array& a) { return hot::device_str(a.view.device); })
-      .def_property_readonly("nbytes", [](const Array& a) { return a.tensor.nbytes(); })
+      .def_property_readonly("nbytes", [](const Array& a) { return hot::storage_bytes(a.view.dtype, a.view.shape); })
       .def("__repr__", [](const Array& a) {
         return hot::detail::concat("hot._C.Array(shape=", hot::shape_str(a.view.shape), ", dtype=",
                                    hot::dtype_name(a.view.dtype), ", device=", hot::device_str(a.view.device), ")");
       });
 
   py::class_<PySaved>(m, "SavedActivation", "The core's ABC buffer (q: I x K_pad int8, scale: [1] float32).")
-      .def_property_readonly("q", [](const PySaved& s) { return Array(s.s->q, s.stream_handle); })
-      .def_property_readonly("scale", [](const PySaved& s) { return Array(s.s->scale, s.stream_handle); })
+      .def_property_readonly("q", [](const PySaved& s) { return Array(s.s->q, s.stream_handle, s.q_read_only); })
+      .def_property_readonly("scale",
+                             [](const PySaved& s) { return Array(s.s->scale, s.stream_handle, s.scale_read_only); })
       .def_property_readonly("rows", [](const PySaved& s) { return s.s->rows; })
       .def_property_readonly("cols", [](const PySaved& s) { return s.s->cols; })
       .def_property_readonly("rank", [](const PySaved& s) { return s.s->rank; })
@@ -128,10 +130,12 @@ PYBIND11_MODULE(_C, m) {
             s->cols = cols;
             s->rank = rank;
             hot::TensorView qv = ctx.input(q, "saved.q", hotpy::kS8, -2);
+            const bool q_ro = ctx.last_read_only();
             s->q = hot::Tensor::wrap(qv, ctx.release_last());
             hot::TensorView sv = ctx.input(scale, "saved.scale", hotpy::kF32, -2);
+            const bool s_ro = ctx.last_read_only();
             s->scale = hot::Tensor::wrap(sv, ctx.release_last());
-            return PySaved{s, stream};
+            return PySaved{s, stream, q_ro, s_ro};
           },
           py::arg("q"), py::arg("scale"), py::arg("rows"), py::arg("cols"), py::arg("rank"), py::arg("stream"),
           py::arg("op") = "backward_linear",

@@ -49,6 +49,7 @@ void check_typed_matrix(const char* op, const char* name, const TensorView& t, D
 
 void check_vector(const char* op, const char* name, const TensorView& t, int64_t n, bool float_any, DType dt) {
   HOT_CHECK_DIM(op, name, t, 1);
+  HOT_CHECK_VALUE(t.strides.size() == 1, op, ": ", name, " has ", t.strides.size(), " strides for 1 dim");
   HOT_CHECK_VALUE(t.shape[0] == n, op, ": ", name, " has shape ", shape_str(t.shape), ", expected (", n, ",)");
   HOT_CHECK_VALUE(n <= 1 || t.strides[0] == 1, op, ": ", name, " must be contiguous, got stride ", t.strides[0]);
   HOT_CHECK_VALUE(t.data != nullptr, op, ": ", name, " has no data (null pointer)");
@@ -124,6 +125,10 @@ void quantize(const TensorView& in, const TensorView& q, const TensorView& scale
               Stream stream) {
   const char* op = "quantize";
   check_bits(op, p.bits);
+  HOT_CHECK_VALUE(p.scale == ScaleMode::tensor || p.scale == ScaleMode::token, op,
+                  ": scale must be tensor or token, got ", static_cast<int>(p.scale));
+  HOT_CHECK_VALUE(p.rounding == Rounding::stochastic || p.rounding == Rounding::nearest, op,
+                  ": rounding must be stochastic or nearest, got ", static_cast<int>(p.rounding));
   check_float_matrix(op, "input", in);
   check_typed_matrix(op, "q", q, DType::s8);
   HOT_CHECK_SHAPE(op, "q", q, in.shape);

@@ -98,6 +98,26 @@ TEST(Cpu_Errors, Quantize) {
   EXPECT_HOT_ERROR(hot::quantize(in, q, s1, p), value, "scale");  // token mode wants (4,)
   EXPECT_HOT_ERROR(hot::quantize(in, q, HostTensor::make1d(DType::f16, 4), p), type, "scale");
   EXPECT_HOT_ERROR(hot::quantize(HostTensor::make2d(DType::s8, 4, 8), q, s4, p), type, "quantize");
+  {
+    hot::QuantizeParams bad;
+    bad.scale = static_cast<hot::ScaleMode>(2);
+    EXPECT_HOT_ERROR(hot::quantize(in, q, s1, bad), value, "quantize", "scale");
+    bad = hot::QuantizeParams();
+    bad.rounding = static_cast<hot::Rounding>(7);
+    EXPECT_HOT_ERROR(hot::quantize(in, q, s1, bad), value, "quantize", "rounding", "7");
+  }
+  {
+    // a hand-built view with negative sizes (numel() > 0 all the same) is refused, naming the argument
+    TensorView neg = in.view();
+    neg.shape = {-2, -4};
+    TensorView qn = q.view();
+    qn.shape = {-2, -4};
+    EXPECT_HOT_ERROR(hot::quantize(neg, qn, s1, p), value, "quantize", "input", "negative size");
+    // a 1-D view without strides
+    TensorView s_nostride = s4.view();
+    s_nostride.strides.clear();
+    EXPECT_HOT_ERROR(hot::quantize(in, q, s_nostride, p), value, "scale", "strides");
+  }
   // dequantize
   EXPECT_HOT_ERROR(hot::dequantize(in, s1, f32(4, 8)), type, "dequantize", "q");
   EXPECT_HOT_ERROR(hot::dequantize(q, HostTensor::make1d(DType::f32, 3), f32(4, 8)), value, "scale");

@@ -1,4 +1,10 @@
 // Integer TN GEMMs: C (M x N s32) = A (M x K) B (N x K)^T, exact (SPEC §3 step 5, §4 step 3).
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+
 #include "test_util.h"
 
 namespace {
@@ -90,6 +96,40 @@ TEST(Cpu_GemmS8, IdenticalAcrossThreadCounts) {
     hot::gemm_s8s8s32(host_from_int(DType::s8, M, K, a), host_from_int(DType::s8, N, K, b), C);
     EXPECT_EQ(C.to_int(), ref) << "threads " << nt;
   }
+}
+
+// A process that cannot start more threads (a memory or process limit) still gets its products: the chunks that got
+// no thread run on the calling thread (an exception while threads run would terminate the process). The work runs in
+// a child process whose address space is capped a little above what it uses, so new thread stacks cannot be mapped.
+TEST(Cpu_Parallel, ChunksWithoutAThreadRunOnTheCaller) {
+  const int64_t M = 2048, N = 2, K = 16;
+  const std::vector<int64_t> a = randint(static_cast<size_t>(M * K), 21, -127, 127);
+  const std::vector<int64_t> b = randint(static_cast<size_t>(N * K), 22, -127, 127);
+  const std::vector<int64_t> ref = naive(a, b, M, N, K);
+  const HostTensor A = host_from_int(DType::s8, M, K, a), B = host_from_int(DType::s8, N, K, b);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    long vm_pages = 0;
+    std::ifstream("/proc/self/statm") >> vm_pages;
+    const rlim_t cap = static_cast<rlim_t>(vm_pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (24u << 20);
+    const rlimit rl{cap, cap};
+    if (vm_pages <= 0 || setrlimit(RLIMIT_AS, &rl) != 0) _exit(2);
+    int code = 3;
+    try {
+      hot::set_num_threads(64);  // 64 stacks of 8 MB: most cannot be mapped under the cap
+      HostTensor C = HostTensor::make2d(DType::s32, M, N);
+      hot::gemm_s8s8s32(A, B, C);
+      code = C.to_int() == ref ? 0 : 4;
+    } catch (...) {
+      code = 5;
+    }
+    _exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status)) << "the child was killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 0) << "2: no limit set, 4: wrong products, 5: an error";
 }
 
 TEST(Cpu_GemmS4, MatchesNaiveReference) {

@@ -538,8 +538,8 @@ def build_info() -> str:
 
 def set_num_threads(n: int) -> None:
     """Threads of the CPU backend (0 = hardware concurrency)."""
-    if not _is_int(n) or n < 0:
-        raise ValueError(f"set_num_threads: n must be a non-negative integer, got {n!r}")
+    if not _is_int(n) or not 0 <= n <= 1024:
+        raise ValueError(f"set_num_threads: n must be an integer in 0..1024 (0 = hardware concurrency), got {n!r}")
     _C.set_num_threads(int(n))
 
 

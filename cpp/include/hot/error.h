@@ -58,8 +58,13 @@ std::string concat(Args&&... args) {
   HOT_CHECK_TYPE(ok_expr, op, ": ", name, " has dtype ", ::hot::dtype_name((t).dtype), ", expected ", \
                  expected_str)
 
-#define HOT_CHECK_NONEMPTY(op, name, t) \
-  HOT_CHECK_VALUE((t).numel() > 0, op, ": ", name, " is empty (shape ", ::hot::shape_str((t).shape), ")")
+#define HOT_CHECK_NONEMPTY(op, name, t)                                                                     \
+  do {                                                                                                      \
+    for (const int64_t hot_d_ : (t).shape)                                                                  \
+      HOT_CHECK_VALUE(hot_d_ >= 0, op, ": ", name, " has a negative size (shape ", ::hot::shape_str((t).shape), \
+                      ")");                                                                                 \
+    HOT_CHECK_VALUE((t).numel() > 0, op, ": ", name, " is empty (shape ", ::hot::shape_str((t).shape), ")");  \
+  } while (0)
 
 #define HOT_CHECK_SAME_DEVICE(op, name_a, a, name_b, b)                                              \
   HOT_CHECK_VALUE((a).device == (b).device, op, ": ", name_a, " is on ", ::hot::device_str((a).device), \

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <exception>
 #include <mutex>
@@ -14,21 +15,33 @@
 namespace hot {
 
 namespace {
-int default_threads() {
-  if (const char* env = std::getenv("HOT_NUM_THREADS")) {
-    const int n = std::atoi(env);
-    if (n > 0) return n;
-  }
+constexpr int kMaxThreads = 1024;
+
+int hardware_threads() {
   const unsigned hc = std::thread::hardware_concurrency();
-  return hc == 0 ? 1 : static_cast<int>(hc);
+  return hc == 0 ? 1 : static_cast<int>(std::min<unsigned>(hc, kMaxThreads));
+}
+
+// HOT_NUM_THREADS (0 or unset: all cores), else the cores.
+int default_threads() {
+  const char* env = std::getenv("HOT_NUM_THREADS");
+  if (env == nullptr || env[0] == '\0') return hardware_threads();
+  char* end = nullptr;
+  errno = 0;
+  const long n = std::strtol(env, &end, 10);
+  HOT_CHECK_VALUE(errno == 0 && *end == '\0' && n >= 0 && n <= kMaxThreads,
+                  "environment variable HOT_NUM_THREADS: expected an integer in 0..", kMaxThreads,
+                  " (0 = all cores), got '", env, "'");
+  return n == 0 ? hardware_threads() : static_cast<int>(n);
 }
 std::atomic<int> g_threads{0};
 thread_local bool t_in_parallel = false;
 }  // namespace
 
 void set_num_threads(int n) {
-  HOT_CHECK_VALUE(n >= 0 && n <= 1024, "set_num_threads: n must be in 0..1024 (0 = all cores), got ", n);
-  g_threads.store(n == 0 ? default_threads() : n);
+  HOT_CHECK_VALUE(n >= 0 && n <= kMaxThreads, "set_num_threads: n must be in 0..", kMaxThreads,
+                  " (0 = all cores), got ", n);
+  g_threads.store(n == 0 ? hardware_threads() : n);
 }
 
 int get_num_threads() {
@@ -68,8 +81,15 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
   };
   std::vector<std::thread> pool;
   pool.reserve(threads - 1);
-  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(run, t);
+  int64_t started = 1;
+  try {
+    for (; started < threads; ++started) pool.emplace_back(run, started);
+  } catch (const std::exception&) {
+    // No more threads to be had (a process or memory limit): the calling thread runs the chunks that got none.
+    // Letting this unwind would destroy running std::threads, which terminates the process.
+  }
   run(0);
+  for (int64_t t = started; t < threads; ++t) run(t);
   for (auto& th : pool) th.join();
   if (error) std::rethrow_exception(error);
 }

@@ -132,3 +132,30 @@ def test_jax_gpu():
     assert isinstance(gi, jax.Array) and list(gi.devices())[0].platform == "gpu"
     cpu = hot.backward_linear(gy, w, x, seed=4)
     np.testing.assert_allclose(np.asarray(gi), cpu[0], rtol=2 ** -22, atol=1e-30)
+
+
+def test_array_exported_to_another_stream_is_ordered():
+    """A hot-allocated CUDA array handed to a consumer on another stream (DLPack's stream argument): the consumer's
+    work waits for hot's writes, and hot frees the memory only after the consumer's queued reads. A large g_y pass on
+    hot's stream makes the window wide; the values must be the CPU's whatever the timing."""
+    torch = pytest.importorskip("torch")
+    from hot import _C
+
+    x = np.random.default_rng(3).standard_normal((8192, 1024)).astype(np.float32)
+    ref = hot.hadamard_transform(x, block=16)
+    producer, consumer = torch.cuda.Stream(), torch.cuda.Stream()
+    xt = torch.tensor(x, device="cuda")
+    torch.cuda.synchronize()
+    for _ in range(3):
+        with torch.cuda.stream(producer):
+            arr = _C.hadamard_transform(xt, None, 16, 1, 1, producer.cuda_stream)
+        with torch.cuda.stream(consumer):
+            got = torch.from_dlpack(arr) * 1  # torch passes its current stream (consumer)
+        del arr
+        consumer.synchronize()
+        np.testing.assert_array_equal(got.cpu().numpy(), ref)
+    with torch.cuda.stream(producer):
+        arr = _C.hadamard_transform(xt, None, 16, 1, 1, producer.cuda_stream)
+    cap = arr.__dlpack__(stream=-1)  # no ordering asked: the consumer synchronises itself
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(torch.from_dlpack(cap).cpu().numpy(), ref)

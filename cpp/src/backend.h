@@ -75,6 +75,7 @@ std::string build_info();
 void* allocate(size_t bytes, int device, Stream s);
 void deallocate(void* p, int device, Stream s);
 void memset_zero(void* p, size_t bytes, int device, Stream s);
+void stream_order(int device, Stream first, Stream then);
 // Internal (benchmark, tests): the variant of the g_y pass / ABC kernels, 5, 6, 7 or 8 (qgo_kernels.cuh); returns the
 // previous one. Process-wide; every variant gives identical bytes.
 int set_qgo_variant(int variant);

@@ -358,6 +358,18 @@ void backward_linear_exact(const TensorView& gy, const TensorView& w, const Tens
   if (requested(out.grad_bias)) HOT_DISPATCH(gy.device, bias_grad, gy, out.grad_bias, stream);
 }
 
+// The legacy default stream has two handles: nullptr and cudaStreamLegacy (1, DLPack's name for it).
+static bool same_stream(Stream a, Stream b) {
+  const auto h = [](Stream s) { return reinterpret_cast<uintptr_t>(s.handle) == 1 ? uintptr_t{0} : reinterpret_cast<uintptr_t>(s.handle); };
+  return h(a) == h(b);
+}
+
+void stream_order(Device device, Stream first, Stream then) {
+  if (device.is_cpu() || same_stream(first, then)) return;
+  require_cuda();
+  cuda::stream_order(device.index, first, then);
+}
+
 bool cuda_available() { return cuda::available(); }
 std::string cuda_unavailable_reason() { return cuda::available() ? std::string() : cuda::unavailable_reason(); }
 std::string build_info() {

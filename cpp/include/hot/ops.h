@@ -97,6 +97,12 @@ void backward_linear(const TensorView& grad_output, const TensorView& weight, co
 void backward_linear_exact(const TensorView& grad_output, const TensorView& weight, const TensorView* x,
                            const BackwardOutputs& out, Stream stream = {});
 
+// Orders two streams of one device: work queued on `then` after this call starts only once the work queued on
+// `first` before it is done (an event recorded on `first`, waited for by `then`; nothing blocks the host). No-op on
+// the CPU and when both are the same stream. For memory shared between a producer and a consumer that run on
+// different streams (the DLPack exchange).
+void stream_order(Device device, Stream first, Stream then);
+
 // ---- backends -------------------------------------------------------------------------------
 
 bool cuda_available();             // CUDA backend compiled in and a device present

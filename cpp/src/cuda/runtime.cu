@@ -179,6 +179,16 @@ void deallocate(void* p, int device, Stream s) {
   if (failed) clear_stale_error();
 }
 
+void stream_order(int device, Stream first, Stream then) {
+  DeviceGuard g(device);
+  cudaEvent_t ev = nullptr;
+  HOT_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  cudaError_t e = cudaEventRecord(ev, to_cuda(first));
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(to_cuda(then), ev, 0);
+  cudaEventDestroy(ev);  // released once the wait is satisfied
+  HOT_CUDA_CHECK(e);
+}
+
 void memset_zero(void* p, size_t bytes, int device, Stream s) {
   DeviceGuard g(device);
   HOT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, to_cuda(s)));

@@ -21,6 +21,7 @@ std::string build_info() { return std::string("cuda: not compiled in (") + HOT_N
 void* allocate(size_t, int, Stream) { missing(); }
 void deallocate(void*, int, Stream) {}
 void memset_zero(void*, size_t, int, Stream) { missing(); }
+void stream_order(int, Stream, Stream) { missing(); }
 
 void hadamard_transform(const TensorView&, const TensorView&, int, int, Stream) { missing(); }
 void hla_project(const TensorView&, const TensorView&, int, Stream) { missing(); }

@@ -129,6 +129,7 @@ int n_sets(size_t set_bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each row reaches the log as it is measured (a timeout keeps them)
   const char* path = argc > 1 ? argv[1] : nullptr;
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));

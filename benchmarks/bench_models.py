@@ -801,7 +801,8 @@ def environment(device: torch.device) -> dict:
            "timm": _version("timm"), "torchvision": _version("torchvision"), "peft": _version("peft"),
            "hot": getattr(hot, "__version__", "?"), "hot_build": hot.build_info(),
            "matmul_tf32": torch.backends.cuda.matmul.allow_tf32, "cudnn_tf32": torch.backends.cudnn.allow_tf32,
-           "cudnn_benchmark": torch.backends.cudnn.benchmark, "device": str(device)}
+           "cudnn_benchmark": torch.backends.cudnn.benchmark, "device": str(device),
+           "HOT_QGO_VARIANT": os.environ.get("HOT_QGO_VARIANT", "5 (default)")}
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
         env["gpu"] = f"{p.name} (sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, " \
@@ -985,8 +986,10 @@ def write_report(path_md, path_json, env, results, notes, titles, args):
         srows.append([r["model"], f"{r['mode']} / {base['mode']}", r["dtype"], r["batch"],
                       f"{base['step_ms'] / r['step_ms']:.2f}x", f"{base['fwd_ms'] / r['fwd_ms']:.2f}x",
                       f"{base['bwd_ms'] / r['bwd_ms']:.2f}x",
-                      f"{base['layers_bwd_ms'] / r['layers_bwd_ms']:.2f}x" if r["layers_bwd_ms"] else "-",
-                      f"{base['other_bwd_ms'] / r['other_bwd_ms']:.2f}x" if r["other_bwd_ms"] else "-"])
+                      f"{base['layers_bwd_ms'] / r['layers_bwd_ms']:.2f}x"
+                      if r["layers_bwd_ms"] and base["layers_bwd_ms"] else "-",
+                      f"{base['other_bwd_ms'] / r['other_bwd_ms']:.2f}x"
+                      if r["other_bwd_ms"] and base["other_bwd_ms"] else "-"])
     L += [md_table(["model", "modes", "dtype", "batch", "step speed-up", "fwd", "bwd", "layers bwd", "other bwd"],
                    srows) if srows else "(no pair ran)", ""]
 

@@ -5,7 +5,7 @@
 # Everything is logged under $OUT/work and packed into $OUT/logs.tgz; bench.md and a summary stay beside it
 # (the device tool brings back at most 8 files).
 # Knobs: GPU_CHECK_STEPS (default "build test bench"), GPU_CHECK_BUDGET_S (default 330), PYTEST_ARGS
-# (default: the CUDA cases), BENCH_PLAN (run_bench_models.sh; empty: skipped), PARITY_ARGS (hot parity; empty:
+# (default: the CUDA cases; "none": skipped), BENCH_PLAN (run_bench_models.sh; empty: skipped), PARITY_ARGS (hot parity; empty:
 # skipped), SESSION_BUDGET_S (default 570), HOT_QGO_VARIANT (default: the fastest g_y-pass variant of the bench's
 # variant table, for the Python steps).
 set -u
@@ -14,21 +14,23 @@ FINAL=${OUT:-$PWD/gpu_out}
 W=$FINAL/work
 mkdir -p "$W"
 left() { echo $(( ${SESSION_BUDGET_S:-570} - ( $(date +%s) - T0 ) )); }
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false  # logs survive a timeout; jax takes no 75% of the GPU
 {
   OUT=$W HOT_BUILD_PYTHON=ON GPU_CHECK_STEPS="${GPU_CHECK_STEPS:-build test bench}" \
     GPU_CHECK_BUDGET_S=${GPU_CHECK_BUDGET_S:-330} bash scripts/gpu_check.sh
   export PYTHONPATH=$PWD/python
   ROOT=$PWD
   # The g_y-pass variant with the least total pass time in the bench's variant table serves the later steps
-  # (pytest, model benchmarks, parity) through HOT_QGO_VARIANT, unless the caller set one.
-  if [[ -z ${HOT_QGO_VARIANT:-} && -f $W/bench.md ]]; then
+  # (pytest, model benchmarks, parity) through HOT_QGO_VARIANT, unless the caller set one; only if every gtest passed
+  # (the Cuda_* suites check all four variants against the CPU backend).
+  if [[ -z ${HOT_QGO_VARIANT:-} && -f $W/bench.md ]] && grep -q "100% tests passed" "$W/ctest.log" 2>/dev/null; then
     best=$(python3 - "$W/bench.md" <<'PY'
 import sys
 rows, on = [], False
 for line in open(sys.argv[1]):
     if line.startswith("## "):
         on = line.startswith("## Kernel variants")
-    elif on and line.startswith("|") and not line.startswith("|---") and "layer" not in line:
+    elif on and line.startswith("|") and not line.startswith("|---") and not line.startswith("| layer |"):
         rows.append([float(x) for x in line.strip().strip("|").split("|")[1:5]])
 if rows:
     tot = [sum(r[i] for r in rows) for i in range(4)]
@@ -38,19 +40,22 @@ PY
     if [[ -n $best ]]; then export HOT_QGO_VARIANT=$best; fi
   fi
   echo "HOT_QGO_VARIANT for the Python steps: ${HOT_QGO_VARIANT:-5 (default)}"
-  if ls python/hot/_C*.so > /dev/null 2>&1 && (( $(left) > 40 )); then
+  if [[ ${PYTEST_ARGS:-} == none ]]; then
+    echo "pytest skipped (PYTEST_ARGS=none)"
+  elif ls python/hot/_C*.so > /dev/null 2>&1 && (( $(left) > 40 )); then
     (cd /tmp && python3 -m hot info) > "$W/hot_info.txt" 2>&1
     if [[ -n ${PYTEST_ARGS:-} ]]; then read -r -a PA <<< "$PYTEST_ARGS"; else PA=("$ROOT/tests" -k "cuda or gpu"); fi
-    (cd /tmp && timeout $(( $(left) > 220 ? 200 : $(left) - 20 )) python3 -m pytest -q -p no:cacheprovider -rs "${PA[@]}") \
-      > "$W/pytest.log" 2>&1
+    # SIGINT at the limit: pytest still prints its summary and the test it was in; -rfEs lists failures and skips
+    (cd /tmp && timeout -s INT -k 10 $(( $(left) > 220 ? 200 : $(left) - 20 )) \
+       python3 -m pytest -q -p no:cacheprovider -rfEs "${PA[@]}") > "$W/pytest.log" 2>&1
     echo "pytest rc=$?: $(tail -1 "$W/pytest.log")"
     grep -E "^(FAILED|ERROR)" "$W/pytest.log" | head -20
   else
     echo "pytest skipped (no python/hot/_C module or no time left)"
   fi
   if [[ -n ${BENCH_PLAN:-} ]] && (( $(left) > 60 )); then
-    OUT=$W/models BENCH_CONFIG_TIMEOUT=${BENCH_CONFIG_TIMEOUT:-80} timeout $(( $(left) - 30 )) \
-      bash benchmarks/run_bench_models.sh > "$W/bench_models.log" 2>&1
+    OUT=$W/models BENCH_CONFIG_TIMEOUT=${BENCH_CONFIG_TIMEOUT:-80} BENCH_DEADLINE=$(( $(date +%s) + $(left) - 25 )) \
+      timeout $(( $(left) - 15 )) bash benchmarks/run_bench_models.sh > "$W/bench_models.log" 2>&1
     echo "bench_models rc=$?"; tail -30 "$W/bench_models.log"
   fi
   if [[ -n ${PARITY_ARGS:-} ]] && (( $(left) > 60 )); then

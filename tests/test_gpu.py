@@ -136,8 +136,8 @@ def test_jax_gpu():
 
 def test_array_exported_to_another_stream_is_ordered():
     """A hot-allocated CUDA array handed to a consumer on another stream (DLPack's stream argument): the consumer's
-    work waits for hot's writes, and hot frees the memory only after the consumer's queued reads. A large g_y pass on
-    hot's stream makes the window wide; the values must be the CPU's whatever the timing."""
+    work waits for hot's writes. A large transform on hot's stream makes the window wide; the values must be the
+    CPU's whatever the timing."""
     torch = pytest.importorskip("torch")
     from hot import _C
 
@@ -150,9 +150,10 @@ def test_array_exported_to_another_stream_is_ordered():
         with torch.cuda.stream(producer):
             arr = _C.hadamard_transform(xt, None, 16, 1, 1, producer.cuda_stream)
         with torch.cuda.stream(consumer):
-            got = torch.from_dlpack(arr) * 1  # torch passes its current stream (consumer)
-        del arr
-        consumer.synchronize()
+            t = torch.from_dlpack(arr)  # torch passes its current stream (consumer)
+            got = t * 1
+        consumer.synchronize()  # the consumer keeps the imported memory until its reads are done
+        del t, arr
         np.testing.assert_array_equal(got.cpu().numpy(), ref)
     with torch.cuda.stream(producer):
         arr = _C.hadamard_transform(xt, None, 16, 1, 1, producer.cuda_stream)

@@ -266,18 +266,6 @@ struct ExportCtx {
   std::vector<int64_t> shape, strides;
   DLManagedTensor legacy{};
   DLManagedTensorVersioned versioned{};
-  // A CUDA array exported to a consumer stream other than hot's: when the consumer is done, what it queued must
-  // finish before the memory is freed (stream-ordered, on hot's stream).
-  bool ordered = false;
-  hot::Device device;
-  hot::Stream producer, consumer;
-  ~ExportCtx() {
-    if (!ordered) return;
-    try {
-      hot::stream_order(device, consumer, producer);
-    } catch (...) {  // a destructor must not throw (the runtime may be shutting down)
-    }
-  }
 };
 
 void legacy_deleter(DLManagedTensor* m) { delete static_cast<ExportCtx*>(m->manager_ctx); }
@@ -364,16 +352,13 @@ py::object Array::dlpack(py::object stream, py::object max_version, py::object d
   const bool read_only_export = read_only && !copied;
   if (!view.device.is_cpu()) {
     // DLPack: the consumer reads on `stream` (None: the legacy default stream, 1; -1: it asks for no ordering); hot
-    // wrote the array on stream_handle. Work the consumer queues there waits for hot's, and hot frees the memory
-    // only after what the consumer queued before it released the capsule.
+    // wrote the array on stream_handle, so work the consumer queues there waits for hot's. (Keeping the capsule
+    // alive until its own work is done is the consumer's part, as for any DLPack producer: the consumer's stream
+    // may no longer exist when the capsule is released, so the deleter does not touch it.)
     const int64_t consumer = stream.is_none() ? 1 : stream.cast<int64_t>();
-    if (consumer != -1) {
-      ctx->device = view.device;
-      ctx->producer = hot::Stream{reinterpret_cast<void*>(stream_handle)};
-      ctx->consumer = hot::Stream{reinterpret_cast<void*>(consumer)};
-      hot::stream_order(ctx->device, ctx->producer, ctx->consumer);
-      ctx->ordered = true;
-    }
+    if (consumer != -1)
+      hot::stream_order(view.device, hot::Stream{reinterpret_cast<void*>(stream_handle)},
+                        hot::Stream{reinterpret_cast<void*>(consumer)});
   }
   DLTensor t{};
   t.data = data;

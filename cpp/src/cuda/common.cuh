@@ -15,11 +15,20 @@
 #include "hot/error.h"
 #include "hot/tensor.h"
 
+// The runtime keeps the last error of any call (not only of launches) until cudaGetLastError reads it. Before a
+// launch whose error is read back that way, an error left by an earlier call (one whose failure was already
+// returned to its caller, ours or another library's) is cleared, so that it is not reported as this launch's; a
+// failure that is reported (HOT_CUDA_CHECK) or ignored (in a destructor) is cleared likewise. Sticky errors (a
+// kernel fault) are not cleared by this and still surface.
+namespace hot::cuda {
+inline void clear_stale_error() { (void)cudaGetLastError(); }
+}  // namespace hot::cuda
+
 #define HOT_CUDA_CHECK(expr)                                                                          \
   do {                                                                                                \
     const cudaError_t hot_err_ = (expr);                                                              \
     if (hot_err_ != cudaSuccess) {                                                                    \
-      (void)cudaGetLastError(); /* reported here: not again by the next launch check */               \
+      ::hot::cuda::clear_stale_error(); /* reported here: not again by the next launch check */       \
       HOT_FAIL(internal, "CUDA error ", cudaGetErrorName(hot_err_), " (", cudaGetErrorString(hot_err_), \
                ") in ", #expr);                                                                       \
     }                                                                                                 \
@@ -27,12 +36,6 @@
 
 // After every kernel launch: a launch error (bad configuration, missing kernel image) surfaces here.
 #define HOT_CUDA_CHECK_LAUNCH() HOT_CUDA_CHECK(cudaGetLastError())
-
-// The runtime keeps the last error of any call (not only of launches) until cudaGetLastError reads it. Before a
-// launch whose error is read back that way, an error left by an earlier call (one whose failure was already
-// returned to its caller, ours or another library's) is cleared, so that it is not reported as this launch's.
-// Sticky errors (a kernel fault) are not cleared by this and still surface.
-inline void clear_stale_error() { (void)cudaGetLastError(); }
 
 // The dynamic shared memory of a kernel, as a byte array `name`. The host emulation of the kernels
 // (cpp/tests/emu/cuda_emu.h, which defines HOT_CUDA_EMULATION) supplies the current block's buffer.

@@ -21,18 +21,18 @@ namespace {
 template <typename T, int R>
 struct QgoKernels {
   int ctas_per_sm[2] = {1, 1};
-  int64_t smem_optin;
-  explicit QgoKernels(int64_t optin) : smem_optin(optin) {
+  // `smem_optin`: the most shared memory a block may have on the device.
+  explicit QgoKernels(int64_t smem_optin) {
     const int smem = static_cast<int>(qgo_smem_bytes());
     HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo_kernel<T, 1, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo_kernel<T, 2, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     if constexpr (sizeof(T) == 2) {
-      set16(qgo16_kernel<T, 1, R>, 1);
-      set16(qgo16_kernel<T, 2, R>, 2);
+      set16(qgo16_kernel<T, 1, R>, 1, smem_optin);
+      set16(qgo16_kernel<T, 2, R>, 2, smem_optin);
     }
   }
   template <class K>
-  void set16(K kernel, int pass) {
+  void set16(K kernel, int pass, int64_t smem_optin) {
     // the larger (variant 7) of the two sizes, where the GPU allows it (qgo_setup runs variant 8 where it does not)
     const size_t v7 = qgo16_smem_bytes(pass, 2);
     const int smem = static_cast<int>(static_cast<int64_t>(v7) <= smem_optin ? v7 : qgo16_smem_bytes(pass, 1));

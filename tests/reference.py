@@ -137,7 +137,7 @@ def pack_int4(q):
 # ---- layer operations (SPEC §2-§4) ---------------------------------------------------------------
 
 
-def compress_activation(x2d, rank=8):
+def compress_activation(x2d, rank=16):
     """(q_t I x K_pad int8, scale (1,) float32)."""
     xh = hla(np.asarray(x2d, np.float64), rank).astype(np.float32)
     q, s = quantize(xh, 8, False, "nearest")
@@ -147,7 +147,7 @@ def compress_activation(x2d, rank=8):
     return q_t, s
 
 
-def backward_linear(gy, w, x, gx_bits=4, rank=8, rounding="stochastic", gx_scale="tensor", seed=0):
+def backward_linear(gy, w, x, gx_bits=8, rank=16, rounding="stochastic", gx_scale="tensor", seed=0):
     """HOT backward in float64: (g_x L x I, g_w O x I, g_b O) from 2-D gy, w, x."""
     gy = np.asarray(gy, np.float64)
     w = np.asarray(w, np.float64)

@@ -1,6 +1,7 @@
 """hot.analysis: per-layer gradient fidelity of HOT and of the baselines it is compared with."""
 import math
 
+import dataclasses
 import numpy as np
 import pytest
 
@@ -187,7 +188,7 @@ def test_single_path_methods_isolate_one_path(captured):
     for c in caps:
         gx_ref = c.gy.astype(np.float64) @ c.w.astype(np.float64)
         gw_ref = c.gy.astype(np.float64).T @ c.x.astype(np.float64)
-        gx_h, gw_h = ha.method_fn("hot")(c.x, c.w, c.gy, 7)
+        gx_h, gw_h = ha.method_fn("paper")(c.x, c.w, c.gy, 7)
         gx_a, gw_a = ha.method_fn("hot-gx-only")(c.x, c.w, c.gy, 7)
         gx_b, gw_b = ha.method_fn("hot-gw-only")(c.x, c.w, c.gy, 7)
         gx_e, gw_e = ha.method_fn("exact")(c.x, c.w, c.gy, 7)
@@ -199,12 +200,14 @@ def test_single_path_methods_isolate_one_path(captured):
         np.testing.assert_array_equal(gx_b, gx_ref.astype(np.float32))
         np.testing.assert_array_equal(gx_e, gx_ref.astype(np.float32))
         np.testing.assert_array_equal(gw_e, gw_ref.astype(np.float32))
-    rep = ha.fidelity_of_captures(caps, methods=("hot", "hot-gx8", "hot-gx8-r16", "hot-token"), seed=1)
+    rep = ha.fidelity_of_captures(caps, methods=("paper", "hot-gx8", "hot-gx8-r16", "hot-token", "hot"), seed=1)
     for layer in rep.layers:
         # 8-bit g_x: 16x finer steps than 4-bit, so a far smaller error (same Hadamard transform).
-        assert rep.get(layer, "hot-gx8").gx_rel < 0.5 * rep.get(layer, "hot").gx_rel
-        assert rep.get(layer, "hot-gx8").gw_rel == rep.get(layer, "hot").gw_rel
-        assert rep.get(layer, "hot-gx8-r16").gw_rel < rep.get(layer, "hot").gw_rel
+        assert rep.get(layer, "hot-gx8").gx_rel < 0.5 * rep.get(layer, "paper").gx_rel
+        assert rep.get(layer, "hot-gx8").gw_rel == rep.get(layer, "paper").gw_rel
+        assert rep.get(layer, "hot-gx8-r16").gw_rel < rep.get(layer, "paper").gw_rel
+        # hot's default is 8-bit g_x at full rank: the same numbers as hot-gx8-r16
+        assert rep.get(layer, "hot") == dataclasses.replace(rep.get(layer, "hot-gx8-r16"), method="hot")
 
 
 def test_cli_fidelity_writes_report(tmp_path, capsys):

@@ -34,7 +34,9 @@ def test_matches_reference(fw, dtype, rounding, lead, O, I, rng):
     is < 1e-4 for g_x and g_w; lower-precision outputs add at most their rounding (unit roundoff)."""
     gy, w, x = _inputs(rng, lead, O, I)
     tgy, tw, tx = fw.make(gy, dtype), fw.make(w, dtype), fw.make(x, dtype)
-    cfg = hot.Config(rounding=rounding)
+    # The paper's 4-bit g_x: its 15 levels make a rounding-boundary flip (fp32 butterflies here, float64 in the
+    # reference) rare enough for a 1e-4 bound; the 8-bit paths are compared in test_config_variants_match_reference.
+    cfg = hot.Config.paper(rounding=rounding)
     gi, gw, gb = hot.backward_linear(tgy, tw, tx, bias=True, config=cfg, seed=11)
     L = int(np.prod(lead))
     fw.check(gi, dtype, lead + (I,))
@@ -42,7 +44,8 @@ def test_matches_reference(fw, dtype, rounding, lead, O, I, rng):
     fw.check(gb, dtype, (O,))
     # The reference sees exactly the values the framework holds (after rounding to dtype).
     ngy, nw, nx = (fw.numpy(t).astype(np.float64) for t in (tgy, tw, tx))
-    rx, rw, rb = R.backward_linear(ngy.reshape(L, O), nw, nx.reshape(L, I), rounding=rounding, seed=11)
+    rx, rw, rb = R.backward_linear(ngy.reshape(L, O), nw, nx.reshape(L, I), cfg.gx_bits, cfg.rank, rounding=rounding,
+                                   seed=11)
     tol = 1e-4 + UNIT_ROUNDOFF[dtype]
     assert R.rel_err(fw.numpy(gi).reshape(L, I), rx) < tol
     assert R.rel_err(fw.numpy(gw), rw) < tol
@@ -98,9 +101,12 @@ def test_non_unit_column_stride_is_an_error(fw, arg, rng):
 
 
 def test_saved_activation_nbytes():
-    """ABC with r = 8 keeps 1/8 of the bytes of an fp32 x (1/4 of bf16), plus the 4-byte scale."""
+    """ABC with r = 8 (the paper's) keeps 1/8 of the bytes of an fp32 x (1/4 of bf16), plus the 4-byte scale; the
+    default r = 16 keeps 1/4 (1/2 of bf16)."""
     x = np.random.default_rng(0).standard_normal((4, 128, 96)).astype(np.float32)  # L = 512
-    s = hot.compress_activation(x)
+    d = hot.compress_activation(x)
+    assert d.rank == 16 and d.q.shape == (96, 512) and d.nbytes == x.nbytes // 4 + 4
+    s = hot.compress_activation(x, hot.Config.paper())
     assert s.shape == (4, 128, 96) and s.rows == 512 and s.cols == 96 and s.rank == 8
     assert s.q.dtype == np.int8 and s.q.shape == (96, 256)
     assert s.scale.dtype == np.float32 and s.scale.shape == (1,)
@@ -112,9 +118,10 @@ def test_saved_activation_nbytes():
 def test_saved_activation_nbytes_bf16_torch():
     torch = pytest.importorskip("torch")
     x = torch.randn(256, 64, dtype=torch.bfloat16)
-    s = hot.compress_activation(x)
+    s = hot.compress_activation(x, hot.Config.paper())
     assert isinstance(s.q, torch.Tensor) and s.q.dtype == torch.int8
     assert s.nbytes == x.numel() * x.element_size() // 4 + 4
+    assert hot.compress_activation(x).nbytes == x.numel() * x.element_size() // 2 + 4  # default: full rank
 
 
 def test_compress_matches_reference(fw, rng):
@@ -170,14 +177,15 @@ def test_stochastic_rounding_same_bits_for_every_thread_count(rng):
 
 
 def test_stochastic_backward_unbiased(rng):
-    """E over seeds of the stochastic g_x (g_w) equals the same computation with G~ (G^) unquantised.
-    Bound: 6 standard errors, from Var(q s) <= s^2/4 per stochastically rounded element."""
+    """E over seeds of the stochastic g_x (g_w) equals the same computation with G~ (G^) unquantised, for the
+    paper's configuration (4-bit g_x, rank 8). Bound: 6 standard errors, from Var(q s) <= s^2/4 per stochastically
+    rounded element."""
     L, O, I = 16, 32, 16
     gy, w, x = (a.astype(np.float32) for a in _inputs(rng, (L,), O, I))
     n = 300
     sx_, sw_ = np.zeros((L, I)), np.zeros((O, I))
     for seed in range(n):
-        gi, gw, _ = hot.backward_linear(gy, w, x, seed=seed)
+        gi, gw, _ = hot.backward_linear(gy, w, x, config=hot.Config.paper(), seed=seed)
         sx_ += gi
         sw_ += gw
     mean_x, mean_w = sx_ / n, sw_ / n
@@ -312,7 +320,7 @@ def test_split_rows_check_saved_as_one_gemm_does(case):
     SavedActivation of another x is an error, not reshaped or sliced silently."""
     from hot import _api
 
-    L = _api._gw_chunk_rows(8) + 1  # the smallest L that is split at the default rank 8
+    L = _api._gw_chunk_rows(16) + 1  # the smallest L that is split at the default rank 16
     gy = np.ones((L, 2), np.float32)
     w = np.ones((2, 2), np.float32)
     saved, msg = {
@@ -320,7 +328,7 @@ def test_split_rows_check_saved_as_one_gemm_does(case):
         "saved_of_more_rows": (hot.compress_activation(np.ones((L + 16, 2), np.float32)),
                                r"saved holds x of shape \(%d, 2\)" % (L + 16)),
         "saved_other_rank": (hot.compress_activation(np.ones((L, 2), np.float32), hot.Config(rank=4)),
-                             "saved activation was compressed with rank 4 but config.rank is 8"),
+                             "saved activation was compressed with rank 4 but config.rank is 16"),
     }[case]
     with pytest.raises(ValueError, match="backward_linear: " + msg):
         hot.backward_linear(gy, w, saved)

@@ -8,7 +8,10 @@ import hot
 
 def test_defaults():
     c = hot.Config()
-    assert (c.gx_bits, c.rank, c.rounding, c.gx_scale, c.exact) == (4, 8, "stochastic", "tensor", False)
+    assert (c.gx_bits, c.rank, c.rounding, c.gx_scale, c.exact) == (8, 16, "stochastic", "tensor", False)
+    p = hot.Config.paper()
+    assert (p.gx_bits, p.rank, p.rounding, p.gx_scale, p.exact) == (4, 8, "stochastic", "tensor", False)
+    assert hot.Config.paper(rank=4).rank == 4 and "HLA rank 8" in p.describe() and "full rank" in c.describe()
 
 
 @pytest.mark.parametrize("field,value,allowed", [

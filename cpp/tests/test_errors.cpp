@@ -197,7 +197,7 @@ struct BwdFixture {
   int64_t L = 20, O = 8, I = 6;
   HostTensor gy = f32(L, O), w = f32(O, I), x = f32(L, I);
   HostTensor gx = f32(L, I), gw = f32(O, I), gb = HostTensor::make1d(DType::f32, O);
-  hot::SavedActivation saved = hot::compress_activation(x, 8);
+  hot::SavedActivation saved = hot::compress_activation(x, hot::Config().rank);
   hot::BackwardOutputs out() const { return {gx.view(), gw.view(), gb.view()}; }
 };
 
@@ -274,11 +274,11 @@ TEST(Cpu_Errors, BackwardLinear) {
   // the saved activation
   EXPECT_HOT_ERROR(hot::backward_linear(f.gy, f.w, nullptr, cfg, 0, f.out()), value, "saved");
   {
-    const hot::SavedActivation other = hot::compress_activation(f32(f.L + 16, f.I), 8);
+    const hot::SavedActivation other = hot::compress_activation(f32(f.L + 16, f.I), cfg.rank);
     EXPECT_HOT_ERROR(hot::backward_linear(f.gy, f.w, &other, cfg, 0, f.out()), value, "saved");
     const hot::SavedActivation r4 = hot::compress_activation(f.x, 4);
     EXPECT_HOT_ERROR(hot::backward_linear(f.gy, f.w, &r4, cfg, 0, f.out()), value, "rank");
-    const hot::SavedActivation wide = hot::compress_activation(f32(f.L, f.I + 1), 8);
+    const hot::SavedActivation wide = hot::compress_activation(f32(f.L, f.I + 1), cfg.rank);
     EXPECT_HOT_ERROR(hot::backward_linear(f.gy, f.w, &wide, cfg, 0, f.out()), value, "saved");
   }
 }

@@ -12,16 +12,18 @@ method             what it is
                    on both GEMMs (integer GEMMs through ``hot.gemm_s8``)
 ``lbp-wht``        low rank only (LBP-WHT style): g_y and x projected on the HLA rows (rank 8) along
                    the tokens, no quantisation, for both g_x and g_w
-``hq-only``        Hadamard quantisation only: HOT's g_x path, g_w at rank 16 (full rank, 8-bit)
-``hot``            HOT: ``hot.Config()`` (g_x 4-bit HQ per tensor, g_w HLA rank 8, 8-bit)
-``hot+lqs``        HOT with the per-layer scale choice of LQS (SPEC §7)
-``hot-r{2,4,8,16}``  HOT at HLA rank r
+``hq-only``        Hadamard quantisation only: the paper's g_x path (4-bit), g_w at rank 16 (full rank, 8-bit)
+``paper``          the paper's HOT: ``hot.Config.paper()`` (g_x 4-bit HQ per tensor, g_w HLA rank 8, 8-bit)
+``hot+lqs``        the paper's HOT with the per-layer scale choice of LQS (SPEC §7.1)
+``hot-r{2,4,8,16}``  the paper's HOT at HLA rank r
+``hot``            hot's default, ``hot.Config()`` (g_x 8-bit HQ per tensor, g_w 8-bit full rank; SPEC §10)
 =================  ===========================================================================
 
-Extra methods (not in the default set) that isolate one part of HOT, used by the accuracy-gap study
-of ``hot.parity``: ``exact`` (float64 reference, cast to float32), ``hot-gx-only`` (HOT's g_x, exact
-g_w), ``hot-gw-only`` (exact g_x, HOT's g_w), ``hot-gx8`` (8-bit g_x), ``hot-token`` (per-token g_x
-scales on every layer), ``hot-gx8-r16`` (8-bit g_x and full-rank g_w: only 8-bit quantisation left).
+Extra methods (not in the default set) that isolate one part of the paper's HOT, used by the accuracy-gap
+study of ``hot.parity``: ``exact`` (float64 reference, cast to float32), ``hot-gx-only`` (the paper's g_x,
+exact g_w), ``hot-gw-only`` (exact g_x, the paper's g_w), ``hot-gx8`` (8-bit g_x), ``hot-token`` (per-token
+g_x scales on every layer), ``hot-gx8-r16`` (8-bit g_x and full-rank g_w: only 8-bit quantisation left; the
+same configuration as ``hot``).
 
 Every method gets the same seed. The report gives, per layer and method, the cosine similarity and the
 relative error ‖ĝ − g‖_F / ‖g‖_F of g_x and g_w against the exact float64 gradients, as a markdown
@@ -39,7 +41,8 @@ import hot
 # SPEC §4: LP_L1 order of the rows of H_16 kept by HLA.
 HLA_ORDER = (0, 8, 2, 12, 10, 3, 4, 14, 11, 1, 6, 15, 9, 7, 13, 5)
 
-DEFAULT_METHODS = ("naive-int4", "lbp-wht", "hq-only", "hot", "hot+lqs", "hot-r2", "hot-r4", "hot-r8", "hot-r16")
+DEFAULT_METHODS = ("naive-int4", "lbp-wht", "hq-only", "paper", "hot+lqs", "hot-r2", "hot-r4", "hot-r8", "hot-r16",
+                   "hot")
 EXTRA_METHODS = ("exact", "hot-gx-only", "hot-gw-only", "hot-gx8", "hot-token", "hot-gx8-r16")
 
 
@@ -139,17 +142,17 @@ def _exact(x, w, gy, seed):
 
 
 def _hot_gx_only(x, w, gy, seed):
-    gx, _, _ = hot.backward_linear(gy, w, None, config=hot.Config(), seed=seed, need_grad_weight=False)
+    gx, _, _ = hot.backward_linear(gy, w, None, config=hot.Config.paper(), seed=seed, need_grad_weight=False)
     return gx, _exact(x, w, gy, seed)[1]
 
 
 def _hot_gw_only(x, w, gy, seed):
-    _, gw, _ = hot.backward_linear(gy, w, x, config=hot.Config(), seed=seed, need_grad_input=False)
+    _, gw, _ = hot.backward_linear(gy, w, x, config=hot.Config.paper(), seed=seed, need_grad_input=False)
     return _exact(x, w, gy, seed)[0], gw
 
 
 def lqs_choice(gy: np.ndarray) -> str:
-    """SPEC §7 on one layer: per-token iff e_token < 0.5 e_tensor for the 4-bit G̃ = g_y blockdiag(H_b)."""
+    """SPEC §7.1 on one layer: per-token iff e_token < 0.5 e_tensor for the 4-bit G̃ = g_y blockdiag(H_b)."""
     O = gy.shape[1]
     b = 16
     while b > 1 and O % b:
@@ -170,12 +173,14 @@ def method_fn(name: str) -> Callable:
     if name == "lbp-wht":
         return _lbp_wht
     if name == "hq-only":
-        return _hot(hot.Config(rank=16))
+        return _hot(hot.Config.paper(rank=16))
     if name == "hot":
         return _hot(hot.Config())
+    if name == "paper":
+        return _hot(hot.Config.paper())
     if name == "hot+lqs":
         def run(x, w, gy, seed):
-            return _hot(hot.Config(gx_scale=lqs_choice(gy)))(x, w, gy, seed)
+            return _hot(hot.Config.paper(gx_scale=lqs_choice(gy)))(x, w, gy, seed)
 
         return run
     if name == "exact":
@@ -185,18 +190,18 @@ def method_fn(name: str) -> Callable:
     if name == "hot-gw-only":
         return _hot_gw_only
     if name == "hot-gx8":
-        return _hot(hot.Config(gx_bits=8))
+        return _hot(hot.Config.paper(gx_bits=8))
     if name == "hot-token":
-        return _hot(hot.Config(gx_scale="token"))
+        return _hot(hot.Config.paper(gx_scale="token"))
     if name == "hot-gx8-r16":
-        return _hot(hot.Config(gx_bits=8, rank=16))
+        return _hot(hot.Config.paper(gx_bits=8, rank=16))
     if name.startswith("hot-r"):
         try:
             r = int(name[5:])
         except ValueError:
             r = 0
         if 1 <= r <= 16:
-            return _hot(hot.Config(rank=r))
+            return _hot(hot.Config.paper(rank=r))
     raise ValueError(f"fidelity: unknown method {name!r}, expected one of {list(DEFAULT_METHODS + EXTRA_METHODS)} "
                      f"(or hot-r<rank> with rank 1..16)")
 

@@ -113,6 +113,8 @@ class Method:
     description: str
     config: Optional[dict] = None
     lqs: bool = False
+    calibrate: bool = False
+    warmup: float = 0.0  # fraction of the steps run at hot.Config() first (the paper's INT8 warm-up)
     sim: Optional[str] = None
     input_layer: bool = False
     exclude: Tuple[str, ...] = ()
@@ -122,38 +124,49 @@ def _m(name, kind, description, **kw):
     return Method(name, kind, description, **kw)
 
 
+_PAPER = {"gx_bits": 4, "rank": 8}  # hot.Config.paper(), as Method.config
+
 METHODS: Dict[str, Method] = {m.name: m for m in [
     _m("exact", "exact", "torch autograd, float32"),
-    _m("hot", "layers", "HOT, hot.Config() (g_x 4-bit HQ per tensor, g_w 8-bit HLA r=8), no LQS", config={}),
-    _m("hot+lqs", "layers", "HOT with LQS (hot.torch.calibrate on the first batch)", config={}, lqs=True),
+    _m("hot", "layers", "hot's default, hot.Config() (g_x 8-bit HQ per tensor, g_w 8-bit full rank)", config={}),
+    _m("hot+auto", "layers", "hot.Config() then hot.torch.calibrate on the first batch (per-layer settings within "
+       "the default error budget)", config={}, calibrate=True),
+    _m("paper", "layers", "the paper's recipe: hot.Config.paper() (g_x 4-bit, g_w HLA r=8), LQS on the first batch, "
+       "INT8 warm-up (hot.Config()) for the first 1/8 of the steps", config=_PAPER, lqs=True, warmup=0.125),
+    _m("paper-nowarmup", "layers", "hot.Config.paper() with LQS, no warm-up", config=_PAPER, lqs=True),
+    _m("hot+lqs", "layers", "hot.Config.paper() with LQS (hot.torch.lqs on the first batch)", config=_PAPER, lqs=True),
     _m("naive-int4", "sim", "per-tensor INT4 of g_y (stochastic), W, x; no Hadamard, full rank", sim="naive-int4"),
     _m("lbp-wht", "sim", "LBP-WHT-style: HLA rank-8 projection of g_y (and x) on both paths, no quantisation",
        sim="lbp-wht"),
-    _m("hq-only", "layers", "Hadamard quantisation only: HOT at rank 16 (full-rank 8-bit g_w)", config={"rank": 16}),
-    _m("hot-r2", "layers", "HOT, HLA rank 2", config={"rank": 2}),
-    _m("hot-r4", "layers", "HOT, HLA rank 4", config={"rank": 4}),
-    _m("hot-r8", "layers", "HOT, HLA rank 8 (= hot)", config={"rank": 8}),
-    _m("hot-r16", "layers", "HOT, HLA rank 16 (= hq-only)", config={"rank": 16}),
-    # accuracy-gap variants
-    _m("hot-gx-only", "sim", "HOT's g_x path (4-bit HQ), exact g_w", sim="hot-gx-only"),
-    _m("hot-gw-only", "sim", "exact g_x, HOT's g_w path (8-bit HLA r=8)", sim="hot-gw-only"),
-    _m("hot-gx8", "layers", "HOT with an 8-bit g_x path", config={"gx_bits": 8}),
-    _m("hot-token", "layers", "HOT with per-token g_x scales on every layer", config={"gx_scale": "token"}),
-    _m("hot-gx8-r16", "layers", "HOT with 8-bit g_x and rank 16 (8-bit quantisation only)",
+    _m("hq-only", "layers", "Hadamard quantisation only: the paper's 4-bit g_x, full-rank 8-bit g_w",
+       config={"gx_bits": 4, "rank": 16}),
+    _m("hot-r2", "layers", "the paper's configuration at HLA rank 2", config={"gx_bits": 4, "rank": 2}),
+    _m("hot-r4", "layers", "the paper's configuration at HLA rank 4", config={"gx_bits": 4, "rank": 4}),
+    _m("hot-r8", "layers", "the paper's configuration (HLA rank 8), no LQS", config=_PAPER),
+    _m("hot-r16", "layers", "the paper's configuration at HLA rank 16 (= hq-only)", config={"gx_bits": 4, "rank": 16}),
+    # accuracy-gap variants of the paper's configuration
+    _m("hot-gx-only", "sim", "the paper's g_x path (4-bit HQ), exact g_w", sim="hot-gx-only"),
+    _m("hot-gw-only", "sim", "exact g_x, the paper's g_w path (8-bit HLA r=8)", sim="hot-gw-only"),
+    _m("hot-gx8", "layers", "the paper's configuration with an 8-bit g_x path (g_w r=8)", config={"gx_bits": 8, "rank": 8}),
+    _m("hot-token", "layers", "the paper's configuration with per-token g_x scales on every layer",
+       config={**_PAPER, "gx_scale": "token"}),
+    _m("hot-gx8-r16", "layers", "8-bit g_x and rank 16: only 8-bit quantisation (= hot's default)",
        config={"gx_bits": 8, "rank": 16}),
-    _m("hot-all", "layers", "HOT, input layer (patch embedding / stem) converted too", config={}, input_layer=True),
-    _m("hot-nohead", "layers", "HOT with the classifier head kept exact (its rows are images, not tokens)",
-       config={}, exclude=("head",)),
-    _m("hot-token-nohead", "layers", "HOT with per-token g_x scales on every layer and the classifier head kept exact",
-       config={"gx_scale": "token"}, exclude=("head",)),
+    _m("hot-all", "layers", "the paper's configuration, input layer (patch embedding / stem) converted too",
+       config=_PAPER, input_layer=True),
+    _m("hot-nohead", "layers", "the paper's configuration with the classifier head kept exact (its rows are images, "
+       "not tokens)", config=_PAPER, exclude=("head",)),
+    _m("hot-token-nohead", "layers", "the paper's configuration with per-token g_x scales on every layer and the "
+       "classifier head kept exact", config={**_PAPER, "gx_scale": "token"}, exclude=("head",)),
     _m("hot-token-nohead-r16", "layers", "hot-token-nohead at HLA rank 16 (full-rank 8-bit g_w)",
-       config={"gx_scale": "token", "rank": 16}, exclude=("head",)),
-    _m("sim-hot", "sim", "HOT through the simulation harness (checks the harness)", sim="hot"),
+       config={"gx_bits": 4, "gx_scale": "token", "rank": 16}, exclude=("head",)),
+    _m("sim-hot", "sim", "the paper's HOT through the simulation harness (checks the harness)", sim="hot"),
 ]}
 
-DEFAULT_METHODS = ("exact", "hot", "hot+lqs", "naive-int4", "lbp-wht", "hq-only", "hot-r2", "hot-r4")
-GAP_METHODS = ("exact", "hot", "hot-gx-only", "hot-gw-only", "hot-gx8", "hot-r16", "hot-gx8-r16", "hot-token",
-               "hot+lqs", "hot-all", "hot-nohead", "hot-token-nohead", "hot-token-nohead-r16", "sim-hot")
+DEFAULT_METHODS = ("exact", "hot", "hot+auto", "paper", "naive-int4", "lbp-wht", "hq-only", "hot-r4")
+ACCURACY_METHODS = ("exact", "hot", "hot+auto", "paper", "hot-gx8")
+GAP_METHODS = ("exact", "paper", "hot-r8", "hot-gx-only", "hot-gw-only", "hot-gx8", "hot-r16", "hot-gx8-r16",
+               "hot-token", "hot+lqs", "hot-all", "hot-nohead", "hot-token-nohead", "hot-token-nohead-r16", "sim-hot")
 
 
 def method(name: str) -> Method:
@@ -285,13 +298,13 @@ def device_fn(name: str) -> Optional[Callable]:
         return lbp_wht
     if name == "hot-gx-only":
         def gx_only(x, w, gy, seed):
-            gx, _, _ = hot.backward_linear(gy, w, None, config=hot.Config(), seed=seed, need_grad_weight=False)
+            gx, _, _ = hot.backward_linear(gy, w, None, config=hot.Config.paper(), seed=seed, need_grad_weight=False)
             return gx, (gy.double().t() @ x.double()).float()
 
         return gx_only
     if name == "hot-gw-only":
         def gw_only(x, w, gy, seed):
-            _, gw, _ = hot.backward_linear(gy, w, x, config=hot.Config(), seed=seed, need_grad_input=False)
+            _, gw, _ = hot.backward_linear(gy, w, x, config=hot.Config.paper(), seed=seed, need_grad_input=False)
             return (gy.double() @ w.double()).float(), gw
 
         return gw_only
@@ -361,8 +374,10 @@ def simulate(model, name: str, exclude: Sequence[str] = INPUT_LAYERS, device_pat
     return done
 
 
-def prepare(model, name: str, calib_batch=None) -> str:
-    """Apply method ``name`` to ``model`` in place; returns a one-line note."""
+def prepare(model, name: str, calib_batch=None, steps: Optional[int] = None, loss_fn=None) -> str:
+    """Apply method ``name`` to ``model`` in place; returns a one-line note. ``calib_batch``: the batch LQS and
+    calibration measure on; ``loss_fn`` (default cross-entropy) their loss; ``steps``: the run's length, for a
+    method with a warm-up (then ``warmup_of(model)`` steps it)."""
     import torch.nn.functional as F
 
     import hot.torch as ht
@@ -377,12 +392,31 @@ def prepare(model, name: str, calib_batch=None) -> str:
     exclude = list(m.exclude) + ([] if m.input_layer else list(INPUT_LAYERS))
     report = ht.convert(model, cfg, exclude=exclude or None)
     note = f"{len(report.converted)} layers converted"
+    loss_fn = F.cross_entropy if loss_fn is None else loss_fn
+    if (m.lqs or m.calibrate) and calib_batch is None:
+        raise ValueError(f"hot.parity.prepare: method {name!r} needs a calibration batch")
     if m.lqs:
-        if calib_batch is None:
-            raise ValueError(f"hot.parity.prepare: method {name!r} needs a calibration batch")
-        choices = ht.calibrate(model, calib_batch, F.cross_entropy)
+        choices = ht.lqs(model, calib_batch, loss_fn)
         note += f", LQS: {sum(v['choice'] == 'token' for v in choices.values())}/{len(choices)} per-token"
+    if m.calibrate:
+        choices = ht.calibrate(model, calib_batch, loss_fn)
+        cfgs = [v["config"] for v in choices.values()]
+        note += (f", calibrated: ranks {sorted(c.rank for c in cfgs)}, "
+                 f"{sum(c.gx_bits == 4 for c in cfgs)}/{len(cfgs)} 4-bit g_x, "
+                 f"{sum(c.gx_scale == 'token' for c in cfgs)}/{len(cfgs)} per-token")
+    if m.warmup > 0:
+        if steps is None:
+            raise ValueError(f"hot.parity.prepare: method {name!r} has a warm-up and needs the run's steps")
+        n = max(1, int(round(m.warmup * steps)))
+        model._hot_parity_warmup = ht.Warmup(model, n)
+        note += f", warm-up {n} steps"
     return note
+
+
+def warmup_of(model):
+    """The per-step callback of a method's warm-up (``prepare``), or None."""
+    w = getattr(model, "_hot_parity_warmup", None)
+    return None if w is None else (lambda step: w.step())
 
 
 # ---- runs and report ----------------------------------------------------------------------------------

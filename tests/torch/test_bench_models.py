@@ -82,9 +82,9 @@ def test_hot_layers_keep_the_abc_buffer(report, model, dtype):
         rows, i = info["rows"], info["in"]
         if info["type"] == "Linear":
             assert hb == i * padded_k(rows, info["rank"]) + 4, name
-            if rows % 32 == 0:  # no padding: 1/8 of fp32 (r/16 rows at 1 byte for 4), 1/4 of bf16, + the scale
+            if rows % 32 == 0:  # no padding: r/16 of the rows at 1 byte for elt (r = 16: 1/4 of fp32, 1/2 of bf16)
                 assert xb == rows * i * elt, name
-                assert hb - 4 == xb * 8 // (16 * elt), name
+                assert hb - 4 == xb * info["rank"] // (16 * elt), name
                 checked += 1
         else:  # Conv2d: the int8 input feature map + the scale
             assert hb - 4 == xb // elt, name

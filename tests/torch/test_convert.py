@@ -90,7 +90,7 @@ def test_lqs_choice_rule_and_state_dict_round_trip():
     m = _model()
     ht.convert(m)
     x, y = torch.randn(64, 1, 8, 8), torch.randint(0, 10, (64,))
-    res = ht.calibrate(m, (x, y), F.cross_entropy)
+    res = ht.lqs(m, (x, y), F.cross_entropy)
     assert all(p.grad is None for p in m.parameters())  # calibration leaves .grad alone
     names = {n for n, _ in ht.hot_layers(m)}
     assert set(res) == names
@@ -104,7 +104,7 @@ def test_lqs_choice_rule_and_state_dict_round_trip():
     layer._hot_capture = caps
     out = m(x)
     layer._hot_capture = None
-    (g,) = torch.autograd.grad(F.cross_entropy(out, y), caps)
+    (g,) = torch.autograd.grad(F.cross_entropy(out, y), [yy for _, yy in caps])
     e_ten, e_tok = ht.lqs_errors(g)
     assert e_ten == pytest.approx(res["head"]["e_tensor"], rel=1e-6)
     assert e_tok == pytest.approx(res["head"]["e_token"], rel=1e-6)
@@ -132,7 +132,7 @@ def test_lqs_choice_rule_and_state_dict_round_trip():
 @pytest.mark.parametrize("kind", ["linear_nhwc", "conv_unbatched", "conv_batched"])
 def test_lqs_takes_the_output_dim_by_layer_type(kind):
     """O is a Linear's last dim, also on an (N, H, W, C) input, and a Conv2d's dim 1, or dim 0 unbatched: calibrate
-    measures the L x O rows of g_y, as computed here directly from SPEC §7."""
+    measures the L x O rows of g_y, as computed here directly from SPEC §7.1."""
     torch.manual_seed(3)
     layer, x = {"linear_nhwc": (nn.Linear(16, 32), torch.randn(2, 3, 5, 16)),
                 "conv_unbatched": (nn.Conv2d(3, 16, 3), torch.randn(3, 10, 12)),
@@ -141,7 +141,7 @@ def test_lqs_takes_the_output_dim_by_layer_type(kind):
     with torch.no_grad():
         gy = torch.randn(layer(x).shape)
     gy *= torch.rand(gy.shape[:-1]).unsqueeze(-1) * 10  # rows of different magnitude along the last dim
-    res = ht.calibrate(layer, x, lambda y: (y * gy).sum())[""]  # the loss's g_y is gy
+    res = ht.lqs(layer, x, lambda y: (y * gy).sum())[""]  # the loss's g_y is gy
     o_dim = {"linear_nhwc": -1, "conv_unbatched": 0, "conv_batched": 1}[kind]
     rows = gy.movedim(o_dim, -1).reshape(-1, gy.shape[o_dim]).contiguous()
     gt = hot.hadamard_transform(rows, block=16)
@@ -186,11 +186,16 @@ def test_summary_table():
     ht.convert(m)
     buf = io.StringIO()
     text = ht.summary(m, torch.randn(32, 1, 8, 8), file=buf)
-    assert "blocks.0.fc1" in text and "int4 tensor" in text and "int8 HLA r=8" in text
+    assert "blocks.0.fc1" in text and "int8 tensor" in text and "int8 full rank" in text and "default" in text
     fc1 = m.blocks[0].fc1
     hot_b, exact_b, unit = ht.summary.__globals__["kept_bytes"](fc1)
     L = 32 * 16  # 16 patch tokens per 8x8 image (mean pooling, no class token)
     assert unit == "batch" and exact_b == L * 32 * 4
+    assert hot_b == 32 * ((((L + 15) // 16 * 16) + 15) // 16 * 16) + 4  # rank 16: L_pad int8 rows
+    ht.convert(m := _model(), hot.Config.paper())
+    text = ht.summary(m, torch.randn(32, 1, 8, 8), file=io.StringIO())
+    assert "int4 tensor" in text and "int8 HLA r=8" in text and "paper" in text
+    hot_b, _, _ = ht.summary.__globals__["kept_bytes"](m.blocks[0].fc1)
     assert hot_b == 32 * ((((L + 15) // 16 * 8) + 15) // 16 * 16) + 4
     assert "total kept for backward" in text
     m2 = _model()

@@ -13,7 +13,7 @@ SMALL = dict(model="vit", task="synth-tiny", draws=2, batch=32, ref_batches=3)
 
 @pytest.fixture(scope="module")
 def report():
-    return hg.gradient_noise(methods=("exact", "hot", "hot-gx8-r16"), **SMALL)
+    return hg.gradient_noise(methods=("exact", "hot-r8", "hot-gx8-r16"), **SMALL)
 
 
 def test_exact_method_has_zero_error_and_batch_noise_is_positive(report):
@@ -28,26 +28,26 @@ def test_exact_method_has_zero_error_and_batch_noise_is_positive(report):
 def test_hot_errors_are_positive_and_ordered_by_bits(report):
     # 4-bit per-tensor g_x and rank-8 HLA against 8-bit full rank: on every weight the 8-bit run is closer.
     for w in report.weights:
-        hot, hot8 = report.one_draw["hot"][w], report.one_draw["hot-gx8-r16"][w]
+        hot, hot8 = report.one_draw["hot-r8"][w], report.one_draw["hot-gx8-r16"][w]
         assert 0 < hot8 < hot, (w, hot8, hot)
     # The input layer stays exact, but its g_y comes through every HOT layer: it carries their error.
-    assert report.one_draw["hot"]["patch.weight"] > 0.05
+    assert report.one_draw["hot-r8"]["patch.weight"] > 0.05
     # The stochastic part shrinks in the mean of the draws: never above the one-draw error by much.
-    for m in ("hot", "hot-gx8-r16"):
+    for m in ("hot-r8", "hot-gx8-r16"):
         for w in report.weights:
             assert report.mean_draw[m][w] <= 1.05 * report.one_draw[m][w] + 1e-12, (m, w)
 
 
 def test_report_is_reproducible_and_round_trips(report, tmp_path):
-    again = hg.gradient_noise(methods=("exact", "hot", "hot-gx8-r16"), **SMALL)
+    again = hg.gradient_noise(methods=("exact", "hot-r8", "hot-gx8-r16"), **SMALL)
     assert again.to_json() == report.to_json()
     back = hg.GradNoiseReport.from_json(json.loads(json.dumps(report.to_json())))
     assert back == report
     md, js, png = hg.save(report, str(tmp_path), "g")
     text = open(md).read()
     assert "| patch.weight |" in text and "hot-gx8-r16" in text and open(png, "rb").read(4) == b"\x89PNG"
-    assert math.isclose(report.power_ratio("hot", "head.weight"),
-                        (report.one_draw["hot"]["head.weight"] / report.batch_noise["head.weight"]) ** 2)
+    assert math.isclose(report.power_ratio("hot-r8", "head.weight"),
+                        (report.one_draw["hot-r8"]["head.weight"] / report.batch_noise["head.weight"]) ** 2)
 
 
 @pytest.mark.parametrize("kw, words", [

@@ -73,12 +73,13 @@ CONV_CASES = [
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cfg", [NEAREST, hot.Config.paper(rounding="nearest")], ids=["default", "paper"])
 @pytest.mark.parametrize("case", CONV_CASES, ids=[f"conv{i}" for i in range(len(CONV_CASES))])
-def test_conv2d_grads_within_derived_bounds(case, device):
+def test_conv2d_grads_within_derived_bounds(case, cfg, device):
     torch.manual_seed(2)
     c = dict(case)
     N, C, H, W, O = c.pop("N"), c.pop("C"), c.pop("H"), c.pop("W"), c.pop("O")
-    layer = ht.Conv2d(C, O, c["k"], c["stride"], c["padding"], c["dilation"], config=NEAREST).to(device)
+    layer = ht.Conv2d(C, O, c["k"], c["stride"], c["padding"], c["dilation"], config=cfg).to(device)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(N, C, H, W, generator=g)
     xd = x.clone().to(device).requires_grad_(True)
@@ -97,9 +98,9 @@ def test_conv2d_grads_within_derived_bounds(case, device):
     P = cols.shape[-1]
     cols = cols.transpose(1, 2).reshape(N * P, -1)
     g2 = gy.permute(0, 2, 3, 1).reshape(N * P, O)
-    proj, bound, mag = gw_reference(g2, cols, 8)
+    proj, bound, mag = gw_reference(g2, cols, cfg.rank)
     check_bound(layer.weight.grad.cpu().reshape(O, -1), proj, bound, mag, what="conv g_w")
-    ref, bound, mag = gx_reference(g2, wt.reshape(O, -1), 4, False)
+    ref, bound, mag = gx_reference(g2, wt.reshape(O, -1), cfg.gx_bits, False)
     fold = lambda t: F.fold(t.reshape(N, P, -1).transpose(1, 2), (H, W), k, dilation=layer.dilation,  # noqa: E731
                             padding=layer.padding, stride=layer.stride)
     check_bound(xd.grad.cpu(), fold(ref), fold(bound), fold(mag), what="conv g_x")
@@ -189,13 +190,14 @@ def test_frozen_weight_keeps_nothing_and_gives_gx_only(kind):
     assert layer.weight.grad is None and x.grad is not None and layer.bias.grad is not None
 
 
-def test_abc_buffer_size_linear():
-    layer = ht.Linear(64, 32)
+@pytest.mark.parametrize("rank,k_pad", [(8, 64), (16, 112)])
+def test_abc_buffer_size_linear(rank, k_pad):
+    layer = ht.Linear(64, 32, config=hot.Config(rank=rank))
     x = torch.randn(100, 64)
     _, saved = _count_saved(lambda: layer(x))
     int8 = [n for dt, n in saved if dt == torch.int8 and n > 0]
-    # I x K_pad with K = ceil(100/16) * 8 = 56 -> K_pad = 64
-    assert int8 == [64 * 64]
+    # I x K_pad with K = ceil(100/16) * rank (56 or 112) -> K_pad = 64 or 112
+    assert int8 == [64 * k_pad]
     assert not any(dt == torch.float32 and n == x.numel() for dt, n in saved)
 
 

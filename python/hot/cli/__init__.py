@@ -62,12 +62,19 @@ def cmd_info(args) -> int:
         print("torch: not installed (hot.torch needs it)")
         return 0
     print(f"torch: {torch.__version__}" + (f", CUDA {torch.version.cuda}" if torch.version.cuda else ", CPU build"))
+    int4_note = {True: "4-bit g_x is cheaper here (INT4 tensor cores): hot.torch.calibrate may pick it per layer",
+                 False: "4-bit g_x costs as much as 8-bit here (it runs through the 8-bit GEMM): 8-bit everywhere"}
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
-            print(f"gpu {i}: {p.name}, sm_{p.major}{p.minor}, {p.total_memory / 2**30:.1f} GiB")
+            print(f"gpu {i}: {p.name}, sm_{p.major}{p.minor}, {p.total_memory / 2**30:.1f} GiB; "
+                  f"{int4_note[p.major == 8]}")
     else:
         print("gpu: none visible to torch")
+    print(f"cpu: {int4_note[False]}")
+    print(f"default configuration (hot.Config()): {hot.Config().describe()}; the accurate default (SPEC §10). "
+          f"Cheaper settings: hot.torch.calibrate (per layer, within a measured error budget) or hot.Config.paper() "
+          f"({hot.Config.paper().describe()})")
     return 0
 
 
@@ -110,9 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--device", type=torch_device, default=None,
                    help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    d.add_argument("--rank", type=int_in(1, 16), default=8, help="HLA rank of the g_w path (1..16)")
-    d.add_argument("--gx-bits", type=int, default=4, choices=[4, 8])
-    d.add_argument("--no-lqs", action="store_true", help="skip LQS calibration (all layers per-tensor)")
+    d.add_argument("--rank", type=int_in(1, 16), default=None,
+                   help="HLA rank of the g_w path (1..16; default: hot.Config()'s, 16 = full rank)")
+    d.add_argument("--gx-bits", type=int, default=None, choices=[4, 8],
+                   help="bits of the g_x path (default: hot.Config()'s, 8)")
+    d.add_argument("--paper", action="store_true", help="the paper's configuration (hot.Config.paper(): 4-bit g_x, "
+                   "rank 8) with its LQS, instead of the default")
+    d.add_argument("--calibrate", action="store_true",
+                   help="run hot.torch.calibrate on the first batch (per-layer settings within the error budget)")
     d.add_argument("--hot-input-layer", action="store_true",
                    help="also convert the input layer (patch embedding / stem); kept exact by default")
     d.add_argument("--amp", choices=["off", "bf16", "fp16"], default="off", help="autocast dtype")

@@ -218,18 +218,22 @@ def run_demo(args) -> int:
         torch.manual_seed(args.seed + 1)
         note = ""
         if name == "HOT":
-            cfg = hot.Config(rank=args.rank, gx_bits=args.gx_bits)
+            cfg = hot.Config.paper() if args.paper else hot.Config()
+            cfg = cfg.replace(**{k: v for k, v in (("rank", args.rank), ("gx_bits", args.gx_bits)) if v is not None})
             # The input layer (ViT patch embedding / CNN stem) stays exact unless asked: its input needs no
-            # gradient, its K = C*kh*kw is tiny (4 or 9), and HLA rank 8 over neighbouring 2x2 patches of
-            # 8x8 digits (not smooth, unlike upsampled natural images) costs ~3 points here.
+            # gradient and its K = C*kh*kw is tiny (4 or 9).
             exclude = None if args.hot_input_layer else ["patch", "stem"]
             report = ht.convert(model, cfg, exclude=exclude)
-            if not args.no_lqs:
-                xb, yb = data[0][:args.batch], data[1][:args.batch]
-                choices = ht.calibrate(model, (xb, yb), F.cross_entropy)
+            xb, yb = data[0][:args.batch], data[1][:args.batch]
+            if args.paper:
+                choices = ht.lqs(model, (xb, yb), F.cross_entropy)
                 n_tok = sum(1 for v in choices.values() if v["choice"] == "token")
                 note = f"LQS: {n_tok}/{len(choices)} layers per-token"
-            print(f"converted {len(report.converted)} layers to HOT (gx int{cfg.gx_bits}, gw int8 HLA r={cfg.rank})"
+            if args.calibrate:
+                choices = ht.calibrate(model, (xb, yb), F.cross_entropy)
+                note = (note + "; " if note else "") + "calibrated: " + ", ".join(
+                    f"{n} {v['config'].gx_bits}-bit r{v['config'].rank}" for n, v in choices.items())
+            print(f"converted {len(report.converted)} layers to HOT ({cfg.describe()})"
                   + (f"; {note}" if note else "")
                   + ("" if args.hot_input_layer else "; input layer kept exact (--hot-input-layer to convert it)"))
         bar = None

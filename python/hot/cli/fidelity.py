@@ -41,7 +41,7 @@ def _summary(rep, methods: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _target_check(rep, against: Sequence[str] = ("naive-int4", "lbp-wht"), hots: Sequence[str] = ("hot", "hot+lqs")) -> str:
+def _target_check(rep, against: Sequence[str] = ("naive-int4", "lbp-wht"), hots: Sequence[str] = ("paper", "hot+lqs", "hot")) -> str:
     """Per HOT variant, baseline and path: on how many layers HOT's relative error is below the baseline's,
     and where not."""
     methods = set(rep.methods)

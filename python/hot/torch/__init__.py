@@ -1,9 +1,10 @@
-"""PyTorch front end of hot: drop-in HOT layers, model conversion, LQS calibration and summaries.
+"""PyTorch front end of hot: drop-in HOT layers, model conversion, per-layer calibration, the paper's LQS and
+warm-up, and summaries.
 
     import hot, hot.torch
-    report = hot.torch.convert(model, hot.Config())   # swaps nn.Linear / nn.Conv2d (groups=1) in place
-    print(report)
-    hot.torch.calibrate(model, (x, y), F.cross_entropy)  # LQS (SPEC §7), optional
+    report = hot.torch.convert(model)                    # swaps nn.Linear / nn.Conv2d (groups=1) in place
+    print(report)                                        # default: hot.Config(), the accurate configuration
+    hot.torch.calibrate(model, (x, y), F.cross_entropy)  # optional: cheaper settings where measured safe (SPEC §7.2)
     hot.torch.summary(model, x)
 
 Import explicitly (``import hot.torch``); ``import hot`` stays free of torch.
@@ -15,9 +16,11 @@ import hot  # noqa: F401  (engine)
 from . import ops  # registers the torch.library custom ops (namespace "hot")
 from .convert import ConvertReport, convert, hot_layers
 from .layers import Conv2d, Linear, hot_conv2d, hot_linear
-from .lqs import calibrate, lqs_errors
+from .calibrate import DEFAULT_BUDGET, Recalibrator, calibrate, int4_tensor_cores, lqs, lqs_errors
+from .schedule import Warmup
 from .summary import summary
 from . import models
 
-__all__ = ["Linear", "Conv2d", "convert", "ConvertReport", "calibrate", "summary", "hot_layers", "hot_linear",
-           "hot_conv2d", "lqs_errors", "models", "ops"]
+__all__ = ["Linear", "Conv2d", "convert", "ConvertReport", "calibrate", "Recalibrator", "DEFAULT_BUDGET", "lqs",
+           "Warmup", "int4_tensor_cores", "summary", "hot_layers", "hot_linear", "hot_conv2d", "lqs_errors", "models",
+           "ops"]

@@ -6,9 +6,10 @@ buffer instead of the input). ``hot.torch.convert`` swaps existing layers in pla
 its parameters, hooks and optimizer references are preserved).
 
 The HOT configuration of a layer is ``layer.hot_config`` (a ``hot.Config``). After
-``hot.torch.calibrate`` (LQS, SPEC §7) the layer also carries ``layer.hot_lqs`` (the measured errors
-and the choice); then, and only then, its state_dict gains one entry ``<name>._extra_state`` holding
-the configuration and the LQS result, restored by ``load_state_dict``. A state_dict without it (for
+``hot.torch.calibrate`` (SPEC §7.2) the layer carries ``layer.hot_calibration`` (the measured errors and the
+choice), after ``hot.torch.lqs`` (§7.1) ``layer.hot_lqs``, and during a ``hot.torch.Warmup`` (§10)
+``layer.hot_warmup``; then, and only then, its state_dict gains one entry ``<name>._extra_state`` holding the
+configuration and that state, restored by ``load_state_dict``. A state_dict without it (for
 example one of the original ``nn.Linear`` model) loads into a converted model with ``strict=True``.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ from hot._api import _DEFAULT_CONFIG, _is_int
 from . import ops
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_EXTRA_STATE_VERSION = 1
+_EXTRA_STATE_VERSION = 2
 
 
 def _grad_wanted(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
@@ -159,22 +160,38 @@ def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride=1, padd
     return y.squeeze(0) if unbatched else y
 
 
-def _parse_extra_state(extra) -> Tuple[Any, Optional[Dict[str, Any]]]:
-    """(hot.Config, LQS result or None) of a layer's ``_extra_state`` entry; TypeError / ValueError if malformed."""
-    what = "a dict {'config': dict, 'lqs': dict or None} (hot.torch extra state)"
+def _parse_extra_state(extra) -> Dict[str, Any]:
+    """A layer's ``_extra_state`` entry as {"config": hot.Config, "lqs", "calibration": dict or None, "warmup": None
+    or {"left": int >= 1, "target": hot.Config}}; TypeError / ValueError if malformed. Version 1 entries (config and
+    LQS only) load as well."""
+    what = ("a dict {'config': dict, 'lqs': dict or None, 'calibration': dict or None, 'warmup': None or "
+            "{'left': int, 'target': dict}} (hot.torch extra state)")
     if not isinstance(extra, dict) or not isinstance(extra.get("config"), dict):
         raise TypeError(f"expected {what}, got {extra!r:.200}")
-    lqs = extra.get("lqs")
-    if lqs is not None and not isinstance(lqs, dict):
-        raise TypeError(f"expected {what}, got 'lqs': {lqs!r:.200}")
-    return hot.Config.from_dict(extra["config"]), (dict(lqs) if lqs is not None else None)
+    out: Dict[str, Any] = {"config": hot.Config.from_dict(extra["config"])}
+    for key in ("lqs", "calibration"):
+        v = extra.get(key)
+        if v is not None and not isinstance(v, dict):
+            raise TypeError(f"expected {what}, got {key!r}: {v!r:.200}")
+        out[key] = dict(v) if v is not None else None
+    w = extra.get("warmup")
+    if w is not None:
+        if not isinstance(w, dict) or not isinstance(w.get("target"), dict) or not _is_int(w.get("left")) \
+                or w["left"] < 1:
+            raise ValueError(f"expected {what}, got 'warmup': {w!r:.200}")
+        w = {"left": int(w["left"]), "target": hot.Config.from_dict(w["target"])}
+    out["warmup"] = w
+    return out
 
 
 class _HotMixin:
-    """State shared by the HOT layers: configuration, LQS result, last seen input, extra state."""
+    """State shared by the HOT layers: configuration, how it was chosen (LQS, calibration, warm-up), last seen input,
+    extra state."""
 
     hot_config: Any
     hot_lqs: Optional[Dict[str, Any]]
+    hot_calibration: Optional[Dict[str, Any]]
+    hot_warmup: Optional[Dict[str, Any]]
 
     def _hot_init(self, config) -> None:
         if config is None:
@@ -183,21 +200,54 @@ class _HotMixin:
             raise TypeError(f"hot.torch: config must be a hot.Config, got {type(config).__name__}")
         self.hot_config = config
         self.hot_lqs = None
+        self.hot_calibration = None  # set by hot.torch.calibrate: the measured errors and the choice
+        self.hot_warmup = None  # set by hot.torch.Warmup: {"left": steps, "target": the config after the warm-up}
         self._hot_seen = None  # (rows L, input shape, input dtype) of the last forward with gradients
-        self._hot_capture = None  # list, set by calibrate() to collect outputs
+        self._hot_capture = None  # list, set by calibrate() to collect (input, output) pairs
 
     def _hot_record(self, x: Tensor, rows: int) -> None:
         if not torch.compiler.is_compiling():
             dt = torch.get_autocast_dtype(x.device.type) if _autocast_on(x.device.type) else x.dtype
             self._hot_seen = (int(rows), tuple(x.shape), dt)
 
-    # state_dict: one `_extra_state` entry, only once LQS has run -------------------------------------------------
+    @property
+    def hot_target_config(self):
+        """The configuration this layer runs once any warm-up is over (its own configuration)."""
+        return self.hot_warmup["target"] if self.hot_warmup is not None else self.hot_config
+
+    def set_hot_config(self, config) -> None:
+        """Set this layer's own configuration; during a warm-up it takes effect when the warm-up ends."""
+        if not isinstance(config, hot.Config):
+            raise TypeError(f"hot.torch: config must be a hot.Config, got {type(config).__name__}")
+        if self.hot_warmup is not None:
+            self.hot_warmup = {"left": self.hot_warmup["left"], "target": config}
+        else:
+            self.hot_config = config
+
+    def hot_config_source(self) -> str:
+        """Why the layer runs its current configuration (for summaries)."""
+        if self.hot_warmup is not None:
+            return f"warm-up ({self.hot_warmup['left']} steps left, then: {self.hot_warmup['target'].describe()})"
+        if self.hot_calibration is not None:
+            return f"calibrated (budget {self.hot_calibration.get('budget', float('nan')):g})"
+        if self.hot_lqs is not None:
+            return "LQS"
+        if self.hot_config == hot.Config():
+            return "default"
+        if self.hot_config == hot.Config.paper():
+            return "paper"
+        return "given"
+
+    # state_dict: one `_extra_state` entry, only once LQS, calibration or a warm-up has run --------------------------
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         nn.Module._save_to_state_dict(self, destination, prefix, keep_vars)
-        if self.hot_lqs is not None:
-            destination[prefix + "_extra_state"] = {"version": _EXTRA_STATE_VERSION,
-                                                    "config": self.hot_config.to_dict(),
-                                                    "lqs": dict(self.hot_lqs)}
+        if self.hot_lqs is not None or self.hot_calibration is not None or self.hot_warmup is not None:
+            w = self.hot_warmup
+            destination[prefix + "_extra_state"] = {
+                "version": _EXTRA_STATE_VERSION, "config": self.hot_config.to_dict(),
+                "lqs": dict(self.hot_lqs) if self.hot_lqs is not None else None,
+                "calibration": dict(self.hot_calibration) if self.hot_calibration is not None else None,
+                "warmup": None if w is None else {"left": int(w["left"]), "target": w["target"].to_dict()}}
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
@@ -205,7 +255,7 @@ class _HotMixin:
         extra = state_dict.get(key)
         if extra is not None:  # checked before anything of this layer is loaded
             try:
-                config, lqs = _parse_extra_state(extra)
+                parsed = _parse_extra_state(extra)
             except (TypeError, ValueError) as e:
                 error_msgs.append(f"{key}: {e}")
                 return
@@ -214,11 +264,12 @@ class _HotMixin:
         if key in unexpected_keys:
             unexpected_keys.remove(key)
         if extra is not None:
-            self.hot_config, self.hot_lqs = config, lqs
+            self.hot_config, self.hot_lqs = parsed["config"], parsed["lqs"]
+            self.hot_calibration, self.hot_warmup = parsed["calibration"], parsed["warmup"]
 
     def set_lqs(self, choice: str, e_tensor: float = float("nan"), e_token: float = float("nan")) -> None:
         """Fix this layer's g_x scale choice ('tensor' or 'token')."""
-        self.hot_config = self.hot_config.replace(gx_scale=choice)
+        self.set_hot_config(self.hot_target_config.replace(gx_scale=choice))
         self.hot_lqs = {"choice": choice, "e_tensor": float(e_tensor), "e_token": float(e_token)}
 
 
@@ -233,7 +284,7 @@ class Linear(_HotMixin, nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         if self._hot_capture is not None:  # calibration: exact forward, output collected for its gradient
             y = F.linear(x, self.weight, self.bias)
-            self._hot_capture.append(y)
+            self._hot_capture.append((x, y))
             return y
         if torch.compiler.is_compiling():
             return hot_linear(x, self.weight, self.bias, self.hot_config)
@@ -251,7 +302,7 @@ class Linear(_HotMixin, nn.Linear):
         s = nn.Linear.extra_repr(self)
         if c.exact:
             return s + ", hot=exact"
-        return s + f", hot=(gx {c.gx_bits}-bit {c.gx_scale}, gw 8-bit HLA r={c.rank}, {c.rounding})"
+        return s + f", hot=({c.describe()})"
 
 
 def conv_padding(m: nn.Conv2d) -> Optional[Tuple[int, int]]:
@@ -291,7 +342,7 @@ class Conv2d(_HotMixin, nn.Conv2d):
     def forward(self, x: Tensor) -> Tensor:
         if self._hot_capture is not None:
             y = F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation)
-            self._hot_capture.append(y)
+            self._hot_capture.append((x, y))
             return y
         if not torch.compiler.is_compiling():
             rows = 0
@@ -310,7 +361,7 @@ class Conv2d(_HotMixin, nn.Conv2d):
         s = nn.Conv2d.extra_repr(self)
         if c.exact:
             return s + ", hot=exact"
-        return s + f", hot=(gx {c.gx_bits}-bit {c.gx_scale}, gw 8-bit HLA r={c.rank}, {c.rounding}, int8 fmap)"
+        return s + f", hot=({c.describe()}, int8 fmap)"
 
 
 HOT_LAYERS = (Linear, Conv2d)

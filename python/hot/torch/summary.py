@@ -1,4 +1,4 @@
-"""``hot.torch.summary``: per-layer table of a converted model (bits per path, LQS, bytes kept)."""
+"""``hot.torch.summary``: per-layer table of a converted model (what each path runs and why, bytes kept)."""
 from __future__ import annotations
 
 import sys
@@ -66,20 +66,23 @@ def summary_rows(model: nn.Module) -> List[dict]:
         else:
             shape = f"{m.out_channels}x{m.in_channels}x{m.kernel_size[0]}x{m.kernel_size[1]}"
         hot_b, exact_b, unit = kept_bytes(m)
-        lqs = "-" if m.hot_lqs is None else f"{m.hot_lqs['choice']} ({m.hot_lqs['e_token']:.3g}/{m.hot_lqs['e_tensor']:.3g})"
+        why = m.hot_config_source()
+        if m.hot_lqs is not None:
+            why += f"; LQS {m.hot_lqs['choice']} (e_tok/e_ten {m.hot_lqs['e_token']:.3g}/{m.hot_lqs['e_tensor']:.3g})"
         if c.exact:
             gx = gw = "exact"
         else:
             gx = f"int{c.gx_bits} {c.gx_scale}"
-            gw = f"int8 HLA r={c.rank}" if m.weight.requires_grad else "none (frozen)"
-        rows.append(dict(name=name or "<root>", type=type(m).__name__, shape=shape, gx=gx, gw=gw, lqs=lqs,
+            gw = (("int8 full rank" if c.rank == 16 else f"int8 HLA r={c.rank}") if m.weight.requires_grad
+                  else "none (frozen)")
+        rows.append(dict(name=name or "<root>", type=type(m).__name__, shape=shape, gx=gx, gw=gw, why=why,
                          hot_bytes=hot_b, exact_bytes=exact_b, unit=unit))
     return rows
 
 
 def summary(model: nn.Module, input: Any = None, file=None) -> str:
     """Print (to ``file``, default stdout) and return a per-layer table of the HOT layers of ``model``:
-    weight shape, bits of the g_x and g_w paths, LQS choice (e_token/e_tensor), and bytes kept for
+    weight shape, what the g_x and g_w paths run and why (default, calibrated, LQS, warm-up, given), and bytes kept for
     the backward pass against an exact layer, for ``input`` (run through the model once, no backward)
     or the last input the model saw; per token (Linear) / per input pixel (Conv2d) if none was seen."""
     if input is not None:
@@ -95,7 +98,7 @@ def summary(model: nn.Module, input: Any = None, file=None) -> str:
         text = "hot.torch.summary: no HOT layers (run hot.torch.convert first)"
     else:
         head = dict(name="layer", type="type", shape="weight", gx="g_x path", gw="g_w path",
-                    lqs="LQS (e_tok/e_ten)", hot="kept (HOT)", exact="kept (exact)", ratio="ratio", unit="for")
+                    hot="kept (HOT)", exact="kept (exact)", ratio="ratio", unit="for", why="why")
         table = []
         tot_h = tot_e = 0.0
         units = set()
@@ -105,8 +108,8 @@ def summary(model: nn.Module, input: Any = None, file=None) -> str:
             units.add(r["unit"])
             ratio = f"{r['hot_bytes'] / r['exact_bytes']:.3f}" if r["exact_bytes"] else "-"
             table.append(dict(name=r["name"], type=r["type"], shape=r["shape"], gx=r["gx"], gw=r["gw"],
-                              lqs=r["lqs"], hot=_fmt_bytes(r["hot_bytes"]), exact=_fmt_bytes(r["exact_bytes"]),
-                              ratio=ratio, unit=r["unit"]))
+                              hot=_fmt_bytes(r["hot_bytes"]), exact=_fmt_bytes(r["exact_bytes"]),
+                              ratio=ratio, unit=r["unit"], why=r["why"]))
         keys = list(head)
         widths = {k: max(len(str(x[k])) for x in [head] + table) for k in keys}
         lines = ["  ".join(f"{str(head[k]):<{widths[k]}}" for k in keys)]

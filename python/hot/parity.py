@@ -377,7 +377,8 @@ def simulate(model, name: str, exclude: Sequence[str] = INPUT_LAYERS, device_pat
 def prepare(model, name: str, calib_batch=None, steps: Optional[int] = None, loss_fn=None) -> str:
     """Apply method ``name`` to ``model`` in place; returns a one-line note. ``calib_batch``: the batch LQS and
     calibration measure on; ``loss_fn`` (default cross-entropy) their loss; ``steps``: the run's length, for a
-    method with a warm-up (then ``warmup_of(model)`` steps it)."""
+    method with a warm-up (``hot.torch.Warmup``, stepped after every training forward pass of the model)."""
+    import torch
     import torch.nn.functional as F
 
     import hot.torch as ht
@@ -408,15 +409,15 @@ def prepare(model, name: str, calib_batch=None, steps: Optional[int] = None, los
         if steps is None:
             raise ValueError(f"hot.parity.prepare: method {name!r} has a warm-up and needs the run's steps")
         n = max(1, int(round(m.warmup * steps)))
-        model._hot_parity_warmup = ht.Warmup(model, n)
+        warm = ht.Warmup(model, n)
+
+        def count_step(module, args, output):  # one training step per forward pass with gradients
+            if module.training and torch.is_grad_enabled():
+                warm.step()
+
+        model.register_forward_hook(count_step)
         note += f", warm-up {n} steps"
     return note
-
-
-def warmup_of(model):
-    """The per-step callback of a method's warm-up (``prepare``), or None."""
-    w = getattr(model, "_hot_parity_warmup", None)
-    return None if w is None else (lambda step: w.step())
 
 
 # ---- runs and report ----------------------------------------------------------------------------------
@@ -599,7 +600,7 @@ def run_parity(model: str = "vit", methods: Sequence[str] = DEFAULT_METHODS, see
             net = copy.deepcopy(base)
             torch.manual_seed(s + 1)
             t0 = time.perf_counter()
-            note = prepare(net, m, calib_batch=(data[0][:batch], data[1][:batch]))
+            note = prepare(net, m, calib_batch=(data[0][:batch], data[1][:batch]), steps=steps)
             r = train(net, data, steps, batch, lr, s, device, measure=False)
             runs.append(Run(m, s, r.accuracy, r.losses, time.perf_counter() - t0, note))
             if checkpoint is not None:

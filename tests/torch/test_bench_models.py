@@ -16,7 +16,7 @@ from hot.torch.ops import padded_k  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench_models.py")
 MODELS = ("vit_b16", "resnet50", "llama_block")
-MODES = ("exact", "hot", "lora", "hot+lora")
+MODES = ("exact", "hot", "hot-paper", "lora", "hot+lora")
 DTYPES = ("fp32", "bf16")
 
 

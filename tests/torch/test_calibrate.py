@@ -44,11 +44,19 @@ def test_smooth_token_dimension_gets_low_rank_white_does_not():
     r = _calibrate(layer, x, gy)
     assert r["config"].rank == 4, r["e_gw"]
     assert all(e < 0.05 for e in r["e_gw"].values()), r["e_gw"]  # only 8-bit quantisation noise left
+    assert all(b < 1e-5 for b in r["bias_gw"].values()), r["bias_gw"]  # the projection keeps all of g_w
     assert layer.hot_config.rank == 4 and layer.hot_config_source().startswith("calibrated")
     layer, x, gy = _layer_and_batch(smooth=False)
     r = _calibrate(layer, x, gy)
     assert r["config"].rank == 16, r["e_gw"]
     assert r["e_gw"]["r8"] > 0.5 and r["e_gw"]["r16"] < 0.05, r["e_gw"]
+    assert r["bias_gw"]["r16"] < 1e-5 and r["bias_gw"]["r8"] > 0.5, r["bias_gw"]
+    # the projection's error is measured apart from the quantisation noise: a loose noise budget does not let a
+    # biased rank through
+    r = _calibrate(layer, x, gy, budget=10.0)
+    assert r["config"].rank == 16
+    r = _calibrate(layer, x, gy, budget=10.0, bias_budget=10.0)
+    assert r["config"].rank == 4
     # the errors fall as the rank grows (a larger projection of white noise)
     e = [r["e_gw"][f"r{k}"] for k in ht.calibrate.__globals__["RANKS"]]
     assert e == sorted(e, reverse=True)
@@ -206,6 +214,7 @@ def test_recalibrator_runs_every_n_steps():
 
 @pytest.mark.parametrize("call,match", [
     (lambda m: ht.calibrate(m, torch.randn(4, 8), lambda y: y.sum(), budget=0), "budget must be a positive"),
+    (lambda m: ht.calibrate(m, torch.randn(4, 8), lambda y: y.sum(), bias_budget=-1), "bias_budget must be a posit"),
     (lambda m: ht.calibrate(m, torch.randn(4, 8), lambda y: y.sum(), ranks=(0,)), "ranks must be integers in 1..16"),
     (lambda m: ht.calibrate(m, torch.randn(4, 8), lambda y: y), "loss_fn must return a scalar"),
     (lambda m: ht.Recalibrator(m, lambda y: y.sum(), every=0), "every must be a positive integer"),
@@ -213,7 +222,7 @@ def test_recalibrator_runs_every_n_steps():
     (lambda m: ht.Warmup(m, 3, config="int8"), "config must be a hot.Config"),
     (lambda m: ht.Warmup(nn.Linear(2, 2), 3), "no HOT layers"),
     (lambda m: ht.calibrate(nn.Linear(2, 2), torch.randn(4, 2), lambda y: y.sum()), "no HOT layers"),
-], ids=["budget", "ranks", "loss", "every", "steps", "config", "warmup_unconverted", "calibrate_unconverted"])
+], ids=["budget", "bias_budget", "ranks", "loss", "every", "steps", "config", "warmup_unconverted", "calibrate_unconverted"])
 def test_bad_arguments_are_named(call, match):
     m = ht.Linear(8, 8)
     with pytest.raises((ValueError, TypeError), match=match):

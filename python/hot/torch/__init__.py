@@ -16,11 +16,11 @@ import hot  # noqa: F401  (engine)
 from . import ops  # registers the torch.library custom ops (namespace "hot")
 from .convert import ConvertReport, convert, hot_layers
 from .layers import Conv2d, Linear, hot_conv2d, hot_linear
-from .calibrate import DEFAULT_BUDGET, Recalibrator, calibrate, int4_tensor_cores, lqs, lqs_errors
+from .calibrate import DEFAULT_BIAS_BUDGET, DEFAULT_BUDGET, Recalibrator, calibrate, int4_tensor_cores, lqs, lqs_errors
 from .schedule import Warmup
 from .summary import summary
 from . import models
 
-__all__ = ["Linear", "Conv2d", "convert", "ConvertReport", "calibrate", "Recalibrator", "DEFAULT_BUDGET", "lqs",
+__all__ = ["Linear", "Conv2d", "convert", "ConvertReport", "calibrate", "Recalibrator", "DEFAULT_BUDGET", "DEFAULT_BIAS_BUDGET", "lqs",
            "Warmup", "int4_tensor_cores", "summary", "hot_layers", "hot_linear", "hot_conv2d", "lqs_errors", "models",
            "ops"]

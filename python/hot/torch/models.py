@@ -14,24 +14,25 @@ class Attention(nn.Module):
     """Multi-head self-attention with nn.Linear projections (so they can be converted); the score and
     value matmuls stay in the framework's precision (SPEC §8)."""
 
-    def __init__(self, dim: int, heads: int) -> None:
+    def __init__(self, dim: int, heads: int, causal: bool = False) -> None:
         super().__init__()
         self.heads = heads
+        self.causal = causal
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x):
         B, T, D = x.shape
         qkv = self.qkv(x).reshape(B, T, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
+        y = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=self.causal)
         return self.proj(y.transpose(1, 2).reshape(B, T, D))
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, heads: int, mlp: int) -> None:
+    def __init__(self, dim: int, heads: int, mlp: int, causal: bool = False) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads)
+        self.attn = Attention(dim, heads, causal)
         self.norm2 = nn.LayerNorm(dim)
         self.fc1 = nn.Linear(dim, mlp)
         self.fc2 = nn.Linear(mlp, dim)
@@ -122,6 +123,32 @@ class ResNet(nn.Module):
         return self.head(x.mean((2, 3)))
 
 
+class CharLM(nn.Module):
+    """Causal character-level transformer language model: token and learned position embeddings, pre-norm blocks
+    with causal attention, linear head. Input (B, T) integer tokens; output logits laid out (B, vocab, T), the layout
+    ``F.cross_entropy(logits, targets)`` takes for (B, T) targets."""
+
+    def __init__(self, vocab: int = 96, context: int = 128, dim: int = 256, depth: int = 4, heads: int = 4,
+                 mlp: int = 1024) -> None:
+        super().__init__()
+        self.context = context
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(context, dim)
+        self.blocks = nn.ModuleList([Block(dim, heads, mlp, causal=True) for _ in range(depth)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, idx):
+        idx = idx.long()
+        T = idx.shape[1]
+        if T > self.context:
+            raise ValueError(f"CharLM: sequence of {T} tokens, longer than the context of {self.context}")
+        x = self.tok(idx) + self.pos(torch.arange(T, device=idx.device))
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.norm(x)).transpose(1, 2)
+
+
 MODELS = {
     "vit": ViT,
     "cnn": ResNet,
@@ -133,12 +160,15 @@ MODELS = {
     # 32x32 RGB: three stages (32 -> 64 -> 128 channels at 32x32 -> 16x16 -> 8x8) of two residual blocks
     # (ResNet-14-like; 0.7 M parameters).
     "cnn_synth": functools.partial(ResNet, channels=3, width=32, stages=3, blocks=2),
+    # character-level language model (hot parity --task text): context 128, dim 256, 4 blocks, 4 heads (3.2 M
+    # parameters with the KJV's 75 characters)
+    "char_lm": CharLM,
 }
 
 
 def build(name: str, **kw) -> nn.Module:
-    """A built-in model by name: 'vit' or 'cnn' (digits, 8x8 x 1), 'vit_synth' or 'cnn_synth' (32x32 x 3);
-    keyword arguments override the model's defaults."""
+    """A built-in model by name: 'vit' or 'cnn' (digits, 8x8 x 1), 'vit_synth' or 'cnn_synth' (32x32 x 3), 'char_lm'
+    (characters); keyword arguments override the model's defaults."""
     if name not in MODELS:
         raise ValueError(f"hot.torch.models.build: unknown model {name!r}, expected one of {sorted(MODELS)}")
     return MODELS[name](**kw)

@@ -448,6 +448,11 @@ class Run:
     val_loss: Optional[float] = None  # text tasks: validation cross-entropy, nats per character
 
 
+def _finite_mean(v) -> float:
+    v = [x for x in v if math.isfinite(x)]
+    return statistics.mean(v) if v else math.nan
+
+
 def _mean_std(v: Sequence[float]) -> Tuple[float, float]:
     v = list(v)
     return statistics.mean(v), (statistics.stdev(v) if len(v) > 1 else 0.0)
@@ -474,7 +479,8 @@ class ParityResult:
         return _mean_std(r.accuracy for r in self.of(m))
 
     def final_loss(self, m: str, last: int = 20) -> Tuple[float, float]:
-        return _mean_std(statistics.mean(r.losses[-last:]) for r in self.of(m))
+        v = [statistics.mean(r.losses[-last:]) for r in self.of(m) if r.losses]  # runs kept without a curve: skipped
+        return _mean_std(v) if v else (math.nan, math.nan)
 
     def val_loss(self, m: str) -> Optional[Tuple[float, float]]:
         v = [r.val_loss for r in self.of(m) if r.val_loss is not None]
@@ -521,7 +527,7 @@ class ParityResult:
                 per = ", ".join(f"{r.val_loss:.4f}" for r in self.of(m))
                 lm, lsd = self.final_loss(m)
                 am, _ = self.accuracy(m)
-                secs = statistics.mean(r.seconds for r in self.of(m))
+                secs = _finite_mean(r.seconds for r in self.of(m))
                 desc = METHODS[m].description if m in METHODS else ""
                 rows.append(f"| {m} | {vm:.4f} ± {vsd:.4f} | {gap_s} | {per} | {am:.2f} | {lm:.4f} ± {lsd:.4f} | "
                             f"{secs:.1f} | {desc} |")
@@ -531,7 +537,7 @@ class ParityResult:
             gap = self.paired_gap(m) if m != "exact" else None
             gap_s = f"{gap[0]:+.2f} ± {gap[1]:.2f}" if gap is not None else "-"
             per = ", ".join(f"{r.accuracy:.1f}" for r in self.of(m))
-            secs = statistics.mean(r.seconds for r in self.of(m))
+            secs = _finite_mean(r.seconds for r in self.of(m))
             desc = METHODS[m].description if m in METHODS else ""
             rows.append(f"| {m} | {am:.2f} ± {asd:.2f} | {gap_s} | {per} | {lm:.4f} ± {lsd:.4f} | {secs:.1f} | {desc} |")
         return "\n".join(rows) + "\n"

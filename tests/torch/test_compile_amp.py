@@ -23,6 +23,13 @@ def test_compile_fullgraph_no_graph_breaks(name, device):
 
     model = _small_models()[name].to(device)
     ht.convert(model, hot.Config(rounding="nearest"))
+    if name == "cnn":
+        # BatchNorm in training mode reduces over the batch in its backward, and eager CUDA (cuDNN) and the compiled
+        # graph (aten decomposition) sum in different orders: the g_y reaching the HOT layers then differs by ulps,
+        # and an element within an ulp of one of the 255 rounding boundaries of the 8-bit quantisers rounds the other
+        # way (seen on an H100: the stem's g_w differed in 70 of 72 elements). In eval mode BatchNorm's backward is
+        # elementwise, so both graphs feed the quantisers the same values.
+        model.eval()
     x = torch.randn(8, 1, 8, 8, device=device)
     y = torch.randint(0, 10, (8,), device=device)
 

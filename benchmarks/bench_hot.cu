@@ -144,11 +144,6 @@ int main(int argc, char** argv) {
        prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.l2CacheSize / 1e6, drv / 1000,
        (drv % 1000) / 10, rt / 1000, (rt % 1000) / 10, cublas_ver);
   emit("hot build: %s\n\n", hot::build_info().c_str());
-  {
-    const int v = hot::cuda::set_qgo_variant(5);
-    hot::cuda::set_qgo_variant(v);
-    emit("g_y pass / ABC kernel variant outside the variant table: %d (HOT_QGO_VARIANT, default 5)\n\n", v);
-  }
 
   // ---- copy bandwidth ----
   {
@@ -194,24 +189,22 @@ int main(int argc, char** argv) {
     }
   }
   const bool do_gemms = !(std::getenv("HOT_BENCH_GEMMS") && std::getenv("HOT_BENCH_GEMMS")[0] == '0');
-  std::string t4 = "## g_y pass variants (attribution)\n\n| layer | full (stoch, gx+gw) us | nearest us | gx only us | "
+  std::string t4 = "## g_y pass configurations (attribution)\n\n| layer | full (stoch, gx+gw) us | nearest us | gx only us | "
                    "gw only us | stats pass only (bias) us | per-token gx us |\n|---|---|---|---|---|---|---|\n";
   std::string t5 =
-      "## Kernel variants of the g_y pass and ABC (qgo_kernels.cuh; identical bytes)\n\n"
-      "v5 = plain fp32 tile layout, v6 = bank-spread tile layout, v7 = persistent CTAs with cp.async double-buffered "
-      "16-bit tiles, v8 = one 16-bit tile buffer and one CTA per tile. Pass = the default plan (4-bit per-tensor G~, rank-8 "
-      "G^, stochastic); stats = pass 1 alone (bias only); ABC = compress_activation of x (L x I, bf16, rank 8). "
-      "These use the kernels compiled for rank 8 (the default); 'run-time rank' = the same pass with the generic "
-      "kernels (set_qgo_fixed_rank(false)).\n\n"
-      "| layer | pass v5 us | v6 us | v7 us | v8 us | stats v5 us | v6 us | v7 us | v8 us | ABC v5 us | v6 us | v7 us | "
-      "v8 us | pass v5 run-time rank us | v7 run-time rank us |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "## g_y pass and ABC kernels by HLA rank (qgo_kernels.cuh)\n\n"
+      "Pass = the default plan of the per-layer table (4-bit per-tensor G~, stochastic) at G^ rank 8 and 16, with the "
+      "kernels compiled for that rank (the default) and with the run-time-rank kernels (set_qgo_fixed_rank(false)); "
+      "identical bytes. ABC = compress_activation of x (L x I, bf16, rank 8).\n\n"
+      "| layer | pass rank 8 us | rank 8 run-time rank us | pass rank 16 us | rank 16 run-time rank us | ABC rank 8 us |\n"
+      "|---|---|---|---|---|---|\n";
 
   for (size_t li = 0; li < layers.size(); ++li) {
     if (!pick.empty() && std::find(pick.begin(), pick.end(), static_cast<int>(li)) == pick.end()) continue;
     const Layer& ly = layers[li];
     const int64_t L = ly.L, O = ly.O, I = ly.I;
     const int64_t Op = hot::padded_k(O), K = hot::hla_rows(L, 8), Kp = hot::padded_k(K);
+    const int64_t Kp16 = hot::padded_k(hot::hla_rows(L, 16));  // q_gh_t of the rank-16 timings (t5)
     const size_t gy_b = L * O * 2, x_b = L * I * 2, w_b = O * I * 2;
     const int ns = n_sets(gy_b + x_b);
     std::vector<void*> gy(ns), x(ns), gy32(ns), x32(ns);
@@ -227,7 +220,7 @@ int main(int argc, char** argv) {
     void* gw = dalloc(O * I * 4);
     void* q_g = dalloc(L * Op);
     void* s_g = dalloc(4 * L);
-    void* q_gh = dalloc(O * Kp);
+    void* q_gh = dalloc(O * std::max(Kp, Kp16));
     void* s_gh = dalloc(4);
     void* q_wt = dalloc(I * Op);
     void* s_w = dalloc(4);
@@ -254,10 +247,11 @@ int main(int argc, char** argv) {
     const double t_qgo = time_us([&](int i) { hot::cuda::quantize_grad_output(gyv(i), plan, qo, {}); });
     {
       void* gbias = dalloc(4 * O);
-      auto variant = [&](bool gx, bool gw, bool bias, hot::Rounding rd, hot::ScaleMode sm) {
+      auto timed_plan = [&](bool gx, bool gw, bool bias, hot::Rounding rd, hot::ScaleMode sm, int rank = 8) {
         hot::GradOutputPlan p2 = plan;
-        p2.gx = gx, p2.gw = gw, p2.bias = bias, p2.rounding = rd, p2.gx_scale = sm;
+        p2.gx = gx, p2.gw = gw, p2.bias = bias, p2.rounding = rd, p2.gx_scale = sm, p2.rank = rank;
         hot::GradOutputQuant q2 = qo;
+        if (rank != 8) q2.q_gh_t = view(q_gh, DType::s8, O, hot::padded_k(hot::hla_rows(L, rank)));
         if (sm == hot::ScaleMode::token) q2.s_g = view1(s_g, DType::f32, L);
         q2.g_b = view1(gbias, DType::f32, O);
         return time_us([&](int i) { hot::cuda::quantize_grad_output(gyv(i), p2, q2, {}); });
@@ -266,39 +260,26 @@ int main(int argc, char** argv) {
       const auto T = hot::ScaleMode::tensor, K = hot::ScaleMode::token;
       char row[512];
       std::snprintf(row, sizeof row, "| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", ly.name,
-                    variant(true, true, false, S, T), variant(true, true, false, N, T), variant(true, false, false, S, T),
-                    variant(false, true, false, S, T), variant(false, false, true, S, T), variant(true, false, false, S, K));
+                    timed_plan(true, true, false, S, T), timed_plan(true, true, false, N, T),
+                    timed_plan(true, false, false, S, T), timed_plan(false, true, false, S, T),
+                    timed_plan(false, false, true, S, T), timed_plan(true, false, false, S, K));
       t4 += row;
       std::printf("%s", row);
-      double vt[4][3];
-      const int default_variant = hot::cuda::set_qgo_variant(5);  // 5, or HOT_QGO_VARIANT; restored below
-      for (int v = 0; v < 4; ++v) {
-        hot::cuda::set_qgo_variant(5 + v);
-        vt[v][0] = variant(true, true, false, S, T);
-        vt[v][1] = variant(false, false, true, S, T);
-        vt[v][2] = time_us([&](int i) {
-          hot::cuda::compress_activation(view(x[i % ns], DType::bf16, L, I), saved[i % ns].q.view(),
-                                         saved[i % ns].scale.view(), 8, {});
-        });
-      }
-      double generic[2];
-      hot::cuda::set_qgo_fixed_rank(false);
-      for (int v = 0; v < 2; ++v) {
-        hot::cuda::set_qgo_variant(v == 0 ? 5 : 7);
-        generic[v] = variant(true, true, false, S, T);
+      double by_rank[2][2];  // [rank 8, 16][compiled-in rank kernels, run-time-rank kernels]
+      for (int k = 0; k < 2; ++k) {
+        hot::cuda::set_qgo_fixed_rank(k == 0);
+        by_rank[0][k] = timed_plan(true, true, false, S, T, 8);
+        by_rank[1][k] = timed_plan(true, true, false, S, T, 16);
       }
       hot::cuda::set_qgo_fixed_rank(true);
-      hot::cuda::set_qgo_variant(default_variant);
-      std::string r5 = std::string("| ") + ly.name;
-      for (int k = 0; k < 3; ++k)
-        for (int v = 0; v < 4; ++v) {
-          std::snprintf(row, sizeof row, " | %.1f", vt[v][k]);
-          r5 += row;
-        }
-      std::snprintf(row, sizeof row, " | %.1f | %.1f |\n", generic[0], generic[1]);
-      r5 += row;
-      t5 += r5;
-      std::printf("%s", r5.c_str());
+      const double t_abc = time_us([&](int i) {
+        hot::cuda::compress_activation(view(x[i % ns], DType::bf16, L, I), saved[i % ns].q.view(),
+                                       saved[i % ns].scale.view(), 8, {});
+      });
+      std::snprintf(row, sizeof row, "| %s | %.1f | %.1f | %.1f | %.1f | %.1f |\n", ly.name, by_rank[0][0],
+                    by_rank[0][1], by_rank[1][0], by_rank[1][1], t_abc);
+      t5 += row;
+      std::printf("%s", row);
       cudaFree(gbias);
     }
     const double t_qw = time_us([&](int) {

@@ -802,8 +802,7 @@ def environment(device: torch.device) -> dict:
            "timm": _version("timm"), "torchvision": _version("torchvision"), "peft": _version("peft"),
            "hot": getattr(hot, "__version__", "?"), "hot_build": hot.build_info(),
            "matmul_tf32": torch.backends.cuda.matmul.allow_tf32, "cudnn_tf32": torch.backends.cudnn.allow_tf32,
-           "cudnn_benchmark": torch.backends.cudnn.benchmark, "device": str(device),
-           "HOT_QGO_VARIANT": os.environ.get("HOT_QGO_VARIANT", "5 (default)")}
+           "cudnn_benchmark": torch.backends.cudnn.benchmark, "device": str(device)}
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
         env["gpu"] = f"{p.name} (sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, " \

@@ -129,7 +129,7 @@ fi
 echo
 echo "GPU: $GPU"
 [[ -f $OUT/bench.md ]] && sed -n '/## Per-layer/,$p' "$OUT/bench.md" | grep -E '^\|' | cut -d'|' -f2,6,11,13-18 | head -12
-[[ -f $OUT/bench.md ]] && sed -n '/## Kernel variants/,/## Integer/p' "$OUT/bench.md" | grep -E '^\|' | head -10
+[[ -f $OUT/bench.md ]] && sed -n '/## g_y pass and ABC kernels/,/## Integer/p' "$OUT/bench.md" | grep -E '^\|' | head -10
 echo
 echo "| step                   | result    | t     | detail |"
 printf '%s\n' "${SUMMARY[@]}"

@@ -6,8 +6,7 @@
 # (the device tool brings back at most 8 files).
 # Knobs: GPU_CHECK_STEPS (default "build test bench"), GPU_CHECK_BUDGET_S (default 330), PYTEST_ARGS
 # (default: the CUDA cases; "none": skipped), BENCH_PLAN (run_bench_models.sh; empty: skipped), PARITY_ARGS (hot parity; empty:
-# skipped), SESSION_BUDGET_S (default 570), HOT_QGO_VARIANT (default: the fastest g_y-pass variant of the bench's
-# variant table, for the Python steps).
+# skipped), SESSION_BUDGET_S (default 570).
 set -u
 T0=$(date +%s)
 FINAL=${OUT:-$PWD/gpu_out}
@@ -20,26 +19,6 @@ export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false  # logs survive a 
     GPU_CHECK_BUDGET_S=${GPU_CHECK_BUDGET_S:-330} bash scripts/gpu_check.sh
   export PYTHONPATH=$PWD/python
   ROOT=$PWD
-  # The g_y-pass variant with the least total pass time in the bench's variant table serves the later steps
-  # (pytest, model benchmarks, parity) through HOT_QGO_VARIANT, unless the caller set one; only if every gtest passed
-  # (the Cuda_* suites check all four variants against the CPU backend).
-  if [[ -z ${HOT_QGO_VARIANT:-} && -f $W/bench.md ]] && grep -q "100% tests passed" "$W/ctest.log" 2>/dev/null; then
-    best=$(python3 - "$W/bench.md" <<'PY'
-import sys
-rows, on = [], False
-for line in open(sys.argv[1]):
-    if line.startswith("## "):
-        on = line.startswith("## Kernel variants")
-    elif on and line.startswith("|") and not line.startswith("|---") and not line.startswith("| layer |"):
-        rows.append([float(x) for x in line.strip().strip("|").split("|")[1:5]])
-if rows:
-    tot = [sum(r[i] for r in rows) for i in range(4)]
-    print(5 + min(range(4), key=tot.__getitem__))
-PY
-)
-    if [[ -n $best ]]; then export HOT_QGO_VARIANT=$best; fi
-  fi
-  echo "HOT_QGO_VARIANT for the Python steps: ${HOT_QGO_VARIANT:-5 (default)}"
   if [[ ${PYTEST_ARGS:-} == none ]]; then
     echo "pytest skipped (PYTEST_ARGS=none)"
   elif ls python/hot/_C*.so > /dev/null 2>&1 && (( $(left) > 40 )); then

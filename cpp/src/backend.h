@@ -76,11 +76,8 @@ void* allocate(size_t bytes, int device, Stream s);
 void deallocate(void* p, int device, Stream s);
 void memset_zero(void* p, size_t bytes, int device, Stream s);
 void stream_order(int device, Stream first, Stream then);
-// Internal (benchmark, tests): the variant of the g_y pass / ABC kernels, 5, 6, 7 or 8 (qgo_kernels.cuh); returns the
-// previous one. Process-wide; every variant gives identical bytes.
-int set_qgo_variant(int variant);
-// Internal (benchmark, tests): whether rank-8 calls run the kernels compiled for rank 8 (the default) or the
-// run-time-rank ones; returns the previous setting. Process-wide; identical bytes either way.
+// Internal (benchmark, tests): whether calls of rank 8 or 16 run the kernels compiled for that rank (the default) or
+// the run-time-rank ones (qgo_kernels.cuh); returns the previous setting. Process-wide; identical bytes either way.
 bool set_qgo_fixed_rank(bool on);
 }  // namespace cuda
 

@@ -14,41 +14,29 @@ namespace hot::cuda {
 
 namespace {
 
-// One-time setup, per device, of the kernels of one input type and rank R: the dynamic shared memory they may
-// need (cudaFuncSetAttribute applies to the current device only, so a process that uses several GPUs must set it
-// on each), and how many CTAs of each persistent (variant 7) kernel fit on an SM, which is how many per SM the
-// variant-7 passes launch.
+// One-time setup, per device, of the kernels of one input type and rank R: the dynamic shared memory they may need
+// (cudaFuncSetAttribute applies to the current device only, so a process that uses several GPUs must set it on each;
+// qgo_setup has checked that the device allows it).
 template <typename T, int R>
 struct QgoKernels {
-  int ctas_per_sm[2] = {1, 1};
-  // `smem_optin`: the most shared memory a block may have on the device.
-  explicit QgoKernels(int64_t smem_optin) {
+  QgoKernels() {
     const int smem = static_cast<int>(qgo_smem_bytes());
     HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo_kernel<T, 1, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo_kernel<T, 2, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     if constexpr (sizeof(T) == 2) {
-      set16(qgo16_kernel<T, 1, R>, 1, smem_optin);
-      set16(qgo16_kernel<T, 2, R>, 2, smem_optin);
+      HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo16_kernel<T, 1, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(qgo16_smem_bytes(1))));
+      HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo16_kernel<T, 2, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(qgo16_smem_bytes(2))));
     }
   }
-  template <class K>
-  void set16(K kernel, int pass, int64_t smem_optin) {
-    // the larger (variant 7) of the two sizes, where the GPU allows it (qgo_setup runs variant 8 where it does not)
-    const size_t v7 = qgo16_smem_bytes(pass, 2);
-    const int smem = static_cast<int>(static_cast<int64_t>(v7) <= smem_optin ? v7 : qgo16_smem_bytes(pass, 1));
-    HOT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    int n = 0;
-    HOT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
-    ctas_per_sm[pass - 1] = std::max(1, n);
-  }
-  // The setup for `device`, which must be the current device (run_qgo's DeviceGuard).
-  static const QgoKernels& get(int device) {
+  // Sets up `device`, which must be the current device (run_qgo's DeviceGuard), once.
+  static void ensure(int device) {
     static std::mutex m;
     static std::map<int, std::unique_ptr<const QgoKernels>> per_device;
     const std::lock_guard<std::mutex> lock(m);
     std::unique_ptr<const QgoKernels>& k = per_device[device];
-    if (!k) k = std::make_unique<const QgoKernels>(smem_per_block_optin(device));  // if this throws, the next call tries again
-    return *k;
+    if (!k) k = std::make_unique<const QgoKernels>();  // if this throws, the next call tries again
   }
 };
 
@@ -62,23 +50,19 @@ void run_qgo(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQ
   const StreamLaunch launch{to_cuda(st)};
   dispatch_float(gy.dtype, "quantize_grad_output", [&](auto t) {
     using T = decltype(t);
-    // Only the instantiation this call launches is set up (and looked up).
-    const int* per_sm = su.fixed_rank == kFixedRank ? QgoKernels<T, kFixedRank>::get(dev).ctas_per_sm
-                                                    : QgoKernels<T, 0>::get(dev).ctas_per_sm;
-    su.ctas[0] = static_cast<int64_t>(per_sm[0]) * sm_count(dev);
-    su.ctas[1] = static_cast<int64_t>(per_sm[1]) * sm_count(dev);
+    // Only the instantiation this call launches is set up.
+    if (su.fixed_rank == 8) {
+      QgoKernels<T, 8>::ensure(dev);
+    } else if (su.fixed_rank == 16) {
+      QgoKernels<T, 16>::ensure(dev);
+    } else {
+      QgoKernels<T, 0>::ensure(dev);
+    }
     qgo_launch<T>(su, plan, out, static_cast<const T*>(gy.data), launch);
   });
 }
 
 }  // namespace
-
-int set_qgo_variant(int variant) {
-  HOT_CHECK_VALUE(variant >= 5 && variant <= 8, "set_qgo_variant: variant must be 5, 6, 7 or 8, got ", variant);
-  const int prev = qgo_variant();
-  g_qgo_variant.store(variant);
-  return prev;
-}
 
 bool set_qgo_fixed_rank(bool on) { return g_qgo_fixed_rank.exchange(on); }
 

@@ -13,8 +13,11 @@
 //   pass 2 (quant): the transforms are recomputed and quantised; q_g is written row-major (16 bytes per
 //                   thread), q_gh_t transposed through shared memory so that its rows are written whole.
 // Pass 2 walks the tiles in reverse order, so the tail of g_y that pass 1 left in L2 is read from L2.
-// Tile: 64 rows x 256 columns of g_y, converted to fp32 in shared memory (64 KB) by 16-byte loads;
-// 256 threads. G~: a thread transforms 16 consecutive columns of one row in registers (4 such units);
+// Tile: 64 rows x 256 columns of g_y, one CTA of 256 threads per tile. bf16/fp16 g_y whose rows load as aligned
+// 16-byte vectors stays 16-bit in shared memory (qgo16_kernel: 32 KB filled by cp.async, plus 21 KB of q_gh_t
+// staging in pass 2); anything else (fp32, unaligned rows) is converted to fp32 in shared memory (qgo_kernel:
+// 64 KB, the q_gh_t staging reuses it). Both tiles spread their accesses over the 32 banks.
+// G~: a thread transforms 16 consecutive columns of one row in registers (4 such units);
 // G^: a thread transforms 4 columns of one 16-row block in registers (1 unit). No shuffles; the
 // butterfly order is the one of the CPU backend, so fp32 values, and therefore integers, are identical.
 // Stochastic rounding (rng.h: one Philox4x32-10 call per 8 consecutive elements, 16-bit uniforms): when
@@ -22,14 +25,15 @@
 // makes 2 calls, and for G^ the two lanes holding columns 8i .. 8i+7 of a row block split the rows
 // k, k+1 between them and swap the other half of each call by one shuffle pair. Other O take the
 // generic per-element path (quant_slow).
-// The HLA rank is a template parameter R of the kernels: 8 (the default rank; the G^ rows not kept are dead code,
-// so pass 2 fits 80 registers and 3 CTAs per SM) or 0 (any rank, read at run time).
+// The per-tile work is split into gx_transform (G~), bias_partials, gw_projection (G^) and stage_qgh_t (the
+// transposed store of G^'s codes); qgo_tile runs them in that order.
+// The HLA rank is a template parameter R of the kernels: 8 or 16 (compiled-in ranks: with R = 8 the G^ rows not kept
+// are dead code, so pass 2 fits 80 registers and 3 CTAs per SM; with R = 16 the rank loops and the staging layout are
+// constants) or 0 (any rank 1..16, read at run time).
 #pragma once
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "common.cuh"
@@ -46,43 +50,18 @@ constexpr int kTileRows = 64;                 // 4 HLA row blocks
 constexpr int kTileCols = 256;
 constexpr int kRowBlocks = kTileRows / 16;
 
-// The variant of the kernels a call runs (benchmarks/NOTES.md): 5 = the tile layout measured as v5 (the
-// default), 6 = the same kernels with the bank-spread tile layout (QgoParams::swizzle), 7 = variant 6 for
-// fp32 input and, for bf16/fp16 input with aligned rows, persistent CTAs with cp.async double buffering
-// (qgo16_kernel), 8 = variant 6 for fp32 input and, for aligned bf16/fp16 rows, qgo16_kernel with one 16-bit tile
-// buffer and one CTA per tile (32 KB of shared memory in pass 1: 4 CTAs per SM instead of 3). All give identical
-// bytes. The default is 5, or the environment variable HOT_QGO_VARIANT (read at the first call; a benchmarking
-// knob); hot::cuda::set_qgo_variant overrides it (benchmark and tests). 0 = not resolved yet.
-std::atomic<int> g_qgo_variant{0};
-
-int qgo_variant() {
-  int v = g_qgo_variant.load(std::memory_order_relaxed);
-  if (v != 0) return v;
-  v = 5;
-  if (const char* e = std::getenv("HOT_QGO_VARIANT"); e != nullptr && e[0] != '\0') {
-    const std::string s(e);
-    HOT_CHECK_VALUE(s == "5" || s == "6" || s == "7" || s == "8",
-                    "environment variable HOT_QGO_VARIANT: expected 5, 6, 7 or 8, got '", s, "'");
-    v = s[0] - '0';
-  }
-  int expected = 0;
-  g_qgo_variant.compare_exchange_strong(expected, v);
-  return g_qgo_variant.load(std::memory_order_relaxed);
-}
-// Whether a call with HLA rank 8 (the default) runs the kernels compiled for that rank (R = 8: the G^ rows
-// that are not kept are dead code, fewer registers, no spills) rather than the run-time-rank ones (R = 0).
-// Identical bytes; the switch exists so the benchmark can time both.
+// Whether a call with a compiled-in HLA rank (8 or 16, is_fixed_rank) runs the kernels compiled for that rank rather
+// than the run-time-rank ones (R = 0). Identical bytes; the switch exists so the benchmark can time both.
 std::atomic<bool> g_qgo_fixed_rank{true};
-constexpr int kFixedRank = 8;
+constexpr bool is_fixed_rank(int rank) { return rank == 8 || rank == 16; }
 
 // Minimum resident CTAs per SM that qgo_kernel is compiled for (__launch_bounds__), i.e. the registers it may
-// use: 3 (64 KB of shared memory each) except pass 2 with a run-time rank, which needs 128 registers (ptxas; the
-// figures are in benchmarks/NOTES.md).
-constexpr int qgo_min_ctas(int pass, int r) { return pass == 2 && r == 0 ? 2 : 3; }
-// The same for qgo16_kernel, which variant 8 runs with 32 KB of tile (+ 21.5 KB of q_gh_t staging in pass 2): with
-// the rank fixed, 64 registers (4 CTAs) in pass 1 and 80 (3 CTAs) in pass 2, no spills; variant 7's 64 / 85.5 KB
-// of shared memory hold it to 3 / 2 CTAs whatever the registers.
-constexpr int qgo16_min_ctas(int pass, int r) { return r == 0 ? (pass == 2 ? 2 : 3) : (pass == 2 ? 3 : 4); }
+// use: 3 (64 KB of shared memory each) except pass 2 with all 16 G^ rows kept (R = 0 or 16), which needs 128
+// registers (ptxas; the figures are in benchmarks/NOTES.md).
+constexpr int qgo_min_ctas(int pass, int r) { return pass == 2 && r != 8 ? 2 : 3; }
+// The same for qgo16_kernel (32 KB of tile, + 21 KB of q_gh_t staging in pass 2): at R = 8, 64 registers (4 CTAs)
+// in pass 1 and 80 (3 CTAs) in pass 2, no spills; with all 16 G^ rows kept, 80 / 128.
+constexpr int qgo16_min_ctas(int pass, int r) { return r != 8 ? (pass == 2 ? 2 : 3) : (pass == 2 ? 3 : 4); }
 
 struct QgoParams {
   int64_t L, O;
@@ -116,8 +95,6 @@ struct QgoParams {
   bool vec_load;        // 4 consecutive columns load as one vector
   bool vec_store_qg;    // 4 consecutive q_g bytes store as one word
   bool word_store_qgh;  // q_gh_t rows can be written in 4-byte words
-  int swizzle;          // shared-memory layout of the tile: 0 (plain) or 12 (bank-spread, see the kernel)
-  int raw_buffers;      // qgo16_kernel: tile buffers, 2 (variant 7, double-buffered) or 1 (variant 8)
 };
 
 // Generic (slow, out of line) quantisation of n <= 4 consecutive logical elements e0 .. e0+n-1: any
@@ -204,16 +181,15 @@ struct VecIO {
   }
 };
 
-// The fp32 tile of variants 5 and 6: row-major, 256 floats a row. With swizzle 12 (variant 6), float4 k of
-// each 16-column group is stored at k ^ ((group >> 1) & 3), so that the G~ loads (lanes 16 columns apart), the
-// 16-byte stores of bf16/fp16 loads (lanes 8 columns apart) and the row-contiguous accesses all spread over
-// the 32 banks (4 wavefronts per warp-wide 16-byte access); plain (0, variant 5), the G~ loads take 16 and the
-// bf16/fp16 stores 8 (benchmarks/NOTES.md). q_gh_t is staged in the same shared memory once the tile is read.
+// The fp32 tile of qgo_kernel: row-major, 256 floats a row, bank-spread: float4 k of each 16-column group is stored
+// at k ^ ((group >> 1) & 3), so that the G~ loads (lanes 16 columns apart), the 16-byte stores of bf16/fp16 loads
+// (lanes 8 columns apart) and the row-contiguous accesses all spread over the 32 banks (4 wavefronts per warp-wide
+// 16-byte access; a plain layout takes 16 and 8, benchmarks/NOTES.md). q_gh_t is staged in the same shared memory
+// once the tile is read.
 struct TileF32 {
   static constexpr bool kStageAliases = true;
   float (*t)[kTileCols];
-  int swizzle;
-  __device__ __forceinline__ int phys(int c) const { return c ^ ((c >> 3) & swizzle); }
+  static __device__ __forceinline__ int phys(int c) { return c ^ ((c >> 3) & 12); }
   // 4 consecutive columns c .. c+3 (c a multiple of 4) of a row
   __device__ __forceinline__ void load4(int row, int c, float& a, float& b, float& d, float& e) const {
     const float4 v = *reinterpret_cast<const float4*>(&t[row][phys(c)]);
@@ -227,217 +203,271 @@ struct TileF32 {
   }
 };
 
-// The work on one 64 x 256 tile of g_y once it is in shared memory, read through `tile` (TileF32 or
-// TileRaw16): G~ (amax in pass 1; quantised and stored in pass 2), the g_b column sums (pass 1) and G^ (amax;
-// quantised, staged in `stage` and stored transposed). amax_gx / amax_gw accumulate this thread's maxima.
-template <int PASS, int R, class Tile>
-__device__ __forceinline__ void qgo_tile(const QgoParams& p, const Tile& tile, int64_t rt, int64_t ct,
-                                         unsigned char* stage, uint32_t& amax_gx, uint32_t& amax_gw) {
-  const int tid = threadIdx.x, lane = tid & 31;
-  const int rank = R > 0 ? R : p.rank;  // HLA rank: compile-time (R) or run-time (R == 0)
-  const int64_t nb = (p.L + 15) / 16;
-  const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
-  const int64_t r0 = rt * kTileRows, c0 = ct * kTileCols;
+// ---- the work on one 64 x 256 tile of g_y once it is in shared memory ------------------------------------
+// Read through `tile` (TileF32 or TileRaw16). Tile (rt, ct) covers rows r0 = rt * 64 .. r0 + 63 and columns
+// c0 = ct * 256 .. c0 + 255 of g_y; the parts below run in this order (qgo_tile).
 
-  // ---- G^ (HLA): thread = (row block jb, 4 columns) --------------------------------------------------
-  const int jb = tid / 64, c4 = (tid % 64) * 4;
-  const int64_t jglob = rt * kRowBlocks + jb;
-
-  // ---- G~: units (row, 16 columns), 4 per thread -------------------------------------------------------
-  if (p.gx) {
-#pragma unroll 1
-    for (int u = tid; u < kTileRows * (kTileCols / 16); u += kThreads) {
-      const int row = u / 16, g16 = (u % 16) * 16;
-      const int64_t r = r0 + row, c = c0 + g16;
-      float x[16];
-      tile.load16(row, g16, x);
-      fwht_regs<16>(x, p.block);  // G~: blocks of b columns
-      if (PASS == 1) {
-        uint32_t k = 0;
+// G~, pass 1, one unit (16 columns x of row r): the unit's amax into the row's key (per token) or amax_gx.
+__device__ __forceinline__ void gx_unit_amax(const QgoParams& p, const float (&x)[16], int64_t r, uint32_t& amax_gx) {
+  const int lane = threadIdx.x & 31;
+  uint32_t k = 0;
 #pragma unroll
-        for (int i = 0; i < 16; ++i) k = max(k, amax_key(x[i]));
-        if (p.gx_per_row) {
-          // lanes 0-15 and 16-31 hold one row each
+  for (int i = 0; i < 16; ++i) k = max(k, amax_key(x[i]));
+  if (p.gx_per_row) {
+    // lanes 0-15 and 16-31 hold one row each
 #pragma unroll
-          for (int o = 8; o > 0; o >>= 1) k = max(k, __shfl_xor_sync(0xffffffffu, k, o));
-          if ((lane & 15) == 0 && r < p.L) atomicMax(p.key_gx + r, k);
-        } else {
-          amax_gx = max(amax_gx, k);
-        }
-      } else if (r < p.L && c < p.O_pad) {
-        uint32_t w[4] = {0u, 0u, 0u, 0u};
-        if (c < p.O) {
-          const float inv = p.gx_per_row ? p.inv_gx[r] : p.inv_gx[0];
-          const float pre = p.gx_per_row ? p.pre_gx[r] : p.pre_gx[0];
-          if (inv == 0.0f) {
-            // all codes 0: w stays zero
-          } else if (p.sr8) {
-            // Two aligned 8-element RNG groups (r * O + c is a multiple of 8), each all in or all out.
-            const uint64_t g0 = static_cast<uint64_t>(r * p.O + c) >> 3;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              if (c + 8 * h < p.O) {
-                const Philox4 b = sr_group_bits(p.seed, rng_stream::gx_grad, g0 + h);
-                w[2 * h] = sr4_packed(x[8 * h], x[8 * h + 1], x[8 * h + 2], x[8 * h + 3], b.v[0], b.v[1], inv, pre, p.gx_qmax);
-                w[2 * h + 1] =
-                    sr4_packed(x[8 * h + 4], x[8 * h + 5], x[8 * h + 6], x[8 * h + 7], b.v[2], b.v[3], inv, pre, p.gx_qmax);
-              }
-            }
-          } else {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int64_t ci = c + 4 * i;
-            const int nvalid = static_cast<int>(std::min<int64_t>(4, std::max<int64_t>(0, p.O - ci)));
-            int8_t q[4] = {0, 0, 0, 0};
-            if (nvalid > 0) {
-              const float g[4] = {x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]};
-              quant4(g, nvalid, inv, pre, p.gx_qmax, p.stochastic, p.seed, rng_stream::gx_grad,
-                     static_cast<uint64_t>(r * p.O + ci), q);
-            }
-            w[i] = pack4(q);
-          }
-          }
-        }
-        int8_t* dst = p.q_g + r * p.ld_qg + c;
-        if (p.vec_store_qg) {
-          *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
-        } else {
-          for (int i = 0; i < 16; ++i)
-            if (c + i < p.O_pad) dst[i] = static_cast<int8_t>(w[i >> 2] >> (8 * (i & 3)));
-        }
-      }
-    }
+    for (int o = 8; o > 0; o >>= 1) k = max(k, __shfl_xor_sync(0xffffffffu, k, o));
+    if ((lane & 15) == 0 && r < p.L) atomicMax(p.key_gx + r, k);
+  } else {
+    amax_gx = max(amax_gx, k);
   }
+}
 
-  // ---- bias partials (pass 1): column sums of the tile in row order --------------------------------
-  if (PASS == 1 && p.bias) {
-    const int64_t c = c0 + tid;
-    float sum = 0.0f;
-    for (int row = 0; row < kTileRows; ++row) sum = __fadd_rn(sum, tile.at(row, tid));
-    if (c < p.O) p.bias_partial[rt * p.O + c] = sum;
-  }
-
-  // ---- G^ transform and amax / quantisation -------------------------------------------------------------
-  const int stage_ld = kRowBlocks * rank + 20;  // bytes per staged q_gh_t row (multiple of 4)
-  if (p.gw) {
-    float hx[16][4];
+// G~, pass 2, one unit (16 columns x of row r from column c, r < L, c < O_pad): quantised and stored into q_g
+// (codes past O are the zero padding).
+__device__ __forceinline__ void gx_unit_quant_store(const QgoParams& p, const float (&x)[16], int64_t r, int64_t c) {
+  uint32_t w[4] = {0u, 0u, 0u, 0u};
+  if (c < p.O) {
+    const float inv = p.gx_per_row ? p.inv_gx[r] : p.inv_gx[0];
+    const float pre = p.gx_per_row ? p.pre_gx[r] : p.pre_gx[0];
+    if (inv == 0.0f) {
+      // all codes 0: w stays zero
+    } else if (p.sr8) {
+      // Two aligned 8-element RNG groups (r * O + c is a multiple of 8), each all in or all out.
+      const uint64_t g0 = static_cast<uint64_t>(r * p.O + c) >> 3;
 #pragma unroll
-    for (int t = 0; t < 16; ++t) {
-      tile.load4(jb * 16 + t, c4, hx[t][0], hx[t][1], hx[t][2], hx[t][3]);
-    }
-#pragma unroll
-    for (int v = 0; v < 4; ++v) {
-      float col[16];
-#pragma unroll
-      for (int t = 0; t < 16; ++t) col[t] = hx[t][v];
-      fwht_regs<16>(col);
-#pragma unroll
-      for (int t = 0; t < 16; ++t) hx[t][v] = col[t];
-    }
-    uint32_t packed[4][4] = {};  // pass 2: [v][k / 4] bytes of q
-    const int64_t cg = c0 + c4;
-    const int nvalid = static_cast<int>(std::min<int64_t>(4, std::max<int64_t>(0, p.O - cg)));
-    if (PASS == 2 && p.sr8) {
-      // One Philox call per (row k, 8 columns) serves two neighbouring threads (lanes 2i, 2i+1 hold
-      // columns cg8 .. cg8+3 and cg8+4 .. cg8+7): for the row pair (k, k+1) the even lane draws row k, the
-      // odd lane row k+1, and each passes the partner the two words of the partner's columns. The
-      // conditions of the loop are warp-uniform (jb is per warp), so every lane reaches the shuffles.
-      const int par = lane & 1;
-      const int64_t cg8 = cg - 4 * par;  // multiple of 8
-      const float inv = p.inv_gw[0], pre = p.pre_gw[0];
-      if (jglob < nb && inv != 0.0f) {  // warp-uniform (inv == 0: all codes 0, packed stays zero)
-#pragma unroll
-        for (int k = 0; k < 16; k += 2) {
-          if (k < rank) {
-            const uint64_t e = static_cast<uint64_t>((jglob * rank + k + par) * p.O + cg8);
-            const Philox4 b = sr_group_bits(p.seed, rng_stream::gw_grad, e >> 3);
-            const uint32_t s0 = par ? b.v[0] : b.v[2], s1 = par ? b.v[1] : b.v[3];
-            const uint32_t m0 = par ? b.v[2] : b.v[0], m1 = par ? b.v[3] : b.v[1];
-            const uint32_t r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-            if (nvalid > 0) {
-              const int ka = hla_order(k);
-              const uint32_t qa = sr4_packed(hx[ka][0], hx[ka][1], hx[ka][2], hx[ka][3], par ? r0 : m0, par ? r1 : m1, inv,
-                                             pre, 127);
-#pragma unroll
-              for (int v = 0; v < 4; ++v) packed[v][k >> 2] |= ((qa >> (8 * v)) & 0xffu) << (8 * (k & 3));
-              if (k + 1 < rank) {
-                const int kb = hla_order(k + 1);
-                const uint32_t qb = sr4_packed(hx[kb][0], hx[kb][1], hx[kb][2], hx[kb][3], par ? m0 : r0, par ? m1 : r1,
-                                               inv, pre, 127);
-#pragma unroll
-                for (int v = 0; v < 4; ++v) packed[v][(k + 1) >> 2] |= ((qb >> (8 * v)) & 0xffu) << (8 * ((k + 1) & 3));
-              }
-            }
-          }
+      for (int h = 0; h < 2; ++h) {
+        if (c + 8 * h < p.O) {
+          const Philox4 b = sr_group_bits(p.seed, rng_stream::gx_grad, g0 + h);
+          w[2 * h] = sr4_packed(x[8 * h], x[8 * h + 1], x[8 * h + 2], x[8 * h + 3], b.v[0], b.v[1], inv, pre, p.gx_qmax);
+          w[2 * h + 1] =
+              sr4_packed(x[8 * h + 4], x[8 * h + 5], x[8 * h + 6], x[8 * h + 7], b.v[2], b.v[3], inv, pre, p.gx_qmax);
         }
       }
     } else {
 #pragma unroll
-    for (int k = 0; k < 16; ++k) {
+      for (int i = 0; i < 4; ++i) {
+        const int64_t ci = c + 4 * i;
+        const int nvalid = static_cast<int>(std::min<int64_t>(4, std::max<int64_t>(0, p.O - ci)));
+        int8_t q[4] = {0, 0, 0, 0};
+        if (nvalid > 0) {
+          const float g[4] = {x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]};
+          quant4(g, nvalid, inv, pre, p.gx_qmax, p.stochastic, p.seed, rng_stream::gx_grad,
+                 static_cast<uint64_t>(r * p.O + ci), q);
+        }
+        w[i] = pack4(q);
+      }
+    }
+  }
+  int8_t* dst = p.q_g + r * p.ld_qg + c;
+  if (p.vec_store_qg) {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+  } else {
+    for (int i = 0; i < 16; ++i)
+      if (c + i < p.O_pad) dst[i] = static_cast<int8_t>(w[i >> 2] >> (8 * (i & 3)));
+  }
+}
+
+// The g_x transform: G~ = g_y blockdiag(H_b) on units (row, 16 columns), 4 per thread; its amax (pass 1) or its
+// codes in q_g (pass 2).
+template <int PASS, class Tile>
+__device__ __forceinline__ void gx_transform(const QgoParams& p, const Tile& tile, int64_t r0, int64_t c0,
+                                             uint32_t& amax_gx) {
+#pragma unroll 1
+  for (int u = threadIdx.x; u < kTileRows * (kTileCols / 16); u += kThreads) {
+    const int row = u / 16, g16 = (u % 16) * 16;
+    const int64_t r = r0 + row, c = c0 + g16;
+    float x[16];
+    tile.load16(row, g16, x);
+    fwht_regs<16>(x, p.block);  // G~: blocks of b columns
+    if (PASS == 1) {
+      gx_unit_amax(p, x, r, amax_gx);
+    } else if (r < p.L && c < p.O_pad) {
+      gx_unit_quant_store(p, x, r, c);
+    }
+  }
+}
+
+// The g_b partials (pass 1): column sums of the tile in row order, one column per thread.
+template <class Tile>
+__device__ __forceinline__ void bias_partials(const QgoParams& p, const Tile& tile, int64_t rt, int64_t c0) {
+  const int tid = threadIdx.x;
+  const int64_t c = c0 + tid;
+  float sum = 0.0f;
+  for (int row = 0; row < kTileRows; ++row) sum = __fadd_rn(sum, tile.at(row, tid));
+  if (c < p.O) p.bias_partial[rt * p.O + c] = sum;
+}
+
+// G^ = blockdiag(H^) g_y for one thread's (row block jb, 4 columns c4 .. c4+3): the 16 transformed rows, hx[t][v]
+// = row t of the block (in transform order), column c4 + v.
+template <class Tile>
+__device__ __forceinline__ void gw_load_transform(const Tile& tile, int jb, int c4, float (&hx)[16][4]) {
+#pragma unroll
+  for (int t = 0; t < 16; ++t) {
+    tile.load4(jb * 16 + t, c4, hx[t][0], hx[t][1], hx[t][2], hx[t][3]);
+  }
+#pragma unroll
+  for (int v = 0; v < 4; ++v) {
+    float col[16];
+#pragma unroll
+    for (int t = 0; t < 16; ++t) col[t] = hx[t][v];
+    fwht_regs<16>(col);
+#pragma unroll
+    for (int t = 0; t < 16; ++t) hx[t][v] = col[t];
+  }
+}
+
+// G^, pass 2 with 8-element RNG groups (p.sr8): stochastic codes of the kept rows k < rank into packed[v][k / 4].
+// One Philox call per (row k, 8 columns) serves two neighbouring threads (lanes 2i, 2i+1 hold columns cg8 ..
+// cg8+3 and cg8+4 .. cg8+7): for the row pair (k, k+1) the even lane draws row k, the odd lane row k+1, and each
+// passes the partner the two words of the partner's columns. The conditions of the loop are warp-uniform (jb is
+// per warp), so every lane reaches the shuffles.
+__device__ __forceinline__ void gw_quant_sr8(const QgoParams& p, const float (&hx)[16][4], int rank, int64_t jglob,
+                                             int64_t nb, int64_t cg, int nvalid, uint32_t (&packed)[4][4]) {
+  const int par = threadIdx.x & 1;
+  const int64_t cg8 = cg - 4 * par;  // multiple of 8
+  const float inv = p.inv_gw[0], pre = p.pre_gw[0];
+  if (jglob < nb && inv != 0.0f) {  // warp-uniform (inv == 0: all codes 0, packed stays zero)
+#pragma unroll
+    for (int k = 0; k < 16; k += 2) {
       if (k < rank) {
-        const float h[4] = {hx[hla_order(k)][0], hx[hla_order(k)][1], hx[hla_order(k)][2], hx[hla_order(k)][3]};
-        if (PASS == 1) {
+        const uint64_t e = static_cast<uint64_t>((jglob * rank + k + par) * p.O + cg8);
+        const Philox4 b = sr_group_bits(p.seed, rng_stream::gw_grad, e >> 3);
+        const uint32_t s0 = par ? b.v[0] : b.v[2], s1 = par ? b.v[1] : b.v[3];
+        const uint32_t m0 = par ? b.v[2] : b.v[0], m1 = par ? b.v[3] : b.v[1];
+        const uint32_t r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+        if (nvalid > 0) {
+          const int ka = hla_order(k);
+          const uint32_t qa = sr4_packed(hx[ka][0], hx[ka][1], hx[ka][2], hx[ka][3], par ? r0 : m0, par ? r1 : m1, inv,
+                                         pre, 127);
 #pragma unroll
-          for (int v = 0; v < 4; ++v) amax_gw = max(amax_gw, amax_key(h[v]));
-        } else if (nvalid > 0 && jglob < nb) {
-          int8_t q[4] = {0, 0, 0, 0};
-          quant4(h, nvalid, p.inv_gw[0], p.pre_gw[0], 127, p.stochastic, p.seed, rng_stream::gw_grad,
-                 static_cast<uint64_t>((jglob * rank + k) * p.O + cg), q);
+          for (int v = 0; v < 4; ++v) packed[v][k >> 2] |= ((qa >> (8 * v)) & 0xffu) << (8 * (k & 3));
+          if (k + 1 < rank) {
+            const int kb = hla_order(k + 1);
+            const uint32_t qb = sr4_packed(hx[kb][0], hx[kb][1], hx[kb][2], hx[kb][3], par ? m0 : r0, par ? m1 : r1,
+                                           inv, pre, 127);
 #pragma unroll
-          for (int v = 0; v < 4; ++v)
-            packed[v][k >> 2] |= static_cast<uint32_t>(static_cast<uint8_t>(q[v])) << (8 * (k & 3));
-        }
-      }
-    }
-    }
-    if (PASS == 2) {
-      // Where staging aliases the tile: wait until every thread is done reading it.
-      if (Tile::kStageAliases) __syncthreads();
-      // Every thread stores all `rank` bytes of its 4 columns for its row block below, so the staged bytes
-      // [0, kRowBlocks * rank) of each column are all written; only the last row tile also writes bytes past
-      // them (the K .. K_pad zero padding), so only it clears the staging first.
-      if (rt == n_rt - 1) {
-        uint32_t* s32 = reinterpret_cast<uint32_t*>(stage);
-        for (int i = tid; i < kTileCols * stage_ld / 4; i += kThreads) s32[i] = 0u;
-        __syncthreads();
-      }
-      if ((rank & 3) == 0) {
-#pragma unroll
-        for (int v = 0; v < 4; ++v)
-#pragma unroll
-          for (int w = 0; w < 4; ++w)
-            if (4 * w < rank)
-              *reinterpret_cast<uint32_t*>(stage + (c4 + v) * stage_ld + jb * rank + 4 * w) = packed[v][w];
-      } else {
-#pragma unroll
-        for (int v = 0; v < 4; ++v)
-#pragma unroll
-          for (int k = 0; k < 16; ++k)
-            if (k < rank)
-              stage[(c4 + v) * stage_ld + jb * rank + k] = static_cast<unsigned char>(packed[v][k >> 2] >> (8 * (k & 3)));
-      }
-      __syncthreads();
-      // Write rows c of q_gh_t: bytes [col0, col1) (the last row tile also zero-fills K .. K_pad).
-      const int64_t col0 = rt * kRowBlocks * rank;
-      const int64_t col1 = rt == n_rt - 1 ? p.K_pad : std::min<int64_t>(col0 + kRowBlocks * rank, p.K_pad);
-      const int width = static_cast<int>(col1 - col0);
-      const int nrows = static_cast<int>(std::min<int64_t>(kTileCols, p.O - c0));
-      if (p.word_store_qgh) {
-        const int wpr = width / 4;
-        for (int i = tid; i < nrows * wpr; i += kThreads) {
-          const int rr = i / wpr, w = i % wpr;
-          *reinterpret_cast<uint32_t*>(p.q_gh + (c0 + rr) * p.ld_qgh + col0 + 4 * w) =
-              *reinterpret_cast<const uint32_t*>(stage + rr * stage_ld + 4 * w);
-        }
-      } else {
-        for (int i = tid; i < nrows * width; i += kThreads) {
-          const int rr = i / width, w = i % width;
-          p.q_gh[(c0 + rr) * p.ld_qgh + col0 + w] = static_cast<int8_t>(stage[rr * stage_ld + w]);
+            for (int v = 0; v < 4; ++v) packed[v][(k + 1) >> 2] |= ((qb >> (8 * v)) & 0xffu) << (8 * ((k + 1) & 3));
+          }
         }
       }
     }
   }
+}
 
+// G^, the other cases: the amax of the kept rows k < rank (pass 1), or their codes into packed[v][k / 4] (pass 2:
+// round-to-nearest, or stochastic by the generic per-element path).
+template <int PASS>
+__device__ __forceinline__ void gw_amax_or_quant(const QgoParams& p, const float (&hx)[16][4], int rank, int64_t jglob,
+                                                 int64_t nb, int64_t cg, int nvalid, uint32_t& amax_gw,
+                                                 uint32_t (&packed)[4][4]) {
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    if (k < rank) {
+      const float h[4] = {hx[hla_order(k)][0], hx[hla_order(k)][1], hx[hla_order(k)][2], hx[hla_order(k)][3]};
+      if (PASS == 1) {
+#pragma unroll
+        for (int v = 0; v < 4; ++v) amax_gw = max(amax_gw, amax_key(h[v]));
+      } else if (nvalid > 0 && jglob < nb) {
+        int8_t q[4] = {0, 0, 0, 0};
+        quant4(h, nvalid, p.inv_gw[0], p.pre_gw[0], 127, p.stochastic, p.seed, rng_stream::gw_grad,
+               static_cast<uint64_t>((jglob * rank + k) * p.O + cg), q);
+#pragma unroll
+        for (int v = 0; v < 4; ++v)
+          packed[v][k >> 2] |= static_cast<uint32_t>(static_cast<uint8_t>(q[v])) << (8 * (k & 3));
+      }
+    }
+  }
+}
+
+// The g_w projection: G^ of the thread's (row block jb, 4 columns c4) and its amax (pass 1) or codes of the kept
+// rows, packed[v][k / 4] byte k % 4 = code of row k, column c4 + v (pass 2; zeros outside L x O).
+template <int PASS, class Tile>
+__device__ __forceinline__ void gw_projection(const QgoParams& p, const Tile& tile, int rank, int64_t rt, int64_t c0,
+                                              int jb, int c4, uint32_t& amax_gw, uint32_t (&packed)[4][4]) {
+  const int64_t nb = (p.L + 15) / 16;
+  const int64_t jglob = rt * kRowBlocks + jb;
+  float hx[16][4];
+  gw_load_transform(tile, jb, c4, hx);
+  const int64_t cg = c0 + c4;
+  const int nvalid = static_cast<int>(std::min<int64_t>(4, std::max<int64_t>(0, p.O - cg)));
+  if (PASS == 2 && p.sr8) {
+    gw_quant_sr8(p, hx, rank, jglob, nb, cg, nvalid, packed);
+  } else {
+    gw_amax_or_quant<PASS>(p, hx, rank, jglob, nb, cg, nvalid, amax_gw, packed);
+  }
+}
+
+// The staging of q_gh_t (pass 2): every thread's packed codes go to `stage` transposed (one staged row of stage_ld
+// bytes per column of the tile), then the tile's rows of q_gh_t are written whole, bytes [col0, col1).
+template <class Tile>
+__device__ __forceinline__ void stage_qgh_t(const QgoParams& p, const uint32_t (&packed)[4][4], int rank, int64_t rt,
+                                            int64_t c0, int jb, int c4, unsigned char* stage) {
+  const int tid = threadIdx.x;
+  const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
+  const int stage_ld = kRowBlocks * rank + 20;  // bytes per staged q_gh_t row (multiple of 4)
+  // Where staging aliases the tile: wait until every thread is done reading it.
+  if (Tile::kStageAliases) __syncthreads();
+  // Every thread stores all `rank` bytes of its 4 columns for its row block below, so the staged bytes
+  // [0, kRowBlocks * rank) of each column are all written; only the last row tile also writes bytes past
+  // them (the K .. K_pad zero padding), so only it clears the staging first.
+  if (rt == n_rt - 1) {
+    uint32_t* s32 = reinterpret_cast<uint32_t*>(stage);
+    for (int i = tid; i < kTileCols * stage_ld / 4; i += kThreads) s32[i] = 0u;
+    __syncthreads();
+  }
+  if ((rank & 3) == 0) {
+#pragma unroll
+    for (int v = 0; v < 4; ++v)
+#pragma unroll
+      for (int w = 0; w < 4; ++w)
+        if (4 * w < rank)
+          *reinterpret_cast<uint32_t*>(stage + (c4 + v) * stage_ld + jb * rank + 4 * w) = packed[v][w];
+  } else {
+#pragma unroll
+    for (int v = 0; v < 4; ++v)
+#pragma unroll
+      for (int k = 0; k < 16; ++k)
+        if (k < rank)
+          stage[(c4 + v) * stage_ld + jb * rank + k] = static_cast<unsigned char>(packed[v][k >> 2] >> (8 * (k & 3)));
+  }
+  __syncthreads();
+  // Write rows c of q_gh_t: bytes [col0, col1) (the last row tile also zero-fills K .. K_pad).
+  const int64_t col0 = rt * kRowBlocks * rank;
+  const int64_t col1 = rt == n_rt - 1 ? p.K_pad : std::min<int64_t>(col0 + kRowBlocks * rank, p.K_pad);
+  const int width = static_cast<int>(col1 - col0);
+  const int nrows = static_cast<int>(std::min<int64_t>(kTileCols, p.O - c0));
+  if (p.word_store_qgh) {
+    const int wpr = width / 4;
+    for (int i = tid; i < nrows * wpr; i += kThreads) {
+      const int rr = i / wpr, w = i % wpr;
+      *reinterpret_cast<uint32_t*>(p.q_gh + (c0 + rr) * p.ld_qgh + col0 + 4 * w) =
+          *reinterpret_cast<const uint32_t*>(stage + rr * stage_ld + 4 * w);
+    }
+  } else {
+    for (int i = tid; i < nrows * width; i += kThreads) {
+      const int rr = i / width, w = i % width;
+      p.q_gh[(c0 + rr) * p.ld_qgh + col0 + w] = static_cast<int8_t>(stage[rr * stage_ld + w]);
+    }
+  }
+}
+
+// The whole tile: G~ (amax in pass 1; quantised and stored in pass 2), the g_b column sums (pass 1) and G^ (amax;
+// quantised, staged in `stage` and stored transposed). amax_gx / amax_gw accumulate this thread's maxima.
+template <int PASS, int R, class Tile>
+__device__ __forceinline__ void qgo_tile(const QgoParams& p, const Tile& tile, int64_t rt, int64_t ct,
+                                         unsigned char* stage, uint32_t& amax_gx, uint32_t& amax_gw) {
+  const int rank = R > 0 ? R : p.rank;  // HLA rank: compile-time (R) or run-time (R == 0)
+  const int64_t r0 = rt * kTileRows, c0 = ct * kTileCols;
+  if (p.gx) gx_transform<PASS>(p, tile, r0, c0, amax_gx);
+  if (PASS == 1 && p.bias) bias_partials(p, tile, rt, c0);
+  if (p.gw) {
+    // G^: thread = (row block jb, 4 columns c4)
+    const int jb = threadIdx.x / 64, c4 = (threadIdx.x % 64) * 4;
+    uint32_t packed[4][4] = {};  // pass 2: [v][k / 4] bytes of q
+    gw_projection<PASS>(p, tile, rank, rt, c0, jb, c4, amax_gw, packed);
+    if (PASS == 2) stage_qgh_t<Tile>(p, packed, rank, rt, c0, jb, c4, stage);
+  }
 }
 
 // Pass 1: the block's maxima into the per-tensor amax keys (every thread of the block calls this, once the tile
@@ -460,7 +490,7 @@ template <typename T, int PASS, int R>
 __global__ void __launch_bounds__(kThreads, qgo_min_ctas(PASS, R)) qgo_kernel(const T* __restrict__ gy, QgoParams p) {
   HOT_DYNAMIC_SMEM(smem);
   float(*tile)[kTileCols] = reinterpret_cast<float(*)[kTileCols]>(smem);
-  const TileF32 tf{tile, p.swizzle};
+  const TileF32 tf{tile};
   const int tid = threadIdx.x;
   const int64_t n_ct = (std::max<int64_t>(p.O_pad, p.O) + kTileCols - 1) / kTileCols;
   const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
@@ -505,18 +535,16 @@ __global__ void __launch_bounds__(kThreads, qgo_min_ctas(PASS, R)) qgo_kernel(co
   if (PASS == 1) qgo_publish_amax(p, amax_gx, amax_gw, smem);
 }
 
-// ---- variant 7: persistent CTAs, raw 16-bit tiles double-buffered by cp.async ----------------------------
-// For bf16/fp16 g_y whose rows load as aligned 16-byte vectors (p.vec_load: O % 8 == 0): a CTA walks the tiles
-// blockIdx.x, blockIdx.x + gridDim.x, ... (pass 2 in reverse order) and fetches the next tile into its second
-// buffer while it works on the current one, so loads overlap compute within the CTA. The tile stays in the
-// input's 16 bits (32 KB): a row is 512 bytes, 32 chunks of 16 B, chunk c stored at c ^ ((c >> 3) & 1) so that
-// the 16-byte G~ loads (lanes 2 chunks apart) and the copies spread over the banks. q_gh_t has its own staging.
-// Variant 8 runs the same kernel with one buffer (p.raw_buffers = 1) and one CTA per tile: no overlap within a
-// CTA, but half the shared memory, so more CTAs per SM overlap each other (pass 1: 4 instead of 3).
+// ---- 16-bit tiles (qgo16_kernel) -------------------------------------------------------------------------
+// For bf16/fp16 g_y whose rows load as aligned 16-byte vectors (p.vec_load: O % 8 == 0), one CTA per tile: the tile
+// stays in the input's 16 bits (32 KB), filled by cp.async; a row is 512 bytes, 32 chunks of 16 B, chunk c stored
+// at c ^ ((c >> 3) & 1) so that the 16-byte G~ loads (lanes 2 chunks apart) and the copies spread over the banks.
+// q_gh_t has its own staging (pass 2) after the tile: 53 KB in all, so that at R = 8 pass 1 runs 4 CTAs per SM and
+// pass 2 3.
 constexpr int kRawRowBytes = kTileCols * 2;
 constexpr int kRawTileBytes = kTileRows * kRawRowBytes;
 constexpr int kStageBytes = kTileCols * (kRowBlocks * 16 + 20);
-size_t qgo16_smem_bytes(int pass, int nbuf) { return nbuf * kRawTileBytes + (pass == 2 ? kStageBytes : 0); }
+constexpr size_t qgo16_smem_bytes(int pass) { return kRawTileBytes + (pass == 2 ? kStageBytes : 0); }
 
 template <typename T>
 struct TileRaw16 {
@@ -553,50 +581,28 @@ __global__ void __launch_bounds__(kThreads, qgo16_min_ctas(PASS, R)) qgo16_kerne
   HOT_DYNAMIC_SMEM(smem);
   const int tid = threadIdx.x;
   const int64_t n_ct = (std::max<int64_t>(p.O_pad, p.O) + kTileCols - 1) / kTileCols;
-  const int64_t n_tiles = n_ct * ((p.L + kTileRows - 1) / kTileRows);
-  const auto tile_of = [&](int64_t i) { return PASS == 2 ? n_tiles - 1 - i : i; };  // pass 2: L2 reuse
-  const auto fetch = [&](int64_t i, int buf) {
-    const int64_t lin = tile_of(i);
-    const int64_t r0 = (lin / n_ct) * kTileRows, c0 = (lin % n_ct) * kTileCols;
-    unsigned char* dst = smem + buf * kRawTileBytes;
+  const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
+  int64_t lin = blockIdx.x;  // a 1-D grid of n_ct * n_rt tiles
+  if (PASS == 2) lin = n_ct * n_rt - 1 - lin;  // reverse order: reuse what pass 1 left in L2
+  const int64_t rt = lin / n_ct, ct = lin % n_ct;
+  const int64_t r0 = rt * kTileRows, c0 = ct * kTileCols;
+
+  // ---- load the tile by cp.async (zeros outside L x O) ------------------------------------------------
 #pragma unroll
-    for (int k = 0; k < kTileRows * 32 / kThreads; ++k) {
-      const int v = tid + k * kThreads, row = v >> 5, ch = v & 31;
-      const int64_t r = r0 + row, c = c0 + 8 * ch;
-      const bool in = r < p.L && c < p.O;  // O % 8 == 0: a chunk is all in or all out
-      cp_async16(dst + TileRaw16<T>::off(row, 8 * ch), in ? static_cast<const void*>(gy + r * p.ld_in + c) : gy, in);
-    }
-    cp_async_commit();
-  };
-  uint32_t amax_gx = 0, amax_gw = 0;
-  const int nbuf = p.raw_buffers;  // 2: double buffering (variant 7); 1: one tile buffer (variant 8)
-  int buf = 0;
-  if (blockIdx.x < n_tiles) fetch(blockIdx.x, 0);
-  for (int64_t i = blockIdx.x; i < n_tiles; i += gridDim.x) {
-    const bool more = i + gridDim.x < n_tiles;
-    if (nbuf == 2) {
-      if (more) {
-        fetch(i + gridDim.x, buf ^ 1);  // buf ^ 1 was released by the barrier that ended the last iteration
-      } else {
-        cp_async_commit();  // an empty group keeps "all but the newest group" meaning the current tile
-      }
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    const int64_t lin = tile_of(i);
-    qgo_tile<PASS, R>(p, TileRaw16<T>{smem + buf * kRawTileBytes}, lin / n_ct, lin % n_ct,
-                      smem + nbuf * kRawTileBytes, amax_gx, amax_gw);
-    __syncthreads();  // everyone is done with this buffer and the staging before they are refilled
-    if (nbuf == 2) {
-      buf ^= 1;
-    } else if (more) {
-      fetch(i + gridDim.x, 0);
-    }
+  for (int k = 0; k < kTileRows * 32 / kThreads; ++k) {
+    const int v = tid + k * kThreads, row = v >> 5, ch = v & 31;
+    const int64_t r = r0 + row, c = c0 + 8 * ch;
+    const bool in = r < p.L && c < p.O;  // O % 8 == 0: a chunk is all in or all out
+    cp_async16(smem + TileRaw16<T>::off(row, 8 * ch), in ? static_cast<const void*>(gy + r * p.ld_in + c) : gy, in);
   }
+  cp_async_commit();
   cp_async_wait<0>();
-  if (PASS == 1) qgo_publish_amax(p, amax_gx, amax_gw, smem);
+  __syncthreads();
+
+  uint32_t amax_gx = 0, amax_gw = 0;
+  qgo_tile<PASS, R>(p, TileRaw16<T>{smem}, rt, ct, smem + kRawTileBytes, amax_gx, amax_gw);
+
+  if (PASS == 1) qgo_publish_amax(p, amax_gx, amax_gw, smem);  // its first barrier: everyone is done with the tile
 }
 
 __global__ void qgo_finalize_kernel(const unsigned* key_gx, int64_t n_gx, int gx_qmax, float* s_g, float* inv_gx,
@@ -628,12 +634,8 @@ struct QgoSetup {
   QgoParams p;
   int64_t n_gx = 1;       // amax keys / scales of the g_x path: 1 (per tensor) or L (per token)
   int64_t n_rt = 0, n_ct = 0;
-  int variant = 5;
-  int fixed_rank = 0;     // R of the kernels: kFixedRank, or 0 (run-time rank)
-  // Variant 7: CTAs of the persistent kernels of pass 1 and pass 2 (the caller's choice: a multiple of the SMs).
-  int64_t ctas[2] = {1, 1};
-  // Variant 8: at most this many CTAs (one per tile below it; past it, each CTA walks several tiles in turn).
-  int64_t tile_ctas_cap = 0x7fffffff;
+  int fixed_rank = 0;     // R of the kernels: a compiled-in rank (8, 16), or 0 (run-time rank)
+  bool raw16 = false;     // qgo16_kernel (16-bit g_y, aligned rows) rather than qgo_kernel
   size_t keys_bytes = 0, inv_bytes = 0, bias_bytes = 0;
   size_t scratch_bytes() const { return keys_bytes + inv_bytes + bias_bytes; }
   // Points the parameters at a scratch block of scratch_bytes() bytes (4-byte aligned).
@@ -690,20 +692,14 @@ QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradO
   su.inv_bytes = static_cast<size_t>(su.n_gx + 1) * 8;
   su.bias_bytes = plan.bias ? static_cast<size_t>(su.n_rt * O) * 4 : 0;
 
-  su.variant = qgo_variant();
-  su.fixed_rank = plan.gw && plan.rank == kFixedRank && g_qgo_fixed_rank.load(std::memory_order_relaxed) ? kFixedRank : 0;
-  p.swizzle = su.variant >= 6 ? 12 : 0;
+  su.fixed_rank = plan.gw && is_fixed_rank(plan.rank) && g_qgo_fixed_rank.load(std::memory_order_relaxed) ? plan.rank : 0;
   p.sr8 = p.stochastic && O % kSrGroup == 0;
   const int vec = gy.dtype == DType::f32 ? 4 : 8;  // elements per 16-byte load
   p.vec_load = O % vec == 0 && p.ld_in % vec == 0 && aligned(gy.data, 16);
-  // Shared memory per block: variant 7's two 16-bit tile buffers (85 KB in pass 2) exceed sm_75's 64 KB, so there
-  // it runs as variant 8 (the same kernel with one buffer; identical bytes). Every other kernel fits the 64 KB of
-  // the oldest GPUs CUDA 13 builds for (sm_75).
-  const bool raw16 = gy.dtype != DType::f32 && p.vec_load;
-  if (su.variant == 7 && raw16 && static_cast<int64_t>(qgo16_smem_bytes(2, 2)) > smem_optin) su.variant = 8;
-  p.raw_buffers = su.variant == 8 ? 1 : 2;
-  const int64_t smem = static_cast<int64_t>(su.variant >= 7 && raw16 ? qgo16_smem_bytes(2, p.raw_buffers)
-                                                                     : qgo_smem_bytes());
+  su.raw16 = gy.dtype != DType::f32 && p.vec_load;
+  // Shared memory per block (pass 2, the larger): both kernels fit the 64 KB of the oldest GPUs CUDA 13 builds for
+  // (sm_75).
+  const int64_t smem = static_cast<int64_t>(su.raw16 ? qgo16_smem_bytes(2) : qgo_smem_bytes());
   HOT_CHECK(smem <= smem_optin, unavailable, "quantize_grad_output / compress_activation: the CUDA kernels need ",
             smem, " bytes of shared memory per block; this GPU allows ", smem_optin);
   p.vec_store_qg = plan.gx && p.ld_qg % 16 == 0 && aligned(p.q_g, 16) && p.O_pad % 16 == 0;
@@ -722,27 +718,24 @@ template <typename T, class Launch>
 void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutputQuant& out, const T* src,
                 Launch&& launch) {
   const QgoParams& p = su.p;
-  const dim3 grid(static_cast<unsigned>(su.n_ct * su.n_rt));
-  const size_t smem = qgo_smem_bytes();
+  const dim3 grid(static_cast<unsigned>(su.n_ct * su.n_rt));  // one CTA per tile
   launch.zero(p.key_gx, su.keys_bytes);
   const auto pass = [&](auto pass_tag, const QgoParams& pp) {
     constexpr int P = decltype(pass_tag)::value;
     const auto run = [&](auto r_tag) {
       constexpr int R = decltype(r_tag)::value;
       if constexpr (sizeof(T) == 2) {
-        if (su.variant >= 7 && pp.vec_load) {
-          // Variant 7: a persistent grid; variant 8: one CTA per tile.
-          const int64_t n_tiles = su.n_rt * su.n_ct;
-          const int64_t ctas = std::max<int64_t>(1, std::min<int64_t>(su.variant == 8 ? su.tile_ctas_cap : su.ctas[P - 1], n_tiles));
-          launch(qgo16_kernel<T, P, R>, dim3(static_cast<unsigned>(ctas)), kThreads, qgo16_smem_bytes(P, pp.raw_buffers),
-                 src, pp);
+        if (su.raw16) {
+          launch(qgo16_kernel<T, P, R>, grid, kThreads, qgo16_smem_bytes(P), src, pp);
           return;
         }
       }
-      launch(qgo_kernel<T, P, R>, grid, kThreads, smem, src, pp);
+      launch(qgo_kernel<T, P, R>, grid, kThreads, qgo_smem_bytes(), src, pp);
     };
-    if (su.fixed_rank == kFixedRank) {
-      run(std::integral_constant<int, kFixedRank>{});
+    if (su.fixed_rank == 8) {
+      run(std::integral_constant<int, 8>{});
+    } else if (su.fixed_rank == 16) {
+      run(std::integral_constant<int, 16>{});
     } else {
       run(std::integral_constant<int, 0>{});
     }

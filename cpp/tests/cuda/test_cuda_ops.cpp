@@ -301,26 +301,15 @@ TEST_F(Cuda_GemmDequant, BitExactVsCpu) {
 
 // ---- layer operations ----------------------------------------------------------------------------------
 
-// Runs a scope under one variant of the g_y pass / ABC kernels (qgo_kernels.cuh); every variant must give the
-// CPU backend's bytes.
-struct VariantGuard {
-  explicit VariantGuard(int v) : prev(hot::cuda::set_qgo_variant(v)) {}
-  ~VariantGuard() { hot::cuda::set_qgo_variant(prev); }
-  int prev;
-};
-
 class Cuda_CompressActivation : public CudaTest {};
 TEST_F(Cuda_CompressActivation, BitExactVsCpu) {
   uint64_t seed = 800;
-  for (int variant : {5, 6, 7, 8})
   for (DType dt : kFloatTypes)
     for (int64_t L : {1, 31, 1000, 20011})
       for (int64_t I : {8, 77, 130})
         for (int rank : {1, 3, 8, 16}) {
           if (L == 20011 && (rank == 3 || I == 8 || small_run())) continue;
-          SCOPED_TRACE(testing::Message() << "variant " << variant << " " << dt_name(dt) << " L " << L << " I " << I
-                                          << " rank " << rank);
-          const VariantGuard vg(variant);
+          SCOPED_TRACE(testing::Message() << dt_name(dt) << " L " << L << " I " << I << " rank " << rank);
           HostTensor x = rand_float(dt, L, I, seed++, I + (L % 3));
           const int64_t Kp = hot::padded_k(hot::hla_rows(L, rank));
           HostTensor qc = out2d(DType::s8, I, Kp), qg = qc, sc = out1d(DType::f32, 1), sg = sc;
@@ -416,14 +405,11 @@ TEST_F(Cuda_QuantizeGradOutput, BitExactVsCpu) {
       }
     }
   uint64_t seed = 1000;
-  for (int variant : {5, 6, 7, 8})
-    for (DType dt : kFloatTypes)
-      for (const QgoCase& c : cases) {
-        const VariantGuard vg(variant);
-        SCOPED_TRACE(testing::Message() << "variant " << variant);
-        check_qgo_case(dt, c, seed);
-        seed += 2;
-      }
+  for (DType dt : kFloatTypes)
+    for (const QgoCase& c : cases) {
+      check_qgo_case(dt, c, seed);
+      seed += 2;
+    }
 }
 
 // Millions of rows (a convolution's L = batch x H x W): more tiles than a grid's y dimension holds (65535 tiles of
@@ -431,11 +417,9 @@ TEST_F(Cuda_QuantizeGradOutput, BitExactVsCpu) {
 TEST_F(Cuda_QuantizeGradOutput, MillionsOfRows) {
   if (small_run()) GTEST_SKIP() << "large shapes are skipped under HOT_CUDA_TEST_SMALL";
   uint64_t seed = 1900;
-  for (int variant : {5, 8}) {
-    const VariantGuard vg(variant);
-    SCOPED_TRACE(testing::Message() << "variant " << variant);
-    check_qgo_case(DType::bf16, {4194304 + 100, 16, 4, ScaleMode::tensor, Rounding::stochastic, true, true, true, 8},
-                   seed);
+  // bf16 (16-bit tiles) and fp32 (fp32 tiles)
+  for (DType dt : {DType::bf16, DType::f32}) {
+    check_qgo_case(dt, {4194304 + 100, 16, 4, ScaleMode::tensor, Rounding::stochastic, true, true, true, 8}, seed);
     seed += 2;
   }
 }
@@ -455,9 +439,8 @@ TEST_F(Cuda_QuantizeGradOutput, EveryDeviceOfOneProcess) {
     ASSERT_EQ(cudaSetDevice(d), cudaSuccess);
     cudaStream_t s = nullptr;
     ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-    for (int variant : {5, 8}) {
-      const VariantGuard vg(variant);
-      check_qgo_case(DType::bf16, {513, 2304, 4, ScaleMode::tensor, Rounding::stochastic, true, true, true, 8}, seed, d, s);
+    for (DType dt : {DType::bf16, DType::f32}) {
+      check_qgo_case(dt, {513, 2304, 4, ScaleMode::tensor, Rounding::stochastic, true, true, true, 8}, seed, d, s);
       seed += 2;
     }
     cudaStreamDestroy(s);
@@ -465,17 +448,15 @@ TEST_F(Cuda_QuantizeGradOutput, EveryDeviceOfOneProcess) {
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
 }
 
-// Rank 8 runs kernels compiled for that rank (qgo_kernels.cuh, kFixedRank); the run-time-rank kernels must give
-// the same bytes at rank 8 too (the benchmark times both).
-TEST_F(Cuda_QuantizeGradOutput, RunTimeRankKernelsAtRank8) {
+// Ranks 8 and 16 run kernels compiled for that rank (qgo_kernels.cuh, is_fixed_rank); the run-time-rank kernels
+// must give the same bytes at those ranks too (the benchmark times both).
+TEST_F(Cuda_QuantizeGradOutput, RunTimeRankKernelsAtFixedRanks) {
   const bool prev = hot::cuda::set_qgo_fixed_rank(false);
   uint64_t seed = 1500;
-  for (int variant : {5, 7})
-    for (DType dt : kFloatTypes)
+  for (DType dt : kFloatTypes)
+    for (int rank : {8, 16})
       for (auto [L, O] : std::vector<std::pair<int64_t, int64_t>>{{17, 24}, {513, 30}, {513, 2304}}) {
-        const VariantGuard vg(variant);
-        SCOPED_TRACE(testing::Message() << "variant " << variant);
-        check_qgo_case(dt, {L, O, 4, ScaleMode::tensor, Rounding::stochastic, true, true, true, 8}, seed);
+        check_qgo_case(dt, {L, O, 4, ScaleMode::tensor, Rounding::stochastic, true, true, true, rank}, seed);
         seed += 2;
       }
   hot::cuda::set_qgo_fixed_rank(prev);

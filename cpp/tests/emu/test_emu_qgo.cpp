@@ -13,10 +13,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -36,12 +34,8 @@ using hot_cuda_test::rand_float;
 using hot_test::HostTensor;
 
 // What hot::cuda::quantize_grad_output does, with host memory and the emulated kernels.
-// Variant 8 runs one CTA per tile unless tile_ctas_cap is set (then CTAs walk several tiles, one buffer each).
-int64_t g_v8_cap = 0x7fffffff;
 void emu_quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out) {
   hot::cuda::QgoSetup su = hot::cuda::qgo_setup(gy, plan, out);
-  su.ctas[0] = 2, su.ctas[1] = 2;  // variant 7: 2 persistent CTAs, so each walks several tiles (3 at 6 tiles)
-  su.tile_ctas_cap = g_v8_cap;
   std::vector<uint32_t> scratch(su.scratch_bytes() / 4 + 1, 0xdeadbeefu);
   su.bind_scratch(scratch.data());
   hot::cuda::dispatch_float(gy.dtype, "emu", [&](auto t) {
@@ -97,33 +91,26 @@ void run_case(DType dt, const Case& c, uint64_t seed, int special) {
   }
 }
 
-// Every test runs under each kernel variant (qgo_kernels.cuh: 5 = plain tile layout, 6 = bank-spread layout,
-// 7 = persistent cp.async-pipelined kernels for 16-bit input, 8 = the same kernels with one 16-bit tile buffer and one
-// CTA per tile) and each timing of the emulated cp.async copies.
-using Param = std::tuple<int, hot_emu::CopyTiming>;
+// Every test runs under each timing of the emulated cp.async copies (the 16-bit tiles of qgo16_kernel).
+using Param = hot_emu::CopyTiming;
 class Emu_QuantizeGradOutput : public ::testing::TestWithParam<Param> {
  protected:
-  void SetUp() override {
-    hot::cuda::g_qgo_variant = std::get<0>(GetParam());
-    hot_emu::copy_timing = std::get<1>(GetParam());
-  }
+  void SetUp() override { hot_emu::copy_timing = GetParam(); }
   void TearDown() override {
-    hot::cuda::g_qgo_variant = 5;
     hot::cuda::g_qgo_fixed_rank = true;
     hot_emu::copy_timing = hot_emu::CopyTiming::at_wait;
   }
 };
 class Emu_CompressActivation : public Emu_QuantizeGradOutput {};
 std::string param_name(const ::testing::TestParamInfo<Param>& i) {
-  return "v" + std::to_string(std::get<0>(i.param)) +
-         (std::get<1>(i.param) == hot_emu::CopyTiming::at_wait ? "_copy_at_wait" : "_copy_at_issue");
+  return i.param == hot_emu::CopyTiming::at_wait ? "copy_at_wait" : "copy_at_issue";
 }
 
 #if defined(HOT_EMU_RACE)
-// ThreadSanitizer runs the kernels ~10x slower: shapes that still take several tiles per CTA and both tile
-// widths; 16-bit input (variant 7 runs only there) and fp32.
+// ThreadSanitizer runs the kernels ~10x slower: shapes of one and of several tiles and both tile widths; 16-bit
+// input (qgo16_kernel, cp.async) and fp32 (qgo_kernel); a run-time rank and both compiled-in ranks.
 constexpr int64_t kLs[] = {17, 130}, kOs[] = {24, 300}, kIs[] = {77, 264};
-constexpr int kRanks[] = {3, 8};
+constexpr int kRanks[] = {3, 8, 16};
 constexpr DType kDtypes[] = {DType::bf16, DType::f32};
 const auto kTimings = ::testing::Values(hot_emu::CopyTiming::at_wait, hot_emu::CopyTiming::at_issue);
 #else
@@ -163,24 +150,20 @@ TEST_P(Emu_QuantizeGradOutput, NonFiniteAndTinyBitExactVsCpu) {
     }
 }
 
-// Rank 8 runs kernels compiled for that rank (kFixedRank); the run-time-rank kernels, which the benchmark times
-// against them, must give the same bytes at rank 8 too.
-TEST_P(Emu_QuantizeGradOutput, RunTimeRankKernelsAtRank8) {
-  hot::cuda::g_qgo_fixed_rank = false;
+// Ranks 8 and 16 run kernels compiled for that rank (qgo_kernels.cuh, is_fixed_rank); the run-time-rank kernels,
+// which the benchmark times against them, must give the same bytes at those ranks too.
+TEST_P(Emu_QuantizeGradOutput, RunTimeRankKernelsAtFixedRanks) {
   uint64_t seed = 6500;
-  for (DType dt : kDtypes)
-    for (int64_t O : {24, 300}) run_case(dt, {130, O, 4, ScaleMode::tensor, Rounding::stochastic, true, true, true, 8}, seed++, 0);
+  for (const bool fixed : {true, false}) {
+    hot::cuda::g_qgo_fixed_rank = fixed;
+    for (DType dt : kDtypes)
+      for (int rank : {8, 16})
+        for (int64_t O : {24, 300}) {
+          SCOPED_TRACE(testing::Message() << "compiled-in rank kernels " << fixed);
+          run_case(dt, {130, O, 4, ScaleMode::tensor, Rounding::stochastic, true, true, true, rank}, seed++, 0);
+        }
+  }
   hot::cuda::g_qgo_fixed_rank = true;
-}
-
-// Variant 8 past its grid cap: each CTA walks several tiles with its one buffer (fetch after the barrier).
-TEST_P(Emu_QuantizeGradOutput, CappedGridWalksTiles) {
-  if (hot::cuda::g_qgo_variant != 8) GTEST_SKIP() << "variant 8 only";
-  g_v8_cap = 2;
-  uint64_t seed = 6700;
-  for (DType dt : kDtypes)
-    for (int64_t O : {24, 300}) run_case(dt, {130, O, 4, ScaleMode::tensor, Rounding::stochastic, true, true, true, 8}, seed++, 0);
-  g_v8_cap = 0x7fffffff;
 }
 
 TEST_P(Emu_CompressActivation, BitExactVsCpu) {
@@ -204,32 +187,35 @@ TEST_P(Emu_CompressActivation, BitExactVsCpu) {
 }
 
 // Inputs with millions of rows (a convolution's L = batch x H x W): every launch of the pass fits the GPU's grid
-// limits, in every variant, for g_y and for ABC. The launches are recorded, not run (the data is never touched).
+// limits, for g_y and for ABC, 16-bit (qgo16_kernel) and fp32 (qgo_kernel). The launches are recorded, not run (the
+// data is never touched).
 TEST(Emu_QgoLaunch, MillionsOfRowsFitTheGrid) {
   void* const fake = reinterpret_cast<void*>(uintptr_t{1} << 20);  // 16-byte aligned, never dereferenced
   const hot::Device cuda0 = hot::Device::cuda(0);
   for (const int64_t L : {int64_t{4194304} + 64, int64_t{40000000}}) {  // past 65535 tiles of 64 rows
     const int64_t O = 768, Kp = hot::padded_k(hot::hla_rows(L, 8));
-    const TensorView gy = hot::make_view(fake, DType::bf16, cuda0, {L, O});
     const hot_cuda_test::QgoCase c{L, O, 4, ScaleMode::tensor, Rounding::stochastic, true, true, true, 8};
     GradOutputQuant out;
     out.q_g = hot::make_view(fake, DType::s8, cuda0, {L, O});
     out.s_g = hot::make_view(fake, DType::f32, cuda0, {1});
     out.q_gh_t = hot::make_view(fake, DType::s8, cuda0, {O, Kp});
     out.s_gh = hot::make_view(fake, DType::f32, cuda0, {1});
-    out.g_b = hot::make_view(fake, DType::bf16, cuda0, {O});
-    for (const int variant : {5, 6, 7, 8}) {
+    for (const DType dt : {DType::bf16, DType::f32}) {
+      const TensorView gy = hot::make_view(fake, dt, cuda0, {L, O});
+      out.g_b = hot::make_view(fake, dt, cuda0, {O});
       for (const bool abc : {false, true}) {
-        SCOPED_TRACE(testing::Message() << "L " << L << " variant " << variant << " abc " << abc);
-        hot::cuda::g_qgo_variant = variant;
+        SCOPED_TRACE(testing::Message() << "L " << L << " " << hot::dtype_name(dt) << " abc " << abc);
         GradOutputQuant o = out;
         if (abc) o.q_g = o.s_g = o.g_b = TensorView{};
         const GradOutputPlan plan = abc ? hot::cuda::abc_plan(8) : hot_cuda_test::qgo_plan(c, 1);
         hot::cuda::QgoSetup su = hot::cuda::qgo_setup(gy, plan, o);
-        su.ctas[0] = su.ctas[1] = 132 * 2;
+        EXPECT_EQ(su.raw16, dt != DType::f32);
         su.bind_scratch(fake);
         hot_emu::RecordLaunch rec;
-        hot::cuda::qgo_launch<__nv_bfloat16>(su, plan, o, static_cast<const __nv_bfloat16*>(fake), rec);
+        hot::cuda::dispatch_float(dt, "emu", [&](auto t) {
+          using T = decltype(t);
+          hot::cuda::qgo_launch<T>(su, plan, o, static_cast<const T*>(fake), rec);
+        });
         ASSERT_GE(rec.launches.size(), 3u);
         for (const auto& e : rec.launches)
           EXPECT_TRUE(e.ok) << "grid " << e.grid.x << " x " << e.grid.y << " x " << e.grid.z << ", " << e.threads
@@ -237,12 +223,11 @@ TEST(Emu_QgoLaunch, MillionsOfRowsFitTheGrid) {
       }
     }
   }
-  hot::cuda::g_qgo_variant = 5;
 }
 
 // On a GPU with 64 KB of shared memory per block (sm_75, the oldest CUDA 13 builds for) every launch of the pass
-// fits: variant 7 (two 16-bit buffers, 85 KB in pass 2) runs as variant 8, the rest already fit. The kernels use
-// no static shared memory (the amax reduction borrows the tile's), which ptxas shows (scripts/kernel_report.py).
+// fits (the 16-bit tile with its staging: 53 KB; the fp32 tile: 64 KB). The kernels use no static shared memory (the
+// amax reduction borrows the tile's), which ptxas shows (scripts/kernel_report.py).
 TEST(Emu_QgoLaunch, FitsSixtyFourKilobytesPerBlock) {
   const int64_t L = 300, O = 264, Kp = hot::padded_k(hot::hla_rows(L, 8));
   for (const DType dt : {DType::bf16, DType::f16, DType::f32}) {
@@ -253,11 +238,10 @@ TEST(Emu_QgoLaunch, FitsSixtyFourKilobytesPerBlock) {
     GradOutputQuant out;
     out.q_g = qg, out.s_g = sg, out.q_gh_t = qh, out.s_gh = sh, out.g_b = gb;
     const GradOutputPlan plan = hot_cuda_test::qgo_plan(c, 1);
-    for (const int variant : {5, 6, 7, 8}) {
-      SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " variant " << variant);
-      hot::cuda::g_qgo_variant = variant;
+    {
+      SCOPED_TRACE(testing::Message() << hot::dtype_name(dt));
       hot::cuda::QgoSetup su = hot::cuda::qgo_setup(gy, plan, out, 65536);
-      EXPECT_EQ(su.variant, variant == 7 && dt != DType::f32 ? 8 : variant);
+      EXPECT_EQ(su.raw16, dt != DType::f32);
       su.bind_scratch(qg.view().data);  // never touched by the recording launcher
       hot_emu::RecordLaunch rec;
       hot::cuda::dispatch_float(dt, "emu", [&](auto t) {
@@ -275,46 +259,33 @@ TEST(Emu_QgoLaunch, FitsSixtyFourKilobytesPerBlock) {
       }
     }
   }
-  hot::cuda::g_qgo_variant = 5;
 }
 
-// The default variant comes from HOT_QGO_VARIANT at the first call; anything but 5..8 is a clear error.
-TEST(Emu_QgoVariant, FromEnvironment) {
-  HostTensor gy = rand_float(DType::bf16, 20, 24, 1, 24);
-  const hot_cuda_test::QgoCase c{20, 24, 4, ScaleMode::tensor, Rounding::stochastic, true, true, false, 8};
-  const GradOutputPlan plan = hot_cuda_test::qgo_plan(c, 1);
-  HostTensor qg = out2d(DType::s8, 20, hot::padded_k(24)), sg = out1d(DType::f32, 1);
-  HostTensor qh = out2d(DType::s8, 24, hot::padded_k(hot::hla_rows(20, 8))), sh = out1d(DType::f32, 1);
-  GradOutputQuant out;
-  out.q_g = qg, out.s_g = sg, out.q_gh_t = qh, out.s_gh = sh;
-  const auto setup_with = [&](const char* env) {
-    hot::cuda::g_qgo_variant = 0;
-    if (env) {
-      setenv("HOT_QGO_VARIANT", env, 1);
-    } else {
-      unsetenv("HOT_QGO_VARIANT");
-    }
-    return hot::cuda::qgo_setup(gy, plan, out).variant;
-  };
-  EXPECT_EQ(setup_with(nullptr), 5);
-  EXPECT_EQ(setup_with("8"), 8);
-  EXPECT_EQ(setup_with("6"), 6);
-  for (const char* bad : {"9", "4", "x", "55"}) {
-    try {
-      setup_with(bad);
-      ADD_FAILURE() << "HOT_QGO_VARIANT=" << bad << " was accepted";
-    } catch (const hot::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("HOT_QGO_VARIANT"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+// Ranks 8 and 16 select the kernels compiled for them (unless g_qgo_fixed_rank is off), every other rank 1..16 the
+// run-time-rank ones (R = 0); ABC alike.
+TEST(Emu_QgoLaunch, CompiledInRanks) {
+  const int64_t L = 20, O = 24;
+  HostTensor gy = rand_float(DType::bf16, L, O, 1, O);
+  for (const bool fixed : {true, false}) {
+    hot::cuda::g_qgo_fixed_rank = fixed;
+    for (int rank = 1; rank <= 16; ++rank) {
+      SCOPED_TRACE(testing::Message() << "rank " << rank << " fixed " << fixed);
+      const int expected = fixed && (rank == 8 || rank == 16) ? rank : 0;
+      const hot_cuda_test::QgoCase c{L, O, 4, ScaleMode::tensor, Rounding::stochastic, true, true, false, rank};
+      HostTensor qg = out2d(DType::s8, L, hot::padded_k(O)), sg = out1d(DType::f32, 1);
+      HostTensor qh = out2d(DType::s8, O, hot::padded_k(hot::hla_rows(L, rank))), sh = out1d(DType::f32, 1);
+      GradOutputQuant out;
+      out.q_g = qg, out.s_g = sg, out.q_gh_t = qh, out.s_gh = sh;
+      EXPECT_EQ(hot::cuda::qgo_setup(gy, hot_cuda_test::qgo_plan(c, 1), out).fixed_rank, expected);
+      GradOutputQuant abc;
+      abc.q_gh_t = qh, abc.s_gh = sh;
+      EXPECT_EQ(hot::cuda::qgo_setup(gy, hot::cuda::abc_plan(rank), abc).fixed_rank, expected);
     }
   }
-  unsetenv("HOT_QGO_VARIANT");
-  hot::cuda::g_qgo_variant = 5;
+  hot::cuda::g_qgo_fixed_rank = true;
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, Emu_QuantizeGradOutput, ::testing::Combine(::testing::Values(5, 6, 7, 8), kTimings),
-                         param_name);
-INSTANTIATE_TEST_SUITE_P(Variants, Emu_CompressActivation, ::testing::Combine(::testing::Values(5, 6, 7, 8), kTimings),
-                         param_name);
+INSTANTIATE_TEST_SUITE_P(CopyTimings, Emu_QuantizeGradOutput, kTimings, param_name);
+INSTANTIATE_TEST_SUITE_P(CopyTimings, Emu_CompressActivation, kTimings, param_name);
 
 }  // namespace

@@ -18,7 +18,10 @@ def test_info(capsys):
 def test_summary(model, capsys):
     assert main(["summary", model, "--batch", "16"]) == 0
     out = capsys.readouterr().out
-    assert "converted" in out and "kept (HOT)" in out and "int8 HLA r=8" in out
+    assert "converted" in out and "kept (HOT)" in out and "int8 full rank" in out and "int8 tensor" in out
+    assert main(["summary", model, "--batch", "16", "--rank", "8", "--gx-bits", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "int8 HLA r=8" in out and "int4 tensor" in out and "paper" in out
 
 
 def test_no_command_prints_help(capsys):

@@ -135,8 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("summary", help="per-layer HOT table of a built-in model")
     s.add_argument("model", choices=["vit", "cnn"])
     s.add_argument("--batch", type=int_in(1), default=128)
-    s.add_argument("--rank", type=int_in(1, 16), default=8, help="HLA rank of the g_w path (1..16)")
-    s.add_argument("--gx-bits", type=int, default=4, choices=[4, 8])
+    s.add_argument("--rank", type=int_in(1, 16), default=16, help="HLA rank of the g_w path (1..16; default 16, "
+                   "full rank, as hot.Config())")
+    s.add_argument("--gx-bits", type=int, default=8, choices=[4, 8], help="bits of the g_x path (default 8, as "
+                   "hot.Config())")
     s.set_defaults(fn=cmd_summary)
     from . import fidelity, gradnoise, parity  # noqa: E402  (hot fidelity, hot parity, hot gradnoise)
 

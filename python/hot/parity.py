@@ -399,8 +399,8 @@ def simulate(model, name: str, exclude: Sequence[str] = INPUT_LAYERS, device_pat
 def prepare(model, name: str, calib_batch=None, steps: Optional[int] = None, loss_fn=None) -> str:
     """Apply method ``name`` to ``model`` in place; returns a one-line note. ``calib_batch``: the batch LQS and
     calibration measure on; ``loss_fn`` (default cross-entropy) their loss; ``steps``: the run's length, for a
-    method with a warm-up (``hot.torch.Warmup``, stepped after every training forward pass of the model)."""
-    import torch
+    method with a warm-up (``hot.torch.Warmup``, returned by ``warmup_of(model)``; ``run_parity`` steps it after every
+    optimizer step)."""
     import torch.nn.functional as F
 
     import hot.torch as ht
@@ -431,15 +431,14 @@ def prepare(model, name: str, calib_batch=None, steps: Optional[int] = None, los
         if steps is None:
             raise ValueError(f"hot.parity.prepare: method {name!r} has a warm-up and needs the run's steps")
         n = max(1, int(round(m.warmup * steps)))
-        warm = ht.Warmup(model, n)
-
-        def count_step(module, args, output):  # one training step per forward pass with gradients
-            if module.training and torch.is_grad_enabled():
-                warm.step()
-
-        model.register_forward_hook(count_step)
+        model._hot_parity_warmup = ht.Warmup(model, n)
         note += f", warm-up {n} steps"
     return note
+
+
+def warmup_of(model):
+    """The ``hot.torch.Warmup`` that ``prepare`` set up for a method's warm-up, or None."""
+    return getattr(model, "_hot_parity_warmup", None)
 
 
 # ---- runs and report ----------------------------------------------------------------------------------
@@ -680,7 +679,9 @@ def run_parity(model: str = "vit", methods: Sequence[str] = DEFAULT_METHODS, see
             torch.manual_seed(s + 1)
             t0 = time.perf_counter()
             note = prepare(net, m, calib_batch=(data[0][:batch], data[1][:batch]), steps=steps)
-            r = train(net, data, steps, batch, lr, s, device, measure=False)
+            warm = warmup_of(net)
+            r = train(net, data, steps, batch, lr, s, device, measure=False,
+                      on_step=(lambda step: warm.step()) if warm is not None else None)
             vl = _val_loss(net, data[2], data[3]) if t.context else None
             runs.append(Run(m, s, r.accuracy, r.losses, time.perf_counter() - t0, note, vl))
             if checkpoint is not None:

@@ -166,11 +166,13 @@ int main(int argc, char** argv) {
 
   std::string t1 =
       "## Per-layer backward (g_x + g_w), bf16 activations/gradients\n\n"
-      "HOT = quantize_grad_output (4-bit per-tensor G~, rank-8 G^, stochastic) + quantize_weight + two fused "
-      "dequant integer GEMMs. Baselines: cuBLAS g_x = g_y W and g_w = g_y^T x with fp32 (pedantic), tf32 and bf16 "
-      "(fp32 accumulate) operands.\n\n"
+      "HOT = the default configuration, hot::Config{} (8-bit per-tensor G~, rank-16 G^, stochastic; SPEC §10): "
+      "quantize_grad_output + quantize_weight + two fused dequant integer GEMMs, each timed alone and in sequence; "
+      "backward_linear = the same through the public entry point (allocations included); paper = backward_linear at "
+      "the paper's configuration (4-bit, rank 8). Baselines: cuBLAS g_x = g_y W and g_w = g_y^T x with fp32 "
+      "(pedantic), tf32 and bf16 (fp32 accumulate) operands; the ratios are of HOT (the kernels in sequence).\n\n"
       "| layer | L | O | I | HOT us | g_y pass us | W quant us | g_x GEMM us | g_w GEMM us | backward_linear us | "
-      "backward_linear gx_bits=8 us | cuBLAS fp32 us | tf32 us | bf16 us | vs fp32 | vs tf32 | vs bf16 |\n"
+      "paper us | cuBLAS fp32 us | tf32 us | bf16 us | vs fp32 | vs tf32 | vs bf16 |\n"
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   std::string t2 =
       "## Fused g_y pass (quantize_grad_output) vs a copy of g_y\n\n"
@@ -193,18 +195,21 @@ int main(int argc, char** argv) {
                    "gw only us | stats pass only (bias) us | per-token gx us |\n|---|---|---|---|---|---|---|\n";
   std::string t5 =
       "## g_y pass and ABC kernels by HLA rank (qgo_kernels.cuh)\n\n"
-      "Pass = the default plan of the per-layer table (4-bit per-tensor G~, stochastic) at G^ rank 8 and 16, with the "
+      "Pass = the g_y pass of the per-layer table (8-bit per-tensor G~, stochastic) at G^ rank 8 and 16, with the "
       "kernels compiled for that rank (the default) and with the run-time-rank kernels (set_qgo_fixed_rank(false)); "
-      "identical bytes. ABC = compress_activation of x (L x I, bf16, rank 8).\n\n"
-      "| layer | pass rank 8 us | rank 8 run-time rank us | pass rank 16 us | rank 16 run-time rank us | ABC rank 8 us |\n"
-      "|---|---|---|---|---|---|\n";
+      "identical bytes. ABC = compress_activation of x (L x I, bf16) at rank 8 and 16 (forward pass).\n\n"
+      "| layer | pass rank 8 us | rank 8 run-time rank us | pass rank 16 us | rank 16 run-time rank us | ABC rank 8 us "
+      "| ABC rank 16 us |\n|---|---|---|---|---|---|---|\n";
 
   for (size_t li = 0; li < layers.size(); ++li) {
     if (!pick.empty() && std::find(pick.begin(), pick.end(), static_cast<int>(li)) == pick.end()) continue;
     const Layer& ly = layers[li];
     const int64_t L = ly.L, O = ly.O, I = ly.I;
-    const int64_t Op = hot::padded_k(O), K = hot::hla_rows(L, 8), Kp = hot::padded_k(K);
-    const int64_t Kp16 = hot::padded_k(hot::hla_rows(L, 16));  // q_gh_t of the rank-16 timings (t5)
+    const hot::Config cfg;  // the default: the configuration this table times
+    hot::Config paper;
+    paper.gx_bits = 4, paper.rank = 8;
+    const int64_t Op = hot::padded_k(O), Kp = hot::padded_k(hot::hla_rows(L, cfg.rank));
+    const int64_t Kp16 = hot::padded_k(hot::hla_rows(L, 16));  // q_gh_t of the largest rank timed (t5)
     const size_t gy_b = L * O * 2, x_b = L * I * 2, w_b = O * I * 2;
     const int ns = n_sets(gy_b + x_b);
     std::vector<void*> gy(ns), x(ns), gy32(ns), x32(ns);
@@ -220,20 +225,23 @@ int main(int argc, char** argv) {
     void* gw = dalloc(O * I * 4);
     void* q_g = dalloc(L * Op);
     void* s_g = dalloc(4 * L);
-    void* q_gh = dalloc(O * std::max(Kp, Kp16));
+    void* q_gh = dalloc(O * Kp16);
     void* s_gh = dalloc(4);
     void* q_wt = dalloc(I * Op);
     void* s_w = dalloc(4);
-    // ABC buffers (forward pass), one per set
-    std::vector<hot::SavedActivation> saved;
-    for (int s = 0; s < ns; ++s) saved.push_back(hot::compress_activation(view(x[s], DType::bf16, L, I), 8));
+    // ABC buffers (forward pass), one per set, at the default rank and at the paper's
+    std::vector<hot::SavedActivation> saved, saved8;
+    for (int s = 0; s < ns; ++s) {
+      saved.push_back(hot::compress_activation(view(x[s], DType::bf16, L, I), cfg.rank));
+      saved8.push_back(hot::compress_activation(view(x[s], DType::bf16, L, I), paper.rank));
+    }
     CK(cudaDeviceSynchronize());
 
     hot::GradOutputPlan plan;
     plan.gx = plan.gw = true;
-    plan.gx_bits = 4;
+    plan.gx_bits = cfg.gx_bits;
     plan.block = hot::hq_block_size(O);
-    plan.rank = 8;
+    plan.rank = cfg.rank;
     plan.seed = 1;
     hot::GradOutputQuant qo;
     qo.q_g = view(q_g, DType::s8, L, Op);
@@ -247,11 +255,11 @@ int main(int argc, char** argv) {
     const double t_qgo = time_us([&](int i) { hot::cuda::quantize_grad_output(gyv(i), plan, qo, {}); });
     {
       void* gbias = dalloc(4 * O);
-      auto timed_plan = [&](bool gx, bool gw, bool bias, hot::Rounding rd, hot::ScaleMode sm, int rank = 8) {
+      auto timed_plan = [&](bool gx, bool gw, bool bias, hot::Rounding rd, hot::ScaleMode sm, int rank) {
         hot::GradOutputPlan p2 = plan;
         p2.gx = gx, p2.gw = gw, p2.bias = bias, p2.rounding = rd, p2.gx_scale = sm, p2.rank = rank;
         hot::GradOutputQuant q2 = qo;
-        if (rank != 8) q2.q_gh_t = view(q_gh, DType::s8, O, hot::padded_k(hot::hla_rows(L, rank)));
+        if (rank != cfg.rank) q2.q_gh_t = view(q_gh, DType::s8, O, hot::padded_k(hot::hla_rows(L, rank)));
         if (sm == hot::ScaleMode::token) q2.s_g = view1(s_g, DType::f32, L);
         q2.g_b = view1(gbias, DType::f32, O);
         return time_us([&](int i) { hot::cuda::quantize_grad_output(gyv(i), p2, q2, {}); });
@@ -260,9 +268,9 @@ int main(int argc, char** argv) {
       const auto T = hot::ScaleMode::tensor, K = hot::ScaleMode::token;
       char row[512];
       std::snprintf(row, sizeof row, "| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", ly.name,
-                    timed_plan(true, true, false, S, T), timed_plan(true, true, false, N, T),
-                    timed_plan(true, false, false, S, T), timed_plan(false, true, false, S, T),
-                    timed_plan(false, false, true, S, T), timed_plan(true, false, false, S, K));
+                    timed_plan(true, true, false, S, T, cfg.rank), timed_plan(true, true, false, N, T, cfg.rank),
+                    timed_plan(true, false, false, S, T, cfg.rank), timed_plan(false, true, false, S, T, cfg.rank),
+                    timed_plan(false, false, true, S, T, cfg.rank), timed_plan(true, false, false, S, K, cfg.rank));
       t4 += row;
       std::printf("%s", row);
       double by_rank[2][2];  // [rank 8, 16][compiled-in rank kernels, run-time-rank kernels]
@@ -272,22 +280,24 @@ int main(int argc, char** argv) {
         by_rank[1][k] = timed_plan(true, true, false, S, T, 16);
       }
       hot::cuda::set_qgo_fixed_rank(true);
-      const double t_abc = time_us([&](int i) {
-        hot::cuda::compress_activation(view(x[i % ns], DType::bf16, L, I), saved[i % ns].q.view(),
-                                       saved[i % ns].scale.view(), 8, {});
-      });
-      std::snprintf(row, sizeof row, "| %s | %.1f | %.1f | %.1f | %.1f | %.1f |\n", ly.name, by_rank[0][0],
-                    by_rank[0][1], by_rank[1][0], by_rank[1][1], t_abc);
+      auto t_abc = [&](std::vector<hot::SavedActivation>& sv) {
+        return time_us([&](int i) {
+          hot::cuda::compress_activation(view(x[i % ns], DType::bf16, L, I), sv[i % ns].q.view(),
+                                         sv[i % ns].scale.view(), sv[i % ns].rank, {});
+        });
+      };
+      std::snprintf(row, sizeof row, "| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", ly.name, by_rank[0][0],
+                    by_rank[0][1], by_rank[1][0], by_rank[1][1], t_abc(saved8), t_abc(saved));
       t5 += row;
       std::printf("%s", row);
       cudaFree(gbias);
     }
     const double t_qw = time_us([&](int) {
-      hot::cuda::quantize_weight(wv, view(q_wt, DType::s8, I, Op), view1(s_w, DType::f32, 1), 4, plan.block, {});
+      hot::cuda::quantize_weight(wv, view(q_wt, DType::s8, I, Op), view1(s_w, DType::f32, 1), cfg.gx_bits, plan.block, {});
     });
     const double t_gx = time_us([&](int) {
       hot::cuda::gemm_s8_dequant(qo.q_g, view(q_wt, DType::s8, I, Op), qo.s_g, view1(s_w, DType::f32, 1),
-                                 1.0f / plan.block, 4, gxv, {});
+                                 1.0f / plan.block, cfg.gx_bits, gxv, {});
     });
     const double t_gw = time_us([&](int i) {
       hot::cuda::gemm_s8_dequant(qo.q_gh_t, saved[i % ns].q.view(), qo.s_gh, saved[i % ns].scale.view(), 1.0f / 16,
@@ -295,22 +305,19 @@ int main(int argc, char** argv) {
     });
     const double t_hot = time_us([&](int i) {
       hot::cuda::quantize_grad_output(gyv(i), plan, qo, {});
-      hot::cuda::quantize_weight(wv, view(q_wt, DType::s8, I, Op), view1(s_w, DType::f32, 1), 4, plan.block, {});
+      hot::cuda::quantize_weight(wv, view(q_wt, DType::s8, I, Op), view1(s_w, DType::f32, 1), cfg.gx_bits, plan.block, {});
       hot::cuda::gemm_s8_dequant(qo.q_g, view(q_wt, DType::s8, I, Op), qo.s_g, view1(s_w, DType::f32, 1),
-                                 1.0f / plan.block, 4, gxv, {});
+                                 1.0f / plan.block, cfg.gx_bits, gxv, {});
       hot::cuda::gemm_s8_dequant(qo.q_gh_t, saved[i % ns].q.view(), qo.s_gh, saved[i % ns].scale.view(), 1.0f / 16,
                                  8, gwv, {});
     });
-    hot::Config cfg;
     const double t_api = time_us([&](int i) {
       hot::backward_linear(gyv(i), wv, &saved[i % ns], cfg, 1, {gxv, gwv, TensorView{}});
     });
-    // 8-bit g_x: on sm_90a the same int8 wgmma GEMM and operand bytes as 4-bit (SPEC §6), so the same time is
-    // expected; on sm_80/86/89 the s8 GEMM replaces the s4 one.
-    hot::Config cfg8;
-    cfg8.gx_bits = 8;
-    const double t_api8 = time_us([&](int i) {
-      hot::backward_linear(gyv(i), wv, &saved[i % ns], cfg8, 1, {gxv, gwv, TensorView{}});
+    // The paper's configuration: on sm_90a 4-bit g_x is the same int8 wgmma GEMM and operand bytes as 8-bit
+    // (SPEC §6); what differs is the g_w GEMM's K (rank 8: half the default's) and the g_y pass's G^ rows.
+    const double t_paper = time_us([&](int i) {
+      hot::backward_linear(gyv(i), wv, &saved8[i % ns], paper, 1, {gxv, gwv, TensorView{}});
     });
 
     // cuBLAS baselines. Row-major g_x (L x I) = g_y (L x O) W (O x I): column-major gx^T = W^T gy^T.
@@ -350,7 +357,7 @@ int main(int argc, char** argv) {
     std::snprintf(row, sizeof row,
                   "| %s | %lld | %lld | %lld | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2fx | "
                   "%.2fx | %.2fx |\n",
-                  ly.name, (long long)L, (long long)O, (long long)I, t_hot, t_qgo, t_qw, t_gx, t_gw, t_api, t_api8, t_fp32,
+                  ly.name, (long long)L, (long long)O, (long long)I, t_hot, t_qgo, t_qw, t_gx, t_gw, t_api, t_paper, t_fp32,
                   t_tf32, t_bf16, t_fp32 / t_hot, t_tf32 / t_hot, t_bf16 / t_hot);
     t1 += row;
     std::printf("%s", row);
@@ -368,7 +375,7 @@ int main(int argc, char** argv) {
     for (int s = 0; s < ns; ++s) cudaFree(gy[s]), cudaFree(x[s]);
     for (int s = 0; s < ns32; ++s) cudaFree(gy32[s]), cudaFree(x32[s]);
     for (void* p : {w, gx, gw, q_g, s_g, q_gh, s_gh, q_wt, s_w, w32, gx32, gw32, cp}) cudaFree(p);
-    saved.clear();
+    saved.clear(), saved8.clear();
     CK(cudaDeviceSynchronize());
   }
 

@@ -269,8 +269,8 @@ void bias_grad_launch(const TensorView& gy, const TensorView& out, float* partia
   });
   dispatch_float(out.dtype, "bias_grad", [&](auto t) {
     using T = decltype(t);
-    launch(bias_final_kernel<T>, dim3(static_cast<unsigned>(ceil_div(O, 128))), 128, 0,
-           static_cast<const float*>(partial), nchunks, O, static_cast<T*>(out.data));
+    launch(bias_final_kernel<T>, bias_final_grid(O), kBiasFinalThreads, 0, static_cast<const float*>(partial), nchunks,
+           O, static_cast<T*>(out.data));
   });
 }
 

@@ -177,11 +177,13 @@ TEST(Emu_BiasGrad, MillionsOfRowsFitTheGrid) {
 }
 
 // g_b: fixed 128-row chunks summed in chunk order; against float64 with the fp32 summation bound n u sum|g| plus
-// the output dtype's rounding, and bit-identical between two runs (deterministic).
+// the output dtype's rounding, bit-identical between two runs (deterministic), and in fp32 equal to the sums taken in
+// that order here (rows in order within a chunk, then the chunks in order). 16645 rows = 131 chunks: more than the
+// final kernel stages at once (kBiasFinalRows), plus a partial chunk.
 TEST(Emu_BiasGrad, MatchesFloat64AndDeterministic) {
   uint64_t seed = 500;
   for (DType dt : kDtypes)
-    for (auto [L, O] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {129, 7}, {300, 130}}) {
+    for (auto [L, O] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {129, 7}, {300, 130}, {16645, 40}}) {
       SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " L " << L << " O " << O);
       HostTensor gy = rand_float(dt, L, O, seed++, O + 1);
       HostTensor b1 = out1d(dt, O), b2 = b1;
@@ -191,6 +193,17 @@ TEST(Emu_BiasGrad, MatchesFloat64AndDeterministic) {
       hot::cuda::bias_grad_launch(gy.view(), b2.view(), partial.data(), hot_emu::Launch{});
       EXPECT_TRUE(all_bytes_equal(b1, b2));
       const std::vector<float> g = gy.to_f32();
+      if (dt == DType::f32) {
+        for (int64_t o = 0; o < O; ++o) {
+          float total = 0.0f;
+          for (int64_t r0 = 0; r0 < L; r0 += 128) {
+            float chunk = 0.0f;
+            for (int64_t l = r0; l < std::min(L, r0 + 128); ++l) chunk += g[l * O + o];
+            total += chunk;
+          }
+          ASSERT_EQ(b1.getf(o), total) << "g_b[" << o << "]: not the chunk-order sum";
+        }
+      }
       for (int64_t o = 0; o < O; ++o) {
         double s = 0, sa = 0;
         for (int64_t l = 0; l < L; ++l) s += g[l * O + o], sa += std::fabs(g[l * O + o]);

@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Where a training step's GPU time goes: torch.profiler over a few steps of one model (bench_models' tasks), exact
+against HOT, kernels grouped by kind and split into forward / backward / optimizer.
+
+For each mode the script runs warm-up steps, then profiles N steps with ``record_function`` ranges around the forward,
+the backward and the optimizer step, and reports per range: wall time (host, synchronised), summed GPU kernel time
+and the GPU kernels grouped (hot's own kernels, integer GEMMs, cuBLAS/cuDNN float GEMMs, attention, elementwise and
+the rest). Host time not covered by GPU work shows as wall - GPU.
+
+Usage (GPU): python benchmarks/profile_step.py --model vit_b16 --batch 64 --dtype bf16 --modes exact,hot --out DIR
+Writes DIR/profile_<model>_<dtype>_b<batch>.md (DIR = --out, else $OUT, else .).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_models as bm  # noqa: E402
+
+import hot  # noqa: E402
+import hot.torch as ht  # noqa: E402
+
+RANGES = ("fwd", "bwd", "opt")
+
+
+def kind(name: str) -> str:
+    n = name.lower()
+    if any(k in n for k in ("qgo", "hadamard", "fwht", "hla", "quantize", "compress", "hot::", "quant")):
+        return "hot passes"
+    if "cutlass" in n and ("s8" in n or "int8" in n or "i8" in n or "s32" in n):
+        return "integer GEMM"
+    if "cutlass" in n or "gemm" in n or "sm90_xmma" in n or "nvjet" in n or "cublas" in n:
+        return "float GEMM"
+    if "flash" in n or "fmha" in n or "attention" in n or "sdpa" in n:
+        return "attention"
+    if "elementwise" in n or "vectorized" in n or "unrolled" in n:
+        return "elementwise"
+    if "reduce" in n or "norm" in n or "softmax" in n:
+        return "reduce / norm"
+    if "memcpy" in n or "memset" in n:
+        return "copy / set"
+    return "other"
+
+
+def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device):
+    torch.manual_seed(0)
+    model = task.build().to(device)
+    if mode == "hot":
+        ht.convert(model)
+    elif mode == "hot-paper":
+        ht.convert(model, hot.Config.paper())
+    elif mode != "exact":
+        raise ValueError(f"mode must be exact, hot or hot-paper, got {mode!r}")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x, y = task.make_batch(batch, device)
+    ac = torch.autocast("cuda", dtype=torch.bfloat16) if dtype == "bf16" else torch.autocast("cuda", enabled=False)
+
+    def step():
+        with ac:
+            loss = task.loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    walls = collections.defaultdict(float)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):  # each range ends with a synchronize inside it: its window holds all its GPU work
+            t0 = time.perf_counter()
+            with torch.profiler.record_function("fwd"):
+                with ac:
+                    loss = task.loss_fn(model(x), y)
+                torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            with torch.profiler.record_function("bwd"):
+                loss.backward()
+                torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            with torch.profiler.record_function("opt"):
+                opt.step()
+                opt.zero_grad(set_to_none=False)
+                torch.cuda.synchronize()
+            t3 = time.perf_counter()
+            walls["fwd"] += (t1 - t0) * 1e3 / steps
+            walls["bwd"] += (t2 - t1) * 1e3 / steps
+            walls["opt"] += (t3 - t2) * 1e3 / steps
+    # GPU kernels by the range whose window holds their start on the GPU timeline
+    events = prof.events()
+    windows = [(e.name, e.time_range.start, e.time_range.end) for e in events
+               if e.name in RANGES and e.device_type != torch.autograd.DeviceType.CUDA]
+    by = {r: collections.Counter() for r in RANGES}
+    top = {r: collections.Counter() for r in RANGES}
+    for e in events:
+        if e.device_type != torch.autograd.DeviceType.CUDA or e.name in RANGES:  # kernels, not range markers
+            continue
+        rng = next((name for name, t0, t1 in windows if t0 <= e.time_range.start <= t1), None)
+        if rng is None:
+            continue
+        us = e.time_range.elapsed_us()
+        by[rng][kind(e.name)] += us / steps
+        top[rng][e.name[:90]] += us / steps
+    return walls, by, top
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="vit_b16")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
+    ap.add_argument("--modes", default="exact,hot")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("profile_step: needs a CUDA GPU")
+        return 2
+    a.llama_kv_heads, a.llama_seq = 8, 2048
+    task, note = bm.make_task(a.model, False, a)
+    if task is None:
+        print(note)
+        return 2
+    dev = torch.device("cuda")
+    lines = [f"# Step profile: {a.model}, {a.dtype}, batch {a.batch}", "",
+             f"{torch.cuda.get_device_name()}; torch {torch.__version__}; hot {hot.__version__}; "
+             f"mean of {a.steps} profiled steps (profiler overhead included in wall times)", ""]
+    for mode in a.modes.split(","):
+        walls, by, top = profile_mode(task, mode, a.batch, a.dtype, a.steps, dev)
+        lines += [f"## {mode}", "", "| range | wall ms | GPU kernels ms | " +
+                  " | ".join(k for k in ("hot passes", "integer GEMM", "float GEMM", "attention", "elementwise",
+                                         "reduce / norm", "copy / set", "other")) + " |",
+                  "|---" * 11 + "|"]
+        for r in RANGES:
+            tot = sum(by[r].values()) / 1e3
+            cells = [f"{by[r][k] / 1e3:.2f}" for k in ("hot passes", "integer GEMM", "float GEMM", "attention",
+                                                         "elementwise", "reduce / norm", "copy / set", "other")]
+            lines.append(f"| {r} | {walls[r]:.2f} | {tot:.2f} | " + " | ".join(cells) + " |")
+        for r in ("fwd", "bwd"):
+            lines += ["", f"Top kernels, {mode} {r} (ms per step):", ""]
+            for name, us in top[r].most_common(a.top):
+                lines.append(f"- {us / 1e3:.3f}  `{name}`")
+        lines.append("")
+        torch.cuda.empty_cache()
+    text = "\n".join(lines)
+    print(text)
+    out = a.out or os.environ.get("OUT") or "."
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"profile_{a.model}_{a.dtype}_b{a.batch}.md"), "w") as f:
+        f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import statistics
 import sys
 import time
 
@@ -48,7 +49,7 @@ def kind(name: str) -> str:
     return "other"
 
 
-def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device):
+def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, host_profile: bool = False):
     torch.manual_seed(0)
     model = task.build().to(device)
     if mode == "hot":
@@ -71,6 +72,25 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device):
     for _ in range(3):
         step()
     torch.cuda.synchronize()
+    # Without the profiler: host time to enqueue each range (perf_counter before the synchronize) and its time to
+    # completion (after it). Enqueue close to completion: the host, not the GPU, sets the pace of that range.
+    host = collections.defaultdict(list)
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        with ac:
+            loss = task.loss_fn(model(x), y)
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        loss.backward()
+        t3 = time.perf_counter()
+        torch.cuda.synchronize()
+        t4 = time.perf_counter()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        torch.cuda.synchronize()
+        host["fwd"].append(((t1 - t0) * 1e3, (t2 - t0) * 1e3))
+        host["bwd"].append(((t3 - t2) * 1e3, (t4 - t2) * 1e3))
     walls = collections.defaultdict(float)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -108,7 +128,20 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device):
         us = e.time_range.elapsed_us()
         by[rng][kind(e.name)] += us / steps
         top[rng][e.name[:90]] += us / steps
-    return walls, by, top
+    if host_profile:  # where the host's time goes: cProfile over the same steps (GPU work is asynchronous)
+        import cProfile
+        import io
+        import pstats
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+        pr.disable()
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(25)
+        host["cprofile"] = buf.getvalue()
+    return walls, by, top, host
 
 
 def main() -> int:
@@ -119,6 +152,7 @@ def main() -> int:
     ap.add_argument("--modes", default="exact,hot")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--host-profile", action="store_true", help="also cProfile the host side of whole steps")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -134,7 +168,7 @@ def main() -> int:
              f"{torch.cuda.get_device_name()}; torch {torch.__version__}; hot {hot.__version__}; "
              f"mean of {a.steps} profiled steps (profiler overhead included in wall times)", ""]
     for mode in a.modes.split(","):
-        walls, by, top = profile_mode(task, mode, a.batch, a.dtype, a.steps, dev)
+        walls, by, top, host = profile_mode(task, mode, a.batch, a.dtype, a.steps, dev, a.host_profile)
         lines += [f"## {mode}", "", "| range | wall ms | GPU kernels ms | " +
                   " | ".join(k for k in ("hot passes", "integer GEMM", "float GEMM", "attention", "elementwise",
                                          "reduce / norm", "copy / set", "other")) + " |",
@@ -144,10 +178,16 @@ def main() -> int:
             cells = [f"{by[r][k] / 1e3:.2f}" for k in ("hot passes", "integer GEMM", "float GEMM", "attention",
                                                          "elementwise", "reduce / norm", "copy / set", "other")]
             lines.append(f"| {r} | {walls[r]:.2f} | {tot:.2f} | " + " | ".join(cells) + " |")
+        lines += ["", "Without the profiler (median of the steps): " + "; ".join(
+            f"{r} enqueued in {statistics.median(h[0] for h in host[r]):.2f} ms, done in "
+            f"{statistics.median(h[1] for h in host[r]):.2f} ms" for r in ("fwd", "bwd")) + "."]
         for r in ("fwd", "bwd"):
             lines += ["", f"Top kernels, {mode} {r} (ms per step):", ""]
             for name, us in top[r].most_common(a.top):
                 lines.append(f"- {us / 1e3:.3f}  `{name}`")
+        if "cprofile" in host:
+            lines += ["", f"Host time by function, {mode} ({a.steps} whole steps, cProfile, by own time):", "", "```",
+                      host["cprofile"].strip(), "```"]
         lines.append("")
         torch.cuda.empty_cache()
     text = "\n".join(lines)

@@ -49,7 +49,8 @@ def kind(name: str) -> str:
     return "other"
 
 
-def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, host_profile: bool = False):
+def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, host_profile: bool = False,
+                 compile_mode: str = "none", kernels: bool = True):
     torch.manual_seed(0)
     model = task.build().to(device)
     if mode == "hot":
@@ -59,8 +60,11 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
     elif mode != "exact":
         raise ValueError(f"mode must be exact, hot or hot-paper, got {mode!r}")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    if compile_mode != "none":
+        model = torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
     x, y = task.make_batch(batch, device)
     ac = torch.autocast("cuda", dtype=torch.bfloat16) if dtype == "bf16" else torch.autocast("cuda", enabled=False)
+    host = collections.defaultdict(list)
 
     def step():
         with ac:
@@ -69,12 +73,13 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
         opt.step()
         opt.zero_grad(set_to_none=False)
 
-    for _ in range(3):
+    t_c = time.perf_counter()
+    for _ in range(3):  # warm-up (with torch.compile: compilation, and CUDA graph recording)
         step()
     torch.cuda.synchronize()
+    host["warmup_s"] = time.perf_counter() - t_c
     # Without the profiler: host time to enqueue each range (perf_counter before the synchronize) and its time to
     # completion (after it). Enqueue close to completion: the host, not the GPU, sets the pace of that range.
-    host = collections.defaultdict(list)
     for _ in range(steps):
         t0 = time.perf_counter()
         with ac:
@@ -91,7 +96,16 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
         torch.cuda.synchronize()
         host["fwd"].append(((t1 - t0) * 1e3, (t2 - t0) * 1e3))
         host["bwd"].append(((t3 - t2) * 1e3, (t4 - t2) * 1e3))
+    for _ in range(steps):  # free-running steps, one synchronize after each: the step time a training loop sees
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        host["step"].append((time.perf_counter() - t0) * 1e3)
     walls = collections.defaultdict(float)
+    by = {r: collections.Counter() for r in RANGES}
+    top = {r: collections.Counter() for r in RANGES}
+    if not kernels:
+        return walls, by, top, host
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):  # each range ends with a synchronize inside it: its window holds all its GPU work
@@ -117,8 +131,6 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
     events = prof.events()
     windows = [(e.name, e.time_range.start, e.time_range.end) for e in events
                if e.name in RANGES and e.device_type != torch.autograd.DeviceType.CUDA]
-    by = {r: collections.Counter() for r in RANGES}
-    top = {r: collections.Counter() for r in RANGES}
     for e in events:
         if e.device_type != torch.autograd.DeviceType.CUDA or e.name in RANGES:  # kernels, not range markers
             continue
@@ -153,6 +165,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--host-profile", action="store_true", help="also cProfile the host side of whole steps")
+    ap.add_argument("--compile", default="none", choices=("none", "default", "reduce-overhead",
+                                                           "max-autotune-no-cudagraphs"),
+                    help="torch.compile the model with this mode first")
+    ap.add_argument("--no-kernels", action="store_true", help="skip the torch.profiler steps (timings only)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -164,12 +180,22 @@ def main() -> int:
         print(note)
         return 2
     dev = torch.device("cuda")
-    lines = [f"# Step profile: {a.model}, {a.dtype}, batch {a.batch}", "",
+    lines = [f"# Step profile: {a.model}, {a.dtype}, batch {a.batch}, torch.compile: {a.compile}", "",
              f"{torch.cuda.get_device_name()}; torch {torch.__version__}; hot {hot.__version__}; "
              f"mean of {a.steps} profiled steps (profiler overhead included in wall times)", ""]
     for mode in a.modes.split(","):
-        walls, by, top, host = profile_mode(task, mode, a.batch, a.dtype, a.steps, dev, a.host_profile)
-        lines += [f"## {mode}", "", "| range | wall ms | GPU kernels ms | " +
+        walls, by, top, host = profile_mode(task, mode, a.batch, a.dtype, a.steps, dev, a.host_profile, a.compile,
+                                            not a.no_kernels)
+        lines += [f"## {mode}", ""]
+        lines += [f"Step (median of {a.steps} free-running steps, without the profiler): "
+                  f"{statistics.median(host['step']):.2f} ms (all: {', '.join(f'{t:.1f}' for t in host['step'])}); "
+                  f"warm-up of 3 steps {host['warmup_s']:.1f} s.", ""]
+        lines += ["Without the profiler (median of the steps): " + "; ".join(
+            f"{r} enqueued in {statistics.median(h[0] for h in host[r]):.2f} ms, done in "
+            f"{statistics.median(h[1] for h in host[r]):.2f} ms" for r in ("fwd", "bwd")) + ".", ""]
+        if a.no_kernels:
+            continue
+        lines += ["| range | wall ms | GPU kernels ms | " +
                   " | ".join(k for k in ("hot passes", "integer GEMM", "float GEMM", "attention", "elementwise",
                                          "reduce / norm", "copy / set", "other")) + " |",
                   "|---" * 11 + "|"]
@@ -178,9 +204,6 @@ def main() -> int:
             cells = [f"{by[r][k] / 1e3:.2f}" for k in ("hot passes", "integer GEMM", "float GEMM", "attention",
                                                          "elementwise", "reduce / norm", "copy / set", "other")]
             lines.append(f"| {r} | {walls[r]:.2f} | {tot:.2f} | " + " | ".join(cells) + " |")
-        lines += ["", "Without the profiler (median of the steps): " + "; ".join(
-            f"{r} enqueued in {statistics.median(h[0] for h in host[r]):.2f} ms, done in "
-            f"{statistics.median(h[1] for h in host[r]):.2f} ms" for r in ("fwd", "bwd")) + "."]
         for r in ("fwd", "bwd"):
             lines += ["", f"Top kernels, {mode} {r} (ms per step):", ""]
             for name, us in top[r].most_common(a.top):
@@ -194,7 +217,8 @@ def main() -> int:
     print(text)
     out = a.out or os.environ.get("OUT") or "."
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, f"profile_{a.model}_{a.dtype}_b{a.batch}.md"), "w") as f:
+    suffix = "" if a.compile == "none" else f"_compile-{a.compile}"
+    with open(os.path.join(out, f"profile_{a.model}_{a.dtype}_b{a.batch}{suffix}.md"), "w") as f:
         f.write(text + "\n")
     return 0
 

@@ -184,6 +184,9 @@ def main() -> int:
              f"{torch.cuda.get_device_name()}; torch {torch.__version__}; hot {hot.__version__}; "
              f"mean of {a.steps} profiled steps (profiler overhead included in wall times)", ""]
     for mode in a.modes.split(","):
+        if a.compile != "none":
+            torch._dynamo.reset()  # the previous mode's graphs (and the model they hold) go
+        torch.cuda.empty_cache()
         walls, by, top, host = profile_mode(task, mode, a.batch, a.dtype, a.steps, dev, a.host_profile, a.compile,
                                             not a.no_kernels)
         lines += [f"## {mode}", ""]

@@ -10,11 +10,14 @@ The HOT configuration of a layer is ``layer.hot_config`` (a ``hot.Config``). Aft
 choice), after ``hot.torch.lqs`` (§7.1) ``layer.hot_lqs``, and during a ``hot.torch.Warmup`` (§10)
 ``layer.hot_warmup``; then, and only then, its state_dict gains one entry ``<name>._extra_state`` holding the
 configuration and that state, restored by ``load_state_dict``. A state_dict without it (for
-example one of the original ``nn.Linear`` model) loads into a converted model with ``strict=True``.
+example one of the original ``nn.Linear`` model) loads into a converted model with ``strict=True``. A layer whose
+weight is sharded (a DTensor: FSDP2, tensor parallelism) always has the entry, as a JSON string ("null" until there
+is state), because ``torch.distributed.checkpoint`` restores only the keys the destination's state_dict has.
 """
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -160,12 +163,25 @@ def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride=1, padd
     return y.squeeze(0) if unbatched else y
 
 
-def _parse_extra_state(extra) -> Dict[str, Any]:
+def _is_dtensor(t) -> bool:
+    """t is a torch.distributed DTensor (a parameter FSDP2 or tensor parallelism has sharded)."""
+    return type(t).__name__ == "DTensor" and type(t).__module__.startswith("torch.distributed")
+
+
+def _parse_extra_state(extra) -> Optional[Dict[str, Any]]:
     """A layer's ``_extra_state`` entry as {"config": hot.Config, "lqs", "calibration": dict or None, "warmup": None
-    or {"left": int >= 1, "target": hot.Config}}; TypeError / ValueError if malformed. Version 1 entries (config and
-    LQS only) load as well."""
+    or {"left": int >= 1, "target": hot.Config}}, or None for the entry of a sharded layer without state (the JSON
+    string "null"; a sharded layer's entry is that dict as JSON); TypeError / ValueError if malformed. Version 1
+    entries (config and LQS only) load as well."""
     what = ("a dict {'config': dict, 'lqs': dict or None, 'calibration': dict or None, 'warmup': None or "
             "{'left': int, 'target': dict}} (hot.torch extra state)")
+    if isinstance(extra, str):  # a sharded layer's entry: JSON, "null" without state
+        try:
+            extra = json.loads(extra)
+        except ValueError as e:
+            raise TypeError(f"expected {what} or its JSON, got a string that is not JSON ({e})") from None
+        if extra is None:
+            return None
     if not isinstance(extra, dict) or not isinstance(extra.get("config"), dict):
         raise TypeError(f"expected {what}, got {extra!r:.200}")
     out: Dict[str, Any] = {"config": hot.Config.from_dict(extra["config"])}
@@ -239,15 +255,24 @@ class _HotMixin:
         return "given"
 
     # state_dict: one `_extra_state` entry, only once LQS, calibration or a warm-up has run --------------------------
+    # A layer whose weight is a DTensor (FSDP2, tensor parallel) always has it, as one JSON string ("null" until there
+    # is state): the checkpoints of sharded models are torch.distributed.checkpoint's, which restores only the keys
+    # the destination state_dict has, and flattens a dict into its leaves (so a fresh layer's entry must have the
+    # same structure as a calibrated one's) and drops None leaves.
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         nn.Module._save_to_state_dict(self, destination, prefix, keep_vars)
+        entry = None
         if self.hot_lqs is not None or self.hot_calibration is not None or self.hot_warmup is not None:
             w = self.hot_warmup
-            destination[prefix + "_extra_state"] = {
+            entry = {
                 "version": _EXTRA_STATE_VERSION, "config": self.hot_config.to_dict(),
                 "lqs": dict(self.hot_lqs) if self.hot_lqs is not None else None,
                 "calibration": dict(self.hot_calibration) if self.hot_calibration is not None else None,
                 "warmup": None if w is None else {"left": int(w["left"]), "target": w["target"].to_dict()}}
+        if _is_dtensor(self.weight):
+            destination[prefix + "_extra_state"] = json.dumps(entry)
+        elif entry is not None:
+            destination[prefix + "_extra_state"] = entry
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
@@ -263,7 +288,7 @@ class _HotMixin:
                                         unexpected_keys, error_msgs)
         if key in unexpected_keys:
             unexpected_keys.remove(key)
-        if extra is not None:
+        if extra is not None and parsed is not None:
             self.hot_config, self.hot_lqs = parsed["config"], parsed["lqs"]
             self.hot_calibration, self.hot_warmup = parsed["calibration"], parsed["warmup"]
 

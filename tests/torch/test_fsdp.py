@@ -56,7 +56,8 @@ def _shard(model, mesh):
 
 def _count_all_gathers(model, xs, ys):
     """FSDP2 all-gathers (of parameter groups) in one forward + backward of model; None where this torch's FSDP2
-    does not have the internal function counted (torch.distributed.fsdp._fully_shard._fsdp_param_group.foreach_all_gather)."""
+    does not have the internal function counted (``foreach_all_gather`` of
+    torch.distributed.fsdp._fully_shard._fsdp_param_group)."""
     try:
         from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg
     except ImportError:

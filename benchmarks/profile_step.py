@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import os
 import statistics
 import sys
@@ -50,7 +51,7 @@ def kind(name: str) -> str:
 
 
 def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, host_profile: bool = False,
-                 compile_mode: str = "none", kernels: bool = True):
+                 compile_mode: str = "none", kernels: bool = True, no_gc: bool = False):
     torch.manual_seed(0)
     model = task.build().to(device)
     if mode == "hot":
@@ -73,6 +74,9 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
         opt.step()
         opt.zero_grad(set_to_none=False)
 
+    if no_gc:  # Python's cyclic collector off for the timed steps (its pauses show up as slow steps)
+        gc.collect()
+        gc.disable()
     t_c = time.perf_counter()
     for _ in range(3):  # warm-up (with torch.compile: compilation, and CUDA graph recording)
         step()
@@ -105,7 +109,8 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
     by = {r: collections.Counter() for r in RANGES}
     top = {r: collections.Counter() for r in RANGES}
     if not kernels:
-        return walls, by, top, host
+        gc.enable()
+    return walls, by, top, host
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):  # each range ends with a synchronize inside it: its window holds all its GPU work
@@ -153,6 +158,7 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
         buf = io.StringIO()
         pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(25)
         host["cprofile"] = buf.getvalue()
+    gc.enable()
     return walls, by, top, host
 
 
@@ -169,6 +175,7 @@ def main() -> int:
                                                            "max-autotune-no-cudagraphs"),
                     help="torch.compile the model with this mode first")
     ap.add_argument("--no-kernels", action="store_true", help="skip the torch.profiler steps (timings only)")
+    ap.add_argument("--no-gc", action="store_true", help="Python's garbage collector off during the steps")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -180,7 +187,8 @@ def main() -> int:
         print(note)
         return 2
     dev = torch.device("cuda")
-    lines = [f"# Step profile: {a.model}, {a.dtype}, batch {a.batch}, torch.compile: {a.compile}", "",
+    lines = [f"# Step profile: {a.model}, {a.dtype}, batch {a.batch}, torch.compile: {a.compile}"
+             + (", gc off" if a.no_gc else ""), "",
              f"{torch.cuda.get_device_name()}; torch {torch.__version__}; hot {hot.__version__}; "
              f"mean of {a.steps} profiled steps (profiler overhead included in wall times)", ""]
     for mode in a.modes.split(","):
@@ -188,7 +196,7 @@ def main() -> int:
             torch._dynamo.reset()  # the previous mode's graphs (and the model they hold) go
         torch.cuda.empty_cache()
         walls, by, top, host = profile_mode(task, mode, a.batch, a.dtype, a.steps, dev, a.host_profile, a.compile,
-                                            not a.no_kernels)
+                                            not a.no_kernels, a.no_gc)
         lines += [f"## {mode}", ""]
         lines += [f"Step (median of {a.steps} free-running steps, without the profiler): "
                   f"{statistics.median(host['step']):.2f} ms (all: {', '.join(f'{t:.1f}' for t in host['step'])}); "

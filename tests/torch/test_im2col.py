@@ -72,3 +72,45 @@ def test_col2im_equals_fold(geom, dtype, device):
         eps_out = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}[dtype]
         bound = terms * 2.0 ** -24 * mag + eps_out * ref.abs() + 1e-30
         assert ((out.double() - ref).abs() <= bound).all()
+
+
+def _patch_perm(N, Ho, Wo):
+    """Row indices into (n, ho, wo)-ordered rows that list each image's 4 x 4 patches, patches in raster order and
+    the rows of a patch in raster order (written out here with loops, independently of ops._patch_split)."""
+    idx = []
+    for n in range(N):
+        for ph in range(Ho // 4):
+            for pw in range(Wo // 4):
+                for i in range(4):
+                    for j in range(4):
+                        idx.append((n * Ho + 4 * ph + i) * Wo + 4 * pw + j)
+    return torch.tensor(idx)
+
+
+# geometries whose output map tiles into 4 x 4 patches: (N, C, H, W, kh, kw, stride, padding, dilation)
+PATCH_GEOMS = [(2, 3, 8, 8, 3, 3, (1, 1), (1, 1), (1, 1)), (1, 2, 16, 8, 3, 3, (2, 2), (1, 1), (1, 1)),
+               (2, 4, 12, 4, 1, 1, (1, 1), (0, 0), (1, 1)), (1, 2, 9, 10, 2, 2, (2, 3), (0, 1), (1, 2))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("geom", PATCH_GEOMS, ids=[f"g{i}" for i in range(len(PATCH_GEOMS))])
+def test_patch_order_is_a_row_permutation_and_col2im_its_adjoint(geom, device):
+    """im2col(patches=True) = the (n, ho, wo) rows permuted into 4 x 4 patch order (exactly), and col2im(patches=True)
+    of permuted rows = col2im of the rows in (n, ho, wo) order (exactly: the same values summed in the same order)."""
+    N, C, H, W, kh, kw, s, p, d = geom
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(N, C, H, W, generator=g).to(device)
+    rows = im2col(x, (kh, kw), s, p, d)
+    Ho = (H + 2 * p[0] - d[0] * (kh - 1) - 1) // s[0] + 1
+    Wo = (W + 2 * p[1] - d[1] * (kw - 1) - 1) // s[1] + 1
+    assert Ho % 4 == 0 and Wo % 4 == 0
+    perm = _patch_perm(N, Ho, Wo).to(device)
+    assert torch.equal(im2col(x, (kh, kw), s, p, d, patches=True), rows[perm])
+    cols = torch.randn(rows.shape, generator=g).to(device)
+    assert torch.equal(col2im(cols[perm], (N, C, H, W), (kh, kw), s, p, d, patches=True),
+                       col2im(cols, (N, C, H, W), (kh, kw), s, p, d))
+
+
+def test_patch_order_needs_sides_that_are_multiples_of_4():
+    with pytest.raises(ValueError, match=r"multiples of 4, got 9 x 9"):
+        im2col(torch.zeros(1, 1, 9, 9), (3, 3), (1, 1), (1, 1), (1, 1), patches=True)

@@ -419,32 +419,57 @@ def _windows(t: Tensor, Ho: int, Wo: int, kernel, stride, dilation) -> Tensor:
     return t.as_strided((N, Ho, Wo, C, kh, kw), (sN, sH * sh, sW * sw, sC, sH * dh, sW * dw), t.storage_offset())
 
 
-def im2col(x: Tensor, kernel, stride, padding, dilation) -> Tensor:
+def _patch_split(t: Tensor, dim: int) -> Tensor:
+    """t with dims dim (Ho) and dim + 1 (Wo) split into (Ho / 4, 4) and (Wo / 4, 4) and ordered (Ho / 4, Wo / 4, 4, 4):
+    the rows of each 4 x 4 spatial patch become consecutive (a view)."""
+    t = t.unflatten(dim + 1, (t.shape[dim + 1] // 4, 4)).unflatten(dim, (t.shape[dim] // 4, 4))
+    order = list(range(t.dim()))
+    order[dim + 1], order[dim + 2] = order[dim + 2], order[dim + 1]
+    return t.permute(order)
+
+
+def conv_patch_rows(Ho: int, Wo: int, config) -> bool:
+    """Whether a converted conv's backward takes the rows of g_y and of the im2col matrix in 4 x 4 spatial patch
+    order (SPEC §8): when the HLA projection drops rows (rank < 16) and the output map tiles into 4 x 4 patches."""
+    return not config.exact and config.rank < 16 and Ho % 4 == 0 and Wo % 4 == 0
+
+
+def im2col(x: Tensor, kernel, stride, padding, dilation, patches: bool = False) -> Tensor:
     """The im2col matrix of a conv2d input x (N, C, H, W): (N*Ho*Wo) x (C*kh*kw), row-major, rows in (n, ho, wo)
     order and columns in (c, i, j) order (``F.unfold``'s layout, transposed): one strided view and one copy
-    (the pad, if any, is a second); a 1x1 stride-1 conv of a channels-last x needs no copy."""
+    (the pad, if any, is a second); a 1x1 stride-1 conv of a channels-last x needs no copy. patches: rows in 4 x 4
+    patch order instead, (n, ho // 4, wo // 4, ho % 4, wo % 4) (Ho and Wo multiples of 4; the same one copy)."""
     N, C, H, W = x.shape
     (kh, kw), (ph, pw) = kernel, padding
     Ho = _conv_out(H, kh, stride[0], ph, dilation[0])
     Wo = _conv_out(W, kw, stride[1], pw, dilation[1])
+    if patches and (Ho % 4 or Wo % 4):
+        raise ValueError(f"im2col: patch order needs an output map whose sides are multiples of 4, got {Ho} x {Wo}")
     if ph or pw:
         x = F.pad(x, (pw, pw, ph, ph))
-    return _windows(x, Ho, Wo, kernel, stride, dilation).reshape(N * Ho * Wo, C * kh * kw).contiguous()
+    win = _windows(x, Ho, Wo, kernel, stride, dilation)
+    if patches:
+        win = _patch_split(win, 1)
+    return win.reshape(N * Ho * Wo, C * kh * kw).contiguous()
 
 
-def col2im(cols: Tensor, x_shape, kernel, stride, padding, dilation) -> Tensor:
+def col2im(cols: Tensor, x_shape, kernel, stride, padding, dilation, patches: bool = False) -> Tensor:
     """The adjoint of :func:`im2col`: sums the (N*Ho*Wo) x (C*kh*kw) matrix back onto an (N, C, H, W) tensor
     (``F.fold``). Windows that do not overlap (stride >= dilated kernel extent, e.g. a patch embedding or a 1x1
     conv) are one strided copy; overlapping ones are kh*kw strided adds, accumulated in float32 for 16-bit
-    dtypes and rounded once."""
+    dtypes and rounded once. patches: cols' rows are in :func:`im2col`'s patch order."""
     N, C, H, W = x_shape
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
     Ho, Wo = _conv_out(H, kh, sh, ph, dh), _conv_out(W, kw, sw, pw, dw)
     g6 = cols.reshape(N, Ho, Wo, C, kh, kw)
+    if patches:  # g6[n, ho, wo] = row (n, ho // 4, wo // 4, ho % 4, wo % 4) of cols, as a view
+        g6 = cols.reshape(N, Ho // 4, Wo // 4, 4, 4, C, kh, kw).permute(0, 1, 3, 2, 4, 5, 6, 7)
     overlap = sh < dh * (kh - 1) + 1 or sw < dw * (kw - 1) + 1
     acc = torch.float32 if overlap and cols.dtype in (torch.float16, torch.bfloat16) else cols.dtype
     out = cols.new_zeros((N, C, H + 2 * ph, W + 2 * pw), dtype=acc)
     win = _windows(out, Ho, Wo, kernel, stride, dilation)
+    if patches:
+        win = win.unflatten(2, (Wo // 4, 4)).unflatten(1, (Ho // 4, 4))
     if not overlap:
         win.copy_(g6)
     else:
@@ -463,19 +488,22 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
     Ho, Wo = grad_y.shape[2], grad_y.shape[3]
     P = Ho * Wo
     CKK = C * kh * kw
-    g = grad_y.permute(0, 2, 3, 1).reshape(N * P, O).contiguous()
+    # rows (n, ho, wo), or in 4 x 4 patch order for the projection (a common row order leaves g_y^T X unchanged)
+    patches = conv_patch_rows(Ho, Wo, cfg)
+    g = (_patch_split(grad_y.permute(0, 2, 3, 1), 1) if patches else grad_y.permute(0, 2, 3, 1))
+    g = g.reshape(N * P, O).contiguous()
     cols = None
     if need_gw and min(N * P, O, CKK) > 0:  # else _backward_linear gives the zero g_w of empty operands
         if x is not None:
             xf = x
         else:
             xf = hot.dequantize(q.detach(), scale.detach(), dtype=torch.float32).reshape(N, C, H, W)
-        cols = im2col(xf, (kh, kw), stride, padding, dilation)  # N*P x CKK
+        cols = im2col(xf, (kh, kw), stride, padding, dilation, patches)  # N*P x CKK
     gcols, gw, gb = _backward_linear(g, weight.reshape(O, CKK).contiguous(), cols, None, None, seed, cfg, need_gx,
                                      need_gw, need_gb, (N * P, CKK))
     gx = None
     if need_gx:
-        gx = col2im(gcols, (N, C, H, W), (kh, kw), stride, padding, dilation)
+        gx = col2im(gcols, (N, C, H, W), (kh, kw), stride, padding, dilation, patches)
     if gw is not None:
         gw = gw.reshape(weight.shape)
     return gx, gw, gb

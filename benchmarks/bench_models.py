@@ -723,7 +723,8 @@ def run_config(task: Task, model, opt, cands: set, device, dtype: str, batch: in
     hot_layers = ht.hot_layers(model)
     res["layer_info"] = {short_name(n): {"type": type(m).__name__, "rows": m._hot_seen[0] if m._hot_seen else None,
                                          "in": m.in_features if isinstance(m, nn.Linear) else m.in_channels,
-                                         "trainable": m.weight.requires_grad, "rank": m.hot_config.rank}
+                                         "trainable": m.weight.requires_grad, "rank": m.hot_config.rank,
+                                         "keeps_input": bool(m._hot_keeps_input)}
                          for n, m in hot_layers}
     res["abc_analytic"] = int(sum(_analytic_kept_bytes(m)[0] for _, m in hot_layers if m._hot_seen is not None)) \
         if hot_layers else 0

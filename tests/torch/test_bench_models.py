@@ -80,6 +80,10 @@ def test_hot_layers_keep_the_abc_buffer(report, model, dtype):
         hb = ho["saved"]["per_layer"][name]["hot"]
         xb = ex["saved"]["per_layer"][name]["input"]
         rows, i = info["rows"], info["in"]
+        if info["keeps_input"]:  # its producer keeps its input (SPEC §2): no int8 copy
+            assert hb == 0, name
+            checked += 1
+            continue
         if info["type"] == "Linear":
             assert hb == i * padded_k(rows, info["rank"]) + 4, name
             if rows % 32 == 0:  # no padding: r/16 of the rows at 1 byte for elt (r = 16: 1/4 of fp32, 1/2 of bf16)

@@ -402,3 +402,56 @@ def test_functional_bad_geometry_or_weight_is_refused_up_front():
         ht.hot_conv2d(x, w, None, 1, "same", 1)
     with pytest.raises(ValueError, match=r"hot_linear: weight has 1 dims, expected 2 \(O x I\) \(got shape \(5,\)\)"):
         ht.hot_linear(torch.randn(4, 5, requires_grad=True), torch.randn(5, requires_grad=True))
+
+
+def _saved_during(fn):
+    """The tensors autograd saves while fn() runs (saved_tensors_hooks), and fn's result."""
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return saved, out
+
+
+@pytest.mark.parametrize("kind", ["linear", "conv"])
+def test_input_its_producer_keeps_is_kept_as_it_is_not_copied(kind):
+    """SPEC §2: after a ReLU (which keeps its output), a converted layer keeps that same tensor and no int8 copy, and
+    its gradients equal those of the same layer fed an equal tensor that nothing keeps (compressed in the forward):
+    the backward compresses the same values the same deterministic way (bit for bit)."""
+    torch.manual_seed(5)
+    if kind == "linear":
+        pre, layer, x0 = torch.nn.Linear(16, 32), ht.Linear(32, 8), torch.randn(4, 6, 16)
+    else:
+        pre, layer, x0 = torch.nn.Conv2d(3, 6, 3, padding=1), ht.Conv2d(6, 5, 3, padding=1), torch.randn(2, 3, 8, 8)
+    grads = {}
+    for mode in ("kept", "copied"):
+        layer.zero_grad(set_to_none=True)
+        h = torch.relu(pre(x0))
+        src = h if mode == "kept" else h.clone()  # CloneBackward keeps nothing
+        torch.manual_seed(9)  # the layer's stochastic-rounding seed
+        saved, y = _saved_during(lambda: layer(src))
+        int8 = [t for t in saved if t.dtype == torch.int8 and t.numel() > 0]
+        if mode == "kept":
+            assert not int8, "an int8 copy was kept although the ReLU keeps the input"
+            assert any(t.untyped_storage().data_ptr() == h.untyped_storage().data_ptr() for t in saved)
+        else:
+            assert int8, "nothing keeps the input: the layer must keep its int8 copy"
+        y.square().sum().backward()
+        grads[mode] = (layer.weight.grad.clone(), layer.bias.grad.clone())
+    # the same ABC buffer (linear) or int8 feature map (conv), formed in the backward instead of the forward
+    assert torch.equal(grads["kept"][0], grads["copied"][0]) and torch.equal(grads["kept"][1], grads["copied"][1])
+
+
+def test_input_kept_by_its_producer_and_then_modified_in_place_is_an_error():
+    """The layer saves the input through autograd, so a later in-place change is caught at backward (as the ReLU's
+    own check would), not silently used."""
+    pre, layer = torch.nn.Linear(16, 32), ht.Linear(32, 8)
+    h = torch.relu(pre(torch.randn(4, 16)))
+    y = layer(h)
+    h.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()

@@ -99,17 +99,52 @@ def _plan(config):
             (ops.KEEP_NOTHING, ops.backward_config(*args, config.exact)))
 
 
-def _linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], plan, ac: bool) -> Tensor:
+_SAVED_NAMES: Dict[type, Tuple[str, ...]] = {}
+
+
+def _kept_by_producer(x: Tensor) -> bool:
+    """Whether the autograd node that produced x, or the tensor x is a view of, keeps x's storage for its own backward
+    (a ReLU's output, an attention output, ...). A layer that then keeps x itself, instead of an int8 copy of it, holds
+    no memory that exact training does not hold (SPEC §2), and compresses x in its backward pass instead: the same
+    deterministic compression of the same values, so the same gradients. Eager mode only (under torch.compile the
+    layers keep their compressed copy): the check reads the producer's saved tensors."""
+    if x.numel() == 0:
+        return False
+    ptr = x.untyped_storage().data_ptr()
+    for t in (x, x._base):
+        fn = None if t is None else t.grad_fn
+        if fn is None:
+            continue
+        names = _SAVED_NAMES.get(type(fn))
+        if names is None:
+            names = _SAVED_NAMES[type(fn)] = tuple(n for n in dir(fn) if n.startswith("_saved_"))
+        for n in names:
+            try:
+                v = getattr(fn, n)
+            except RuntimeError:  # a saved value that cannot be unpacked (already freed)
+                continue
+            if isinstance(v, Tensor) and v.numel() > 0 and v.untyped_storage().data_ptr() == ptr:
+                return True
+    return False
+
+
+def _linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], plan, ac: bool, layer=None) -> Tensor:
     """hot_linear outside torch.compile once gradients are wanted; ac: autocast is on for x's device type. The same
-    checks, casts, seed draw and keep mode as the compiled route, with the per-config values of plan."""
+    checks, casts, seed draw and keep mode as the compiled route, with the per-config values of plan; an input its
+    producer keeps anyway is kept as it is (_kept_by_producer), which a calling layer records."""
     if x.device != weight.device:
         _check_inputs("Linear", x, weight, bias, True)
+    x_in = x
     if ac:
         dt = torch.get_autocast_dtype(x.device.type)
         x, weight, bias = x.to(dt), weight.to(dt), (bias.to(dt) if bias is not None else None)
     _check_inputs("Linear", x, weight, bias, ac)
     seed = int(ops.draw_seed().item()) if plan[0] else 0
     keep, cfg = plan[1] if weight.requires_grad else plan[2]
+    if keep == ops.KEEP_COMPRESSED and x is x_in and _kept_by_producer(x):
+        keep = ops.KEEP_RAW
+    if layer is not None:
+        layer.__dict__["_hot_keeps_input"] = keep == ops.KEEP_RAW and not cfg.exact
     return ops.linear_eager(x, weight, bias, seed, keep, cfg)
 
 
@@ -141,7 +176,7 @@ def _pair(name: str, v) -> List[int]:
 
 
 def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride=1, padding=0, dilation=1,
-               config=None) -> Tensor:
+               config=None, _layer=None) -> Tensor:
     """Functional HOT conv2d (groups = 1, zero padding; stride, padding and dilation each an int or a pair of
     ints): ``F.conv2d`` forward, HOT backward."""
     stride, padding, dilation = _pair("stride", stride), _pair("padding", padding), _pair("dilation", dilation)
@@ -155,11 +190,17 @@ def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride=1, padd
         raise ValueError(f"hot.torch.Conv2d: input has {x.dim()} dims, expected 3 (C, H, W) or 4 (N, C, H, W)")
     if x.device != weight.device:
         _check_inputs("Conv2d", x, weight, bias, True)
+    x_in = x
     x, weight, bias, ac = _autocast_cast(x, weight, bias)
     _check_inputs("Conv2d", x, weight, bias, ac)
-    y = ops.conv2d(x, weight, bias, _seed(config), stride, padding, dilation,
-                   _keep_mode(weight, config), config.gx_bits, config.rank, config.rounding, config.gx_scale,
-                   config.exact)
+    keep = _keep_mode(weight, config)
+    if (keep == ops.KEEP_COMPRESSED and x is x_in and not torch.compiler.is_compiling()
+            and _kept_by_producer(x)):  # its producer keeps it: no int8 copy now (the backward forms it)
+        keep = ops.KEEP_RAW
+    if _layer is not None:  # what the layer keeps, for hot.torch.summary
+        _layer.__dict__["_hot_keeps_input"] = keep == ops.KEEP_RAW and not config.exact
+    y = ops.conv2d(x, weight, bias, _seed(config), stride, padding, dilation, keep, config.gx_bits, config.rank,
+                   config.rounding, config.gx_scale, config.exact)
     return y.squeeze(0) if unbatched else y
 
 
@@ -219,6 +260,7 @@ class _HotMixin:
         self.hot_calibration = None  # set by hot.torch.calibrate: the measured errors and the choice
         self.hot_warmup = None  # set by hot.torch.Warmup: {"left": steps, "target": the config after the warm-up}
         self._hot_seen = None  # (rows L, input shape, input dtype) of the last forward with gradients
+        self._hot_keeps_input = False  # its last forward kept the input itself, which its producer keeps anyway
         self._hot_capture = None  # list, set by calibrate() to collect (input, output) pairs
 
     def _hot_record(self, x: Tensor, rows: int) -> None:
@@ -320,7 +362,7 @@ class Linear(_HotMixin, nn.Linear):
         weight, bias = self.weight, self.bias
         if not _grad_wanted(x, weight, bias):
             return F.linear(x, weight, bias)
-        return _linear_eager(x, weight, bias, _plan(self.hot_config), ac)
+        return _linear_eager(x, weight, bias, _plan(self.hot_config), ac, self)
 
     def extra_repr(self) -> str:
         c = self.hot_config
@@ -379,7 +421,8 @@ class Conv2d(_HotMixin, nn.Conv2d):
                                    self.dilation[1])
                 rows = n * ho * wo
             self._hot_record(x, rows)
-        return hot_conv2d(x, self.weight, self.bias, self.stride, conv_padding(self), self.dilation, self.hot_config)
+        return hot_conv2d(x, self.weight, self.bias, self.stride, conv_padding(self), self.dilation, self.hot_config,
+                          self)
 
     def extra_repr(self) -> str:
         c = self.hot_config

@@ -380,14 +380,20 @@ def _conv_out(size, k, s, p, d):
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
+def _quantize_fmap(x: Tensor) -> Tuple[Tensor, Tensor]:
+    """A conv input's int8 copy (SPEC §8): per-tensor round-to-nearest of the (N*C) x (H*W) feature map, and its
+    scale."""
+    N, C, H, W = x.shape
+    xc = x.contiguous().reshape(N * C, H * W)
+    if xc.numel() == 0:  # an empty batch: an empty copy (hot.quantize refuses empty arrays)
+        return xc.to(torch.int8), x.new_ones((1,), dtype=torch.float32)
+    return hot.quantize(xc, bits=8, scale="tensor", rounding="nearest")
+
+
 def _conv2d_forward(x, weight, bias, stride, padding, dilation, keep):
     y = F.conv2d(x, weight, bias, stride, padding, dilation)
     if keep == KEEP_COMPRESSED:
-        N, C, H, W = x.shape
-        xc = x.contiguous().reshape(N * C, H * W)
-        if xc.numel() == 0:  # an empty batch: an empty copy (hot.quantize refuses empty arrays)
-            return y, xc.to(torch.int8), x.new_ones((1,), dtype=torch.float32)
-        q, s = hot.quantize(xc, bits=8, scale="tensor", rounding="nearest")
+        q, s = _quantize_fmap(x)
         return y, q, s
     return y, _empty(x, torch.int8), _empty(x, torch.float32)
 
@@ -494,6 +500,9 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
     g = g.reshape(N * P, O).contiguous()
     cols = None
     if need_gw and min(N * P, O, CKK) > 0:  # else _backward_linear gives the zero g_w of empty operands
+        if x is not None and not cfg.exact:  # kept as it is because its producer keeps it: the same int8 feature
+            q, scale = _quantize_fmap(x)     # map the forward would have kept, formed now (deterministic)
+            x = None
         if x is not None:
             xf = x
         else:

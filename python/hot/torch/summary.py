@@ -22,6 +22,7 @@ def kept_bytes(m: nn.Module):
     c = m.hot_config
     trainable = m.weight.requires_grad
     seen = m._hot_seen
+    shared = seen is not None and getattr(m, "_hot_keeps_input", False)  # it keeps the input its producer keeps
     if isinstance(m, Linear):
         I = m.in_features
         if seen is None:
@@ -31,7 +32,7 @@ def kept_bytes(m: nn.Module):
             return (hot_b if trainable else 0, exact if trainable else 0, "per token")
         rows, shape, dtype = seen
         exact = rows * I * _elt(dtype)
-        hot_b = exact if c.exact else I * ops.padded_k(rows, c.rank) + 4
+        hot_b = exact if c.exact else 0 if shared else I * ops.padded_k(rows, c.rank) + 4
         return (hot_b if trainable else 0, exact if trainable else 0, "batch")
     C = m.in_channels
     if seen is None:
@@ -44,7 +45,7 @@ def kept_bytes(m: nn.Module):
     for s in shape:
         n *= s
     exact = n * _elt(dtype)
-    hot_b = exact if c.exact else n + 4
+    hot_b = exact if c.exact else 0 if shared else n + 4
     return (hot_b if trainable else 0, exact if trainable else 0, "batch")
 
 

@@ -51,7 +51,7 @@ def kind(name: str) -> str:
 
 
 def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, host_profile: bool = False,
-                 compile_mode: str = "none", kernels: bool = True, no_gc: bool = False):
+                 compile_mode: str = "none", kernels: bool = True, no_gc: bool = False, gc_freeze: bool = False):
     torch.manual_seed(0)
     model = task.build().to(device)
     if mode == "hot":
@@ -77,6 +77,9 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
     if no_gc:  # Python's cyclic collector off for the timed steps (its pauses show up as slow steps)
         gc.collect()
         gc.disable()
+    if gc_freeze:  # everything alive now (model, optimizer, torch's own objects) out of the collector's scans
+        gc.collect()
+        gc.freeze()
     t_c = time.perf_counter()
     for _ in range(3):  # warm-up (with torch.compile: compilation, and CUDA graph recording)
         step()
@@ -110,6 +113,7 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
     top = {r: collections.Counter() for r in RANGES}
     if not kernels:
         gc.enable()
+    gc.unfreeze()
     return walls, by, top, host
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -159,6 +163,7 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
         pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(25)
         host["cprofile"] = buf.getvalue()
     gc.enable()
+    gc.unfreeze()
     return walls, by, top, host
 
 
@@ -176,6 +181,7 @@ def main() -> int:
                     help="torch.compile the model with this mode first")
     ap.add_argument("--no-kernels", action="store_true", help="skip the torch.profiler steps (timings only)")
     ap.add_argument("--no-gc", action="store_true", help="Python's garbage collector off during the steps")
+    ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() once the model and optimizer are built")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -188,7 +194,7 @@ def main() -> int:
         return 2
     dev = torch.device("cuda")
     lines = [f"# Step profile: {a.model}, {a.dtype}, batch {a.batch}, torch.compile: {a.compile}"
-             + (", gc off" if a.no_gc else ""), "",
+             + (", gc off" if a.no_gc else "") + (", gc.freeze()" if a.gc_freeze else ""), "",
              f"{torch.cuda.get_device_name()}; torch {torch.__version__}; hot {hot.__version__}; "
              f"mean of {a.steps} profiled steps (profiler overhead included in wall times)", ""]
     for mode in a.modes.split(","):
@@ -196,7 +202,7 @@ def main() -> int:
             torch._dynamo.reset()  # the previous mode's graphs (and the model they hold) go
         torch.cuda.empty_cache()
         walls, by, top, host = profile_mode(task, mode, a.batch, a.dtype, a.steps, dev, a.host_profile, a.compile,
-                                            not a.no_kernels, a.no_gc)
+                                            not a.no_kernels, a.no_gc, a.gc_freeze)
         lines += [f"## {mode}", ""]
         lines += [f"Step (median of {a.steps} free-running steps, without the profiler): "
                   f"{statistics.median(host['step']):.2f} ms (all: {', '.join(f'{t:.1f}' for t in host['step'])}); "

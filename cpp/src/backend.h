@@ -58,6 +58,11 @@ struct GradOutputQuant {
                        float factor, int bits, const TensorView& out, Stream s);                           \
   /* out (O, float) = sum over rows of gy (L x O), fp32 accumulation */                                    \
   void bias_grad(const TensorView& gy, const TensorView& out, Stream s);                                   \
+  /* acc (R x C f32) += in (R x C, float) converted to fp32: one IEEE fp32 addition per element (the sum  \
+     of the chunks of a long g_w contraction, SPEC §4) */                                                  \
+  void accumulate_f32(const TensorView& in, const TensorView& acc, Stream s);                              \
+  /* out (R x C, float) = in (R x C f32) rounded to out's dtype, to nearest even */                        \
+  void cast_f32(const TensorView& in, const TensorView& out, Stream s);                                    \
   /* out = op(a) op(b), float operands of one dtype, fp32 accumulation; op = transpose when flag set */    \
   void matmul_exact(const TensorView& a, bool trans_a, const TensorView& b, bool trans_b,                  \
                     const TensorView& out, Stream s);

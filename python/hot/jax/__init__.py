@@ -88,11 +88,12 @@ def seed_words(key, op: str = "hot.jax.seed_words"):
             raise ValueError(f"{op}: key has shape {key.shape}, expected one key (shape ()); under jax.vmap pass the "
                              "batch of keys as a mapped argument")
     else:
+        want = "expected a jax.random key: jax.random.key(n), or a raw uint32 key from jax.random.PRNGKey(n)"
         dt = getattr(key, "dtype", None)
-        if dt is None or jnp.dtype(dt) != jnp.uint32 or len(getattr(key, "shape", ())) != 1:
-            shape = getattr(key, "shape", None)
-            raise TypeError(f"{op}: key is a {type(key).__name__} (dtype {dt}, shape {shape}), expected a jax.random "
-                            "key: jax.random.key(n), or a raw uint32 key from jax.random.PRNGKey(n)")
+        if dt is None:
+            raise TypeError(f"{op}: key is {type(key).__name__} {key!r:.60}, {want}")
+        if jnp.dtype(dt) != jnp.uint32 or len(key.shape) != 1:
+            raise TypeError(f"{op}: key has dtype {dt} and shape {tuple(key.shape)}, {want}")
     return jax.random.bits(key, (2,), jnp.uint32)
 
 

@@ -12,6 +12,7 @@
 #include "hot/config.h"
 #include "hot/error.h"
 #include "hot/ops.h"
+#include "bindings.h"
 #include "interop.h"
 
 #ifndef HOT_VERSION
@@ -29,18 +30,6 @@ hot::DType parse_float_dtype(const std::string& s, const char* op) {
   if (s == "float16") return hot::DType::f16;
   if (s == "bfloat16") return hot::DType::bf16;
   HOT_FAIL(type, op, ": dtype must be float32, float16 or bfloat16, got ", s);
-}
-
-hot::Rounding parse_rounding(const std::string& s, const char* op) {
-  if (s == "stochastic") return hot::Rounding::stochastic;
-  if (s == "nearest") return hot::Rounding::nearest;
-  HOT_FAIL(value, op, ": rounding must be 'stochastic' or 'nearest', got '", s, "'");
-}
-
-hot::ScaleMode parse_scale(const std::string& s, const char* op, const char* field) {
-  if (s == "tensor") return hot::ScaleMode::tensor;
-  if (s == "token") return hot::ScaleMode::token;
-  HOT_FAIL(value, op, ": ", field, " must be 'tensor' or 'token', got '", s, "'");
 }
 
 // An output: the caller's array (written in place; returns None) or, for None, a new hot::Tensor of
@@ -74,6 +63,8 @@ struct PySaved {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "hot native module: DLPack bindings over the hot C++ core";
   m.attr("__version__") = HOT_VERSION;
+
+  hotpy::register_config(m);
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -186,8 +177,8 @@ PYBIND11_MODULE(_C, m) {
         hot::QuantizeParams p;
         HOT_CHECK_VALUE(bits == 4 || bits == 8, op, ": bits must be 4 or 8, got ", bits);
         p.bits = bits;
-        p.scale = parse_scale(scale_mode, op, "scale");
-        p.rounding = parse_rounding(rounding, op);
+        p.scale = hot::parse_scale_mode(scale_mode, "quantize: scale");
+        p.rounding = hot::parse_rounding(rounding, "quantize: rounding");
         p.seed = seed;
         p.rng_stream = rng_stream;
         hot::TensorView qv, sv;
@@ -288,10 +279,11 @@ PYBIND11_MODULE(_C, m) {
   // ---- layer operations ------------------------------------------------------------------------
   m.def(
       "compress_activation",
-      [](py::handle x, int rank, int64_t stream, const std::string& op_name, const std::string& arg_name,
-         py::handle q, py::handle scale) {
+      [](py::handle x, const hot::Config& config, int64_t stream, const std::string& op_name,
+         const std::string& arg_name, py::handle q, py::handle scale) {
         const char* op = op_name.c_str();
         const char* name = arg_name.c_str();
+        const int rank = config.rank;
         OpContext ctx(op, stream);
         hot::TensorView xv = nonempty(ctx.input(x, name, hotpy::kFloat), op, name);
         auto s = std::make_shared<hot::SavedActivation>();
@@ -315,23 +307,16 @@ PYBIND11_MODULE(_C, m) {
         }
         return PySaved{s, stream};
       },
-      py::arg("x"), py::arg("rank"), py::arg("stream"), py::arg("op") = "compress_activation",
-      py::arg("name") = "x", py::arg("q") = py::none(), py::arg("scale") = py::none());
+      py::arg("x"), py::arg("config"), py::arg("stream"), py::arg("op") = "compress_activation",
+      py::arg("name") = "x", py::arg("q") = py::none(), py::arg("scale") = py::none(),
+      "compress_activation(x, config.rank): the ABC buffer of x (a SavedActivation), into q and scale when given.");
 
   m.def(
       "backward_linear",
-      [](py::handle grad_output, py::handle weight, py::object saved, py::object x, py::handle grad_input,
-         py::handle grad_weight, py::handle grad_bias, bool need_grad_input, bool need_grad_weight, bool bias,
-         int gx_bits, int rank, const std::string& rounding, const std::string& gx_scale, bool exact,
+      [](py::handle grad_output, py::handle weight, py::handle saved, py::handle grad_input, py::handle grad_weight,
+         py::handle grad_bias, bool need_grad_input, bool need_grad_weight, bool bias, const hot::Config& config,
          uint64_t seed, int64_t stream) {
         const char* op = "backward_linear";
-        hot::Config cfg;
-        cfg.gx_bits = gx_bits;
-        cfg.rank = rank;
-        cfg.rounding = parse_rounding(rounding, op);
-        cfg.gx_scale = parse_scale(gx_scale, op, "gx_scale");
-        cfg.exact = exact;
-        cfg.validate();
         OpContext ctx(op, stream);
         hot::TensorView gy = nonempty(ctx.input(grad_output, "grad_output", hotpy::kFloat), op, "grad_output");
         hot::TensorView wv = ctx.input(weight, "weight", hotpy::kFloat, -2);
@@ -340,16 +325,18 @@ PYBIND11_MODULE(_C, m) {
         wv = nonempty(hotpy::flatten_2d(wv, 1, op, "weight"), op, "weight");
         const int64_t L = gy.shape[0], O = gy.shape[1], I = wv.shape[1];
         const hot::DType out_dt = gy.dtype;
+        // saved: the core's SavedActivation, or the raw x (compressed by the core, or used as it is in exact mode)
         hot::TensorView xv;
         const hot::SavedActivation* sp = nullptr;
         if (need_grad_weight) {
-          if (exact) {
-            HOT_CHECK_VALUE(!x.is_none(), op, ": config.exact needs the raw input x as `saved`");
-            xv = nonempty(ctx.input(x, "saved", hotpy::kFloat), op, "saved");
-          } else {
-            HOT_CHECK_VALUE(!saved.is_none(), op,
-                            ": need_grad_weight=True needs `saved` (a SavedActivation or the raw x), got None");
+          HOT_CHECK_VALUE(!saved.is_none(), op, ": need_grad_weight=True needs `saved` (",
+                          config.exact ? "the raw x in exact mode" : "a SavedActivation or the raw x", "), got None");
+          if (py::isinstance<PySaved>(saved)) {
+            HOT_CHECK_VALUE(!config.exact, op,
+                            ": config.exact needs the raw input x as `saved`, got a SavedActivation");
             sp = saved.cast<const PySaved&>().s.get();
+          } else {
+            xv = nonempty(ctx.input(saved, "saved", hotpy::kFloat), op, "saved");
           }
         }
         hot::BackwardOutputs outs;
@@ -360,15 +347,16 @@ PYBIND11_MODULE(_C, m) {
         if (bias) rb = output(ctx, grad_bias, "grad_bias", hotpy::kFloat, out_dt, {O}, outs.grad_bias, -2);
         {
           py::gil_scoped_release nogil;
-          if (exact) hot::backward_linear_exact(gy, wv, need_grad_weight ? &xv : nullptr, outs, ctx.stream());
-          else hot::backward_linear(gy, wv, sp, cfg, seed, outs, ctx.stream());
+          if (sp != nullptr) hot::backward_linear(gy, wv, sp, config, seed, outs, ctx.stream());
+          else hot::backward_linear(gy, wv, xv, config, seed, outs, ctx.stream());
         }
         return py::make_tuple(rx, rw, rb);
       },
-      py::arg("grad_output"), py::arg("weight"), py::arg("saved"), py::arg("x"), py::arg("grad_input"),
-      py::arg("grad_weight"), py::arg("grad_bias"), py::arg("need_grad_input"), py::arg("need_grad_weight"),
-      py::arg("bias"), py::arg("gx_bits"), py::arg("rank"), py::arg("rounding"), py::arg("gx_scale"),
-      py::arg("exact"), py::arg("seed"), py::arg("stream"));
+      py::arg("grad_output"), py::arg("weight"), py::arg("saved"), py::arg("grad_input"), py::arg("grad_weight"),
+      py::arg("grad_bias"), py::arg("need_grad_input"), py::arg("need_grad_weight"), py::arg("bias"),
+      py::arg("config"), py::arg("seed"), py::arg("stream"),
+      "hot::backward_linear: (grad_input, grad_weight, grad_bias), each None where the caller gave the array or did "
+      "not ask for it. saved: a SavedActivation, the raw x, or None without g_w.");
 
   // ---- introspection (tests, debugging) ----------------------------------------------------------
   m.def(
@@ -400,4 +388,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("get_num_threads", &hot::get_num_threads);
   m.def("hla_rows", &hot::hla_rows, py::arg("L"), py::arg("rank"));
   m.def("padded_k", &hot::padded_k, py::arg("k"));
+  m.def("gw_chunk_rows", &hot::gw_chunk_rows, py::arg("rank"));
 }

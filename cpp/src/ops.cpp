@@ -336,7 +336,9 @@ void backward_rows(const TensorView& gy, const WeightQuant& wq, const TensorView
   if (gx)
     HOT_DISPATCH(dev, gemm_s8_dequant, q_g.view(), wq.q_wt.view(), s_g.view(), wq.s_w.view(), 1.0f / block,
                  config.gx_bits, out.grad_input, stream);
-  if (gw) HOT_DISPATCH(dev, gemm_s8_dequant, q_gh_t.view(), q, s_gh.view(), scale, 1.0f / 16.0f, 8, out.grad_weight, stream);
+  if (gw)
+    HOT_DISPATCH(dev, gemm_s8_dequant, q_gh_t.view(), q, s_gh.view(), scale, 1.0f / 16.0f, 8, out.grad_weight,
+                 stream);
 }
 
 // backward_linear from the ABC buffer (saved) or the raw x: validation, then one GEMM per path, or row chunks.

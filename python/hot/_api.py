@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -21,8 +20,7 @@ _UINT64_MAX = (1 << 64) - 1
 # ---- configuration ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(_C.Config):
     """HOT configuration of one layer (SPEC §3-§5, §7, §10).
 
     gx_bits: bit width of the activation-gradient path (4 or 8); rank: HLA rank of the weight-gradient
@@ -35,13 +33,14 @@ class Config:
     g_x costs as much as an 8-bit one (the values ride in int8 through the same GEMM). Cheaper settings per
     layer come from ``hot.torch.calibrate`` (measured against exact gradients) or by name:
     ``Config.paper()`` is the paper's configuration (4-bit g_x, rank-8 HLA).
+
+    A Config is the core's ``hot::Config`` (cpp/include/hot/config.h, bound as ``hot._C.Config``): the core
+    validates it when it is made, and the operations take it whole. Immutable; equality, hashing, ``repr``,
+    ``describe()``, pickling and ``code`` / ``from_code`` (the one-integer encoding that crosses the torch
+    custom-op schemas) come from the core type.
     """
 
-    gx_bits: int = 8
-    rank: int = 16
-    rounding: str = "stochastic"
-    gx_scale: str = "tensor"
-    exact: bool = False
+    __slots__ = ()
 
     @classmethod
     def paper(cls, **changes) -> "Config":
@@ -50,41 +49,29 @@ class Config:
         docs/results/accuracy.md."""
         return cls(**{"gx_bits": 4, "rank": 8, **changes})
 
-    def describe(self) -> str:
-        """One line: what the two backward GEMMs run."""
-        if self.exact:
-            return "exact (unquantised backward)"
-        gw = "full rank" if self.rank == 16 else f"HLA rank {self.rank}"
-        return f"g_x {self.gx_bits}-bit HQ per {self.gx_scale}, g_w 8-bit {gw}, {self.rounding} rounding"
-
-    def __post_init__(self):
-        def bad(field, allowed, value):
-            raise ValueError(f"Config: {field} must be {allowed}, got {value!r}")
-
-        if not _is_int(self.gx_bits) or self.gx_bits not in (4, 8):
-            bad("gx_bits", "4 or 8", self.gx_bits)
-        if not _is_int(self.rank) or not 1 <= self.rank <= 16:
-            bad("rank", "an integer in 1..16", self.rank)
-        if self.rounding not in _ROUNDINGS:
-            bad("rounding", "'stochastic' or 'nearest'", self.rounding)
-        if self.gx_scale not in _SCALES:
-            bad("gx_scale", "'tensor' or 'token'", self.gx_scale)
-        if not isinstance(self.exact, (bool, np.bool_)):
-            bad("exact", "True or False", self.exact)
-
     def replace(self, **changes) -> "Config":
-        return dataclasses.replace(self, **changes)
+        return type(self)(**{**self.to_dict(), **changes})
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {"gx_bits": self.gx_bits, "rank": self.rank, "rounding": self.rounding, "gx_scale": self.gx_scale,
+                "exact": self.exact}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Config":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
+        unknown = sorted(set(d) - set(_CONFIG_FIELDS))
         if unknown:
-            raise ValueError(f"Config.from_dict: unknown fields {unknown}, expected a subset of {sorted(known)}")
+            raise ValueError(f"Config.from_dict: unknown fields {unknown}, expected a subset of "
+                             f"{sorted(_CONFIG_FIELDS)}")
         return cls(**d)
+
+    def __setattr__(self, name, value):
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name):
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+
+
+_CONFIG_FIELDS = ("gx_bits", "rank", "rounding", "gx_scale", "exact")
 
 
 def _is_int(v) -> bool:
@@ -93,13 +80,14 @@ def _is_int(v) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
 
 
-_DEFAULT_CONFIG = Config()  # frozen: one shared instance serves every call without a config
+_DEFAULT_CONFIG = Config()  # immutable: one shared instance serves every call without a config
 
 
 def _config(op, config) -> Config:
+    """The core configuration of a call: hot.Config (any hot._C.Config) or None for the default."""
     if config is None:
         return _DEFAULT_CONFIG
-    if not isinstance(config, Config):
+    if not isinstance(config, _C.Config):
         raise TypeError(f"{op}: config is a {type(config).__name__}, expected hot.Config or None")
     return config
 
@@ -161,6 +149,14 @@ class _Call:
         self.stream = fw.stream(first) if self.dev[0] != 1 else 0
         self.export = fw.exporter()
 
+    @classmethod
+    def known(cls, op, fw, like, stream):
+        """A call whose framework, device and stream its caller already knows (hot.torch's ops, for CPU or CUDA
+        tensors of one device): no per-array checks here, the core checks devices, dtypes and shapes."""
+        c = cls.__new__(cls)
+        c.op, c.dev, c.like, c.fw, c.stream, c.export = op, None, like, fw, stream, fw.exporter()
+        return c
+
     def call(self, fn, *args):
         """fn(*args): the framework's arrays go to hot._C as capsules where it has a fast exporter, else
         through __dlpack__ with the call's device current in its framework."""
@@ -173,6 +169,12 @@ class _Call:
         if not self.fw.can_allocate:
             return None
         return self.fw.empty(tuple(shape), dtype, self.like)
+
+    def empty_as(self, shape, a):
+        """empty(shape, a's dtype) for an array a of the call's framework."""
+        if not self.fw.can_allocate:
+            return None
+        return self.fw.empty_as(shape, a, self.like)
 
     def result(self, given, returned, shape=None):
         """The caller's array: the output it allocated, or hot's array imported with from_dlpack."""
@@ -379,7 +381,7 @@ class SavedActivation:
                              f"{self.shape} at rank {self.rank}")
         if fws.shape(self.scale) != (1,):
             raise ValueError(f"{op}: saved.scale has shape {fws.shape(self.scale)}, expected (1,)")
-        core = c.call(_C.SavedActivation.wrap, self.q, self.scale, self.rows, self.cols, self.rank, c.stream, op)
+        core = _wrap_saved(c, self.q, self.scale, self.rows, self.cols, self.rank, op)
         self._c = core
         return core
 
@@ -393,17 +395,15 @@ def compress_activation(x, config: Optional[Config] = None) -> SavedActivation:
     xs = fws.shape(x)
     _need_ndim(op, "x", x, 1, shape=xs)
     _nonempty(op, "x", x, shape=xs)
-    I = xs[-1]
-    q = c.empty((I, _C.padded_k(_C.hla_rows(fws.prod(xs[:-1]), config.rank))), "int8")
-    scale = c.empty((1,), "float32") if q is not None else None
-    core = c.call(_C.compress_activation, x, config.rank, c.stream, op, "x", q, scale)
-    return SavedActivation(c.result(q, core.q), c.result(scale, core.scale), xs, config.rank, core)
+    q, scale, core = _compress(c, x, xs, config)
+    return SavedActivation(q, scale, xs, config.rank, core)
 
 
 def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: Optional[Config] = None,
                     seed: int = 0, need_grad_input: bool = True, need_grad_weight: bool = True):
     """HOT backward of y = x W^T (+ b) (SPEC §3, §4): (grad_input, grad_weight, grad_bias), None for
-    what was not requested. grad_output (..., O); weight O x I; saved a SavedActivation or the raw x."""
+    what was not requested. grad_output (..., O); weight O x I; saved a SavedActivation or the raw x.
+    A batch whose g_w contraction exceeds one int32 GEMM runs as row chunks in the core (SPEC §4)."""
     op = "backward_linear"
     config = _config(op, config)
     seed = _seed(op, seed)
@@ -424,9 +424,9 @@ def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: O
                          f"(shape {gs}); O must agree")
     lead = gs[:-1]
     L = fws.prod(lead)
-    dt = c.fw.dtype_name(gy)
 
-    if need_grad_weight:  # the checks of saved come before the chunked path, which slices it
+    g_w_operand = None
+    if need_grad_weight:
         if saved is None:
             raise ValueError(f"{op}: need_grad_weight=True needs saved (a hot.SavedActivation or the raw x), got None")
         if is_saved:
@@ -438,39 +438,58 @@ def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: O
             if saved.rank != config.rank:
                 raise ValueError(f"{op}: saved activation was compressed with rank {saved.rank} but config.rank is "
                                  f"{config.rank}")
+            g_w_operand = saved._core(op, c)
         else:
             xs = fws.shape(raw)
             if len(xs) < 1 or xs[-1] != I or fws.prod(xs[:-1]) != L:
                 raise ValueError(f"{op}: saved (the raw x) has shape {xs}, expected {L} rows of {I} (..., I) to "
                                  f"match grad_output {gs} and weight {(O, I)}")
+            g_w_operand = raw
+    return _backward_linear(c, gy, w, g_w_operand, lead + (I,), bool(need_grad_input), bool(need_grad_weight),
+                            bool(bias), config, seed)
 
-    if need_grad_weight and not config.exact and L > _gw_chunk_rows(config.rank):
-        if is_saved:
-            saved._core(op, c)  # checks q and scale against the whole x before they are sliced
-        return _backward_linear_chunked(c, gy, w, saved, is_saved, raw, lead, L, O, I, dt, bias, config, seed,
-                                        need_grad_input)
 
-    core_saved, x = None, None
-    if need_grad_weight:
-        if is_saved:
-            core_saved = saved._core(op, c)
-        elif config.exact:
-            x = _exact_operand(c, op, "saved", raw, dt)
-        else:
-            core_saved = c.call(_C.compress_activation, raw, config.rank, c.stream, op, "saved")
+# ---- the one entry per layer operation ------------------------------------------------------------------
+# The public functions above (any DLPack framework, every argument checked in Python for clear messages) and
+# hot.torch's ops (eager and compiled: torch tensors whose layout their own forward fixed) reach the core through
+# these, and only these. They take a _Call (framework, device, stream) and arrays the core can read; the core checks
+# dtypes, devices and shapes again, and runs the operation whole (g_w chunking included, SPEC §4).
+
+
+def _compress(c: _Call, x, xs, config):
+    """compress_activation of x (shape xs, (..., I), non-empty): (q, scale, the core's SavedActivation), q and
+    scale arrays of c's framework (hot's own, imported, where it cannot allocate)."""
+    q = c.empty((xs[-1], _C.padded_k(_C.hla_rows(fws.prod(xs[:-1]), config.rank))), "int8")
+    scale = c.empty((1,), "float32") if q is not None else None
+    core = c.call(_C.compress_activation, x, config, c.stream, c.op, "x", q, scale)
+    if q is None:  # hot allocated them: the caller's framework imports them
+        q, scale = c.result(None, core.q), c.result(None, core.scale)
+    return q, scale, core
+
+
+def _wrap_saved(c: _Call, q, scale, rows: int, cols: int, rank: int, op: str):
+    """The core's SavedActivation over q (I x K_pad int8) and scale ((1,) float32) of x (rows x cols) at rank."""
+    return c.call(_C.SavedActivation.wrap, q, scale, rows, cols, rank, c.stream, op)
+
+
+def _backward_linear(c: _Call, gy, w, saved, gi_shape, need_gi: bool, need_gw: bool, bias: bool, config, seed: int):
+    """backward_linear of gy (..., O) and w (O x I): (g_x shaped gi_shape, g_w, g_b), None where not requested.
+    saved: the g_w operand when need_gw: the core's SavedActivation (_compress, _wrap_saved) or the raw x (L x I
+    elements), which the core compresses (or, in exact mode, uses in gy's dtype)."""
     if config.exact:
-        w = _exact_operand(c, op, "weight", w, dt)
-
-    gi_shape = lead + (I,)
-    gi = c.empty(gi_shape, dt) if need_grad_input else None
-    gw = c.empty((O, I), dt) if need_grad_weight else None
-    gb = c.empty((O,), dt) if bias else None
-    rx, rw, rb = c.call(_C.backward_linear,
-        gy, w, core_saved, x, gi, gw, gb, bool(need_grad_input), bool(need_grad_weight), bool(bias),
-        config.gx_bits, config.rank, config.rounding, config.gx_scale, bool(config.exact), seed, c.stream)
+        dt = c.fw.dtype_name(gy)
+        w = _exact_operand(c, "backward_linear", "weight", w, dt)
+        if need_gw and saved is not None and not isinstance(saved, _C.SavedActivation):
+            saved = _exact_operand(c, "backward_linear", "saved", saved, dt)
+    O, I = fws.shape(w)
+    gi = c.empty_as(gi_shape, gy) if need_gi else None  # the results in gy's dtype
+    gw = c.empty_as((O, I), gy) if need_gw else None
+    gb = c.empty_as((O,), gy) if bias else None
+    rx, rw, rb = c.call(_C.backward_linear, gy, w, saved if need_gw else None, gi, gw, gb, need_gi, need_gw, bias,
+                        config, seed, c.stream)
     return (
-        c.result(gi, rx, gi_shape) if need_grad_input else None,
-        c.result(gw, rw) if need_grad_weight else None,
+        c.result(gi, rx, gi_shape) if need_gi else None,
+        c.result(gw, rw) if need_gw else None,
         c.result(gb, rb) if bias else None,
     )
 
@@ -484,58 +503,6 @@ def _exact_operand(c, op, name, a, dt):
     if have not in _FLOATS:
         raise TypeError(f"{op}: {name} has dtype {have}, expected float32, float16 or bfloat16")
     return c.fw.cast(a, dt)
-
-
-# The g_w GEMM contracts over K = ceil(L/16) * rank rows (padded to 16) with int32 accumulation of 8-bit
-# products, exact only while K * 127 * 127 < 2^31, i.e. K <= 133144 (L up to ~266k rows at rank 8, e.g.
-# the early convolutions of a ResNet-50 at batch 64, whose L = batch x H_out x W_out is 802,816).
-_MAX_GW_K = (2 ** 31 - 1) // (127 * 127)
-
-
-def _gw_chunk_rows(rank: int) -> int:
-    """Rows per chunk of a split backward: a multiple of 256 whose padded HLA rows fit _MAX_GW_K."""
-    return ((_MAX_GW_K // 16 * 16) // rank * 16) // 256 * 256
-
-
-def _backward_linear_chunked(c, gy, w, saved, is_saved, raw, lead, L, O, I, dt, bias, config, seed,
-                             need_grad_input):
-    """backward_linear over consecutive chunks of rows whose g_w contraction fits int32 accumulation; g_w and
-    g_b are summed in float32 over the chunks, g_x rows are written chunk by chunk. Each chunk quantises its own
-    G~ and G^ (per-tensor scales per chunk, not over all L rows) with its own seed; with a raw x each chunk
-    also compresses its own rows (the saved path keeps the one scale of the whole ABC buffer)."""
-    op = "backward_linear"
-    if not c.fw.can_allocate:
-        raise ValueError(f"{op}: {L} rows exceed one integer g_w GEMM ({_gw_chunk_rows(config.rank)} rows at rank "
-                         f"{config.rank}) and this array type cannot be split in place; split the batch")
-    step = _gw_chunk_rows(config.rank)
-    gy2 = c.fw.reshape(gy, (L, O))
-    x2 = None if is_saved else c.fw.reshape(raw, (L, I))
-    gi = c.empty(lead + (I,), dt) if need_grad_input else None
-    gi2 = c.fw.reshape(gi, (L, I)) if need_grad_input else None
-    gw_acc = c.empty((O, I), "float32")
-    gw_acc[...] = 0
-    gb_acc = None
-    if bias:
-        gb_acc = c.empty((O,), "float32")
-        gb_acc[...] = 0
-    for n, r0 in enumerate(range(0, L, step)):
-        r1 = min(L, r0 + step)
-        if is_saved:
-            k0 = _C.hla_rows(r0, config.rank)
-            k1 = k0 + _C.padded_k(_C.hla_rows(r1 - r0, config.rank))
-            part = SavedActivation(saved.q[:, k0:k1], saved.scale, (r1 - r0, I), config.rank)
-        else:
-            part = x2[r0:r1]
-        gx_c, gw_c, gb_c = backward_linear(gy2[r0:r1], w, part, bias=bias, config=config,
-                                           seed=(seed + n * 0x9E3779B97F4A7C15) % (1 << 64),
-                                           need_grad_input=need_grad_input, need_grad_weight=True)
-        if need_grad_input:
-            c.fw.copy_(gi2[r0:r1], gx_c)
-        gw_acc += c.fw.cast(gw_c, "float32")
-        if bias:
-            gb_acc += c.fw.cast(gb_c, "float32")
-    return (gi, c.fw.cast(gw_acc, dt) if dt != "float32" else gw_acc,
-            (c.fw.cast(gb_acc, dt) if dt != "float32" else gb_acc) if bias else None)
 
 
 # ---- backends ---------------------------------------------------------------------------------------

@@ -55,6 +55,10 @@ class Framework:
     def empty(self, shape, dtype, like):
         return np.empty(shape, dtype=np.dtype(dtype))
 
+    def empty_as(self, shape, a, like):
+        """empty(shape, the dtype of array a, like)."""
+        return self.empty(shape, self.dtype_name(a), like)
+
     def from_dlpack(self, a, like):
         return np.from_dlpack(a)
 
@@ -112,6 +116,9 @@ class Torch(Framework):
 
     def empty(self, shape, dtype, like):
         return _torch_empty()(tuple(shape), dtype=_torch_dtypes()[dtype], device=like.device)
+
+    def empty_as(self, shape, a, like):
+        return _torch_empty()(tuple(shape), dtype=a.dtype, device=like.device)
 
     def from_dlpack(self, a, like):
         import torch

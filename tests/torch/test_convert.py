@@ -171,10 +171,10 @@ def test_malformed_extra_state_is_named_and_loads_nothing_into_the_layer(extra, 
 
 
 def test_token_scale_is_used_in_backward(monkeypatch):
-    # The layers call the engine (hot._C.backward_linear) directly; its 14th argument is gx_scale.
+    # The layers reach the engine through hot._C.backward_linear; its 10th argument is the whole hot.Config.
     seen = []
     real = hot._C.backward_linear
-    monkeypatch.setattr(hot._C, "backward_linear", lambda *a: (seen.append(a[13]), real(*a))[1])
+    monkeypatch.setattr(hot._C, "backward_linear", lambda *a: (seen.append(a[9].gx_scale), real(*a))[1])
     layer = ht.Linear(16, 16)
     layer.set_lqs("token")
     layer(torch.randn(4, 16, requires_grad=True)).sum().backward()

@@ -214,12 +214,12 @@ def test_abc_buffer_size_linear(rank, k_pad):
 
 
 def test_input_without_grad_computes_no_gx(monkeypatch):
-    # The layers call the engine (hot._C.backward_linear) directly; its 8th argument is need_grad_input.
+    # The layers reach the engine through hot._C.backward_linear; its 7th argument is need_grad_input.
     calls = []
     real = hot._C.backward_linear
 
     def spy(*a):
-        calls.append(a[7])
+        calls.append(a[6])
         return real(*a)
 
     monkeypatch.setattr(hot._C, "backward_linear", spy)
@@ -282,7 +282,7 @@ def test_eager_route_matches_custom_op_route(kind, keep, device):
 
     torch.manual_seed(11)
     seed = torch.tensor(987654321, dtype=torch.int64)
-    args = (4, 8, "stochastic", "tensor", keep == 2)  # gx_bits, rank, rounding, gx_scale, exact
+    cfg = hot.Config(gx_bits=4, rank=8, rounding="stochastic", gx_scale="tensor", exact=keep == 2)
     if kind == "linear":
         x0, w0, b0 = torch.randn(3, 37, 24), torch.randn(20, 24), torch.randn(20)
         geom = ()
@@ -295,10 +295,10 @@ def test_eager_route_matches_custom_op_route(kind, keep, device):
         x, w, b = (t.clone().to(device).requires_grad_(True) for t in (x0, w0, b0))
         if route == "eager":
             fn = ops.linear if kind == "linear" else ops.conv2d
-            y = fn(x, w, b, seed, *geom, keep, *args)
-        else:
+            y = fn(x, w, b, seed, *geom, keep, cfg)
+        else:  # the custom ops take the configuration as its code
             op = torch.ops.hot.linear if kind == "linear" else torch.ops.hot.conv2d
-            y = op(x, w, b, seed, *geom, keep, *args)[0]
+            y = op(x, w, b, seed, *geom, keep, cfg.code)[0]
         if gy is None:
             gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)).to(device)
         y.backward(gy)
@@ -350,7 +350,7 @@ def test_double_backward_raises(kind, route, gy_depends_on_x):
 
     torch.manual_seed(12)
     seed = torch.zeros((), dtype=torch.int64)
-    args = (ops.KEEP_RAW, 4, 8, "stochastic", "tensor", True)  # keep, gx_bits, rank, rounding, gx_scale, exact
+    cfg = hot.Config(gx_bits=4, rank=8, rounding="stochastic", gx_scale="tensor", exact=True)
     if kind == "linear":
         x, w, b = torch.randn(5, 16), torch.randn(8, 16), torch.randn(8)
         geom, ref_fn = (), F.linear
@@ -359,11 +359,13 @@ def test_double_backward_raises(kind, route, gy_depends_on_x):
         geom, ref_fn = ([1, 1], [1, 1], [1, 1]), lambda x, w, b: F.conv2d(x, w, b, 1, 1)
     if route == "eager":
         fn = ops.linear if kind == "linear" else ops.conv2d
-    else:
+        config = cfg
+    else:  # the custom ops take the configuration as its code
         op = torch.ops.hot.linear if kind == "linear" else torch.ops.hot.conv2d
         fn = lambda *a: op(*a)[0]  # noqa: E731
+        config = cfg.code
     x, w, b = (t.requires_grad_() for t in (x, w, b))
-    y = fn(x, w, b, seed, *geom, *args)
+    y = fn(x, w, b, seed, *geom, ops.KEEP_RAW, config)
     loss = y.square().sum() if gy_depends_on_x else y.sum()
     (g,) = torch.autograd.grad(loss, x, create_graph=True)
     y_ref = ref_fn(x, w, b)

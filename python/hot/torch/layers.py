@@ -91,12 +91,9 @@ def _seed(config) -> Tensor:
 @functools.lru_cache(maxsize=256)
 def _plan(config):
     """What an eager layer call needs from its config, computed once per config: (draws a stochastic-rounding seed,
-    (keep, backward config) with a trainable weight, (keep, backward config) with a frozen one)."""
-    trained = ops.KEEP_RAW if config.exact else ops.KEEP_COMPRESSED
-    args = (config.gx_bits, config.rank, config.rounding, config.gx_scale)
+    what is kept with a trainable weight)."""
     return (config.rounding == "stochastic" and not config.exact,
-            (trained, ops.backward_config(*args, config.exact)),
-            (ops.KEEP_NOTHING, ops.backward_config(*args, config.exact)))
+            ops.KEEP_RAW if config.exact else ops.KEEP_COMPRESSED)
 
 
 _SAVED_NAMES: Dict[type, Tuple[str, ...]] = {}
@@ -128,9 +125,9 @@ def _kept_by_producer(x: Tensor) -> bool:
     return False
 
 
-def _linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], plan, ac: bool, layer=None) -> Tensor:
+def _linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], config, ac: bool, layer=None) -> Tensor:
     """hot_linear outside torch.compile once gradients are wanted; ac: autocast is on for x's device type. The same
-    checks, casts, seed draw and keep mode as the compiled route, with the per-config values of plan; an input its
+    checks, casts, seed draw and keep mode as the compiled route, with the per-config values of _plan; an input its
     producer keeps anyway is kept as it is (_kept_by_producer), which a calling layer records."""
     if x.device != weight.device:
         _check_inputs("Linear", x, weight, bias, True)
@@ -139,13 +136,14 @@ def _linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], plan, ac: b
         dt = torch.get_autocast_dtype(x.device.type)
         x, weight, bias = x.to(dt), weight.to(dt), (bias.to(dt) if bias is not None else None)
     _check_inputs("Linear", x, weight, bias, ac)
+    plan = _plan(config)
     seed = int(ops.draw_seed().item()) if plan[0] else 0
-    keep, cfg = plan[1] if weight.requires_grad else plan[2]
+    keep = plan[1] if weight.requires_grad else ops.KEEP_NOTHING
     if keep == ops.KEEP_COMPRESSED and x is x_in and _kept_by_producer(x):
         keep = ops.KEEP_RAW
     if layer is not None:
-        layer.__dict__["_hot_keeps_input"] = keep == ops.KEEP_RAW and not cfg.exact
-    return ops.linear_eager(x, weight, bias, seed, keep, cfg)
+        layer.__dict__["_hot_keeps_input"] = keep == ops.KEEP_RAW and not config.exact
+    return ops.linear_eager(x, weight, bias, seed, keep, config)
 
 
 def hot_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, config=None) -> Tensor:
@@ -157,13 +155,12 @@ def hot_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, config=
     if not _grad_wanted(x, weight, bias):
         return F.linear(x, weight, bias)
     if not torch.compiler.is_compiling():
-        return _linear_eager(x, weight, bias, _plan(config), _autocast_on(x.device.type))
+        return _linear_eager(x, weight, bias, config, _autocast_on(x.device.type))
     if x.device != weight.device:
         _check_inputs("Linear", x, weight, bias, True)
     x, weight, bias, ac = _autocast_cast(x, weight, bias)
     _check_inputs("Linear", x, weight, bias, ac)
-    return ops.linear(x, weight, bias, _seed(config), _keep_mode(weight, config), config.gx_bits, config.rank,
-                      config.rounding, config.gx_scale, config.exact)
+    return ops.linear(x, weight, bias, _seed(config), _keep_mode(weight, config), config)
 
 
 def _pair(name: str, v) -> List[int]:
@@ -199,8 +196,7 @@ def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride=1, padd
         keep = ops.KEEP_RAW
     if _layer is not None:  # what the layer keeps, for hot.torch.summary
         _layer.__dict__["_hot_keeps_input"] = keep == ops.KEEP_RAW and not config.exact
-    y = ops.conv2d(x, weight, bias, _seed(config), stride, padding, dilation, keep, config.gx_bits, config.rank,
-                   config.rounding, config.gx_scale, config.exact)
+    y = ops.conv2d(x, weight, bias, _seed(config), stride, padding, dilation, keep, config)
     return y.squeeze(0) if unbatched else y
 
 
@@ -362,7 +358,7 @@ class Linear(_HotMixin, nn.Linear):
         weight, bias = self.weight, self.bias
         if not _grad_wanted(x, weight, bias):
             return F.linear(x, weight, bias)
-        return _linear_eager(x, weight, bias, _plan(self.hot_config), ac, self)
+        return _linear_eager(x, weight, bias, self.hot_config, ac, self)
 
     def extra_repr(self) -> str:
         c = self.hot_config

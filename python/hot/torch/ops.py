@@ -6,13 +6,13 @@ graph breaks, and under autocast, DDP and GradScaler like the native layers.
 
 Ops (namespace ``hot``):
 
-``hot::linear(x, weight, bias, seed, keep, ...) -> (y, q, scale)``
+``hot::linear(x, weight, bias, seed, keep, config) -> (y, q, scale)``
     ``y = F.linear(x, weight, bias)`` in the framework's precision; what is kept for the backward
     pass depends on ``keep``: 0 nothing (frozen weight: the g_x path needs only W), 1 the ABC buffer
     ``compress_activation(x)`` (int8 ``I x K_pad`` + one f32 scale), 2 the raw x (``Config.exact``).
 ``hot::linear_backward(...) -> (g_x, g_w, g_b)``
     ``hot.backward_linear`` on the tensors' device; results not requested are empty tensors.
-``hot::conv2d(x, weight, bias, seed, stride, padding, dilation, keep, ...) -> (y, q, scale)``
+``hot::conv2d(x, weight, bias, seed, stride, padding, dilation, keep, config) -> (y, q, scale)``
     ``y = F.conv2d(...)``; with ``keep == 1`` the layer keeps the INPUT FEATURE MAP quantised to int8
     (per-tensor round-to-nearest, ``hot.quantize``), not the im2col matrix (SPEC §8).
 ``hot::conv2d_backward(...) -> (g_x, g_w, g_b)``
@@ -25,11 +25,18 @@ Ops (namespace ``hot``):
     SPEC §8 asks for; the double quantisation (8-bit feature map, then 8-bit HLA) adds at most
     ``s_fmap/2`` per input element before the projection.
 
+The configuration (a ``hot.Config``, the core's ``hot::Config``) crosses the custom-op schemas as ONE integer,
+``config.code`` (``hot::Config::code``, the only scalar encoding of a configuration, produced and parsed in the core);
+the op bodies turn it back into the Config with :func:`config_of` (``hot.Config.from_code``, cached), and the engine
+gets the Config whole.
+
 Eager calls (not under ``torch.compile``) skip the dispatcher: ``hot.torch`` layers call
 :func:`linear` / :func:`conv2d` below, which run the same bodies through a ``torch.autograd.Function``
 (the custom-op route costs ~100 us of Python per layer and call, which on a GPU leaves the device idle
 between small kernels). Under ``torch.compile`` the same functions call the custom ops, so graphs capture
-them. Both routes give the same tensors for the same seed (tested).
+them. Both routes run the same bodies, which reach the engine through the one internal entry per operation of
+``hot._api`` (``_compress``, ``_backward_linear``), as the public functions do; they give the same tensors for the
+same seed (tested).
 
 Stochastic-rounding seeds are drawn from torch's default CPU generator at each forward call of each
 layer (one int64 draw), so ``torch.manual_seed`` makes runs reproducible and seeds differ per step and
@@ -42,7 +49,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -50,8 +57,8 @@ import torch.utils.dlpack
 from torch import Tensor
 
 import hot
-from hot import _C
-from hot._api import _gw_chunk_rows
+from hot import _api
+from hot import _frameworks as _fws
 from hot._frameworks import _torch_raw_stream
 
 KEEP_NOTHING = 0
@@ -73,14 +80,9 @@ def draw_seed() -> Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def _config(gx_bits: int, rank: int, rounding: str, gx_scale: str, exact: bool):
-    return hot.Config(gx_bits=gx_bits, rank=rank, rounding=rounding, gx_scale=gx_scale, exact=exact)
-
-
-def _make_saved(q: Tensor, scale: Tensor, shape: Sequence[int], rank: int):
-    """Rebuild a hot.SavedActivation from its tensors (they cross the custom-op boundary as tensors)."""
-    shape = tuple(int(s) for s in shape)
-    return hot.SavedActivation(q, scale, shape, rank)
+def config_of(code: int) -> hot.Config:
+    """The hot.Config of a custom op's ``config`` argument (``config.code``, see the module docstring); cached."""
+    return hot.Config.from_code(code)
 
 
 def _empty(like: Tensor, dtype=None) -> Tensor:
@@ -92,44 +94,38 @@ def _or_empty(t: Optional[Tensor], like: Tensor) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------------------
-# direct engine calls for the layers (host time)
+# the engine calls of the layer ops, eager and compiled
 # ------------------------------------------------------------------------------------------------
-# The layers call hot._C directly with DLPack capsules of torch tensors whose shapes, devices and dtypes follow
-# from the layer's own (checked) forward, skipping the framework-generic argument handling of hot.compress_activation
-# and hot.backward_linear (which costs more host time than a small layer's kernels). The native module still
-# validates dtypes, devices and strides. Anything unusual (a device other than CPU/CUDA, a shape that does not match,
-# a g_w contraction that needs the chunked path) goes through the public functions instead, so errors and results are
-# theirs. Empty tensors, which the engine refuses, get nn.Linear's results from torch ops (empty or zero gradients).
-_to_dlpack = torch.utils.dlpack.to_dlpack
+# Both go through hot._api's entries (_compress, _backward_linear), as hot.compress_activation and hot.backward_linear
+# do, with a torch call context built without the framework-generic argument checks of the public functions (which
+# cost more host time than a small layer's kernels): the layers' own forward fixes shapes, devices and dtypes, and the
+# core checks them again. Tensors on a device other than CPU or CUDA get the public functions' named error. Empty
+# tensors, which the engine refuses, get nn.Linear's results from torch ops (empty or zero gradients).
 _UINT64_MAX = (1 << 64) - 1
+_TORCH = _fws._TORCH
 
 
-def _stream_of(t: Tensor) -> int:
-    """hot's stream argument for a CPU or CUDA tensor t: 0 on the CPU, torch's current raw stream on t's GPU."""
+def _call(op: str, t: Tensor) -> "_api._Call":
+    """hot._api's call context for the CPU or CUDA tensor t (the stream: 0 on the CPU, torch's current raw stream on
+    t's GPU); for a tensor elsewhere, the public functions' check raises its named error."""
     if t.is_cpu:
-        return 0
-    return _torch_raw_stream()(t.get_device())
+        return _api._Call.known(op, _TORCH, t, 0)
+    if t.is_cuda:
+        return _api._Call.known(op, _TORCH, t, _torch_raw_stream()(t.get_device()))
+    return _api._Call(op, x=t)  # raises: "<op>: x is on torch device '...', expected a CPU or CUDA tensor"
 
 
-def _compress(x: Tensor, rank: int) -> Tuple[Tensor, Tensor]:
-    """(q, scale) of ``hot.compress_activation(x.reshape(-1, I), hot.Config(rank=rank))`` for a torch tensor x
-    (..., I); a contiguous x goes to the engine as it is (the engine flattens its leading dims, as the reshape
-    would). A layer accepts any input layout F.linear does: a non-contiguous x is compressed from a temporary
-    contiguous copy."""
+def _compress(x: Tensor, cfg) -> Tuple[Tensor, Tensor]:
+    """(q, scale) of ``hot.compress_activation(x.reshape(-1, I), cfg)`` for a torch tensor x (..., I); a contiguous x
+    goes to the engine as it is (the engine flattens its leading dims, as the reshape would). A layer accepts any
+    input layout F.linear does: a non-contiguous x is compressed from a temporary contiguous copy."""
     I = x.shape[-1]
     if x.numel() == 0:  # an empty batch (or I = 0): an empty buffer (the engine refuses empty arrays)
-        return (x.new_zeros((I, padded_k(math.prod(x.shape[:-1]), rank)), dtype=torch.int8),
+        return (x.new_zeros((I, padded_k(math.prod(x.shape[:-1]), cfg.rank)), dtype=torch.int8),
                 x.new_ones((1,), dtype=torch.float32))
     if not x.is_contiguous():
         x = x.contiguous()
-    if not (x.is_cpu or x.is_cuda):
-        saved = hot.compress_activation(x.reshape(-1, I), _config(4, rank, "stochastic", "tensor", False))
-        return saved.q, saved.scale
-    dev = x.device
-    q = torch.empty((I, padded_k(x.numel() // I, rank)), dtype=torch.int8, device=dev)
-    scale = torch.empty((1,), dtype=torch.float32, device=dev)
-    _C.compress_activation(_to_dlpack(x), rank, _stream_of(x), "compress_activation", "x", _to_dlpack(q),
-                           _to_dlpack(scale))
+    q, scale, _ = _api._compress(_call("compress_activation", x), x, x.shape, cfg)
     return q, scale
 
 
@@ -144,55 +140,23 @@ def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tens
     if L == 0 or I == 0 or O == 0:  # empty operands (the engine refuses them): g_x and g_w are zeros
         return (g.new_zeros(gx_shape) if need_gx else None, g.new_zeros((O, I)) if need_gw else None,
                 g.reshape(L, O).sum(0) if need_gb else None)
-    rank = cfg.rank
-    dev = g.device
-    fast = (g.is_cpu or g.is_cuda) and w.device == dev and 0 <= seed <= _UINT64_MAX
-    if fast and need_gw:
-        if x is not None:
-            fast = (x.device == dev and x.shape[-1] == I and x.numel() == L * I
-                    and (cfg.exact or L <= _gw_chunk_rows(rank)))
-        else:
-            fast = (not cfg.exact and q is not None and q.device == dev and scale.device == dev
-                    and q.shape == (I, padded_k(L, rank)) and scale.shape == (1,) and L <= _gw_chunk_rows(rank))
-    if not fast:  # the public function: its checks, errors and chunked g_w path
-        saved = None
-        if need_gw:
-            saved = x.reshape(-1, I) if x is not None else _make_saved(q.detach(), scale.detach(), (L, I), rank)
-        gx, gw, gb = hot.backward_linear(g.reshape(-1, O), w, saved, bias=need_gb, config=cfg, seed=seed,
-                                         need_grad_input=need_gx, need_grad_weight=need_gw)
-        if gx is not None:
-            gx = gx.reshape(gx_shape)
-        return gx, gw, gb
-    stream = _stream_of(g)
-    dt = g.dtype
-    core = xe = None
+    if not 0 <= seed <= _UINT64_MAX:
+        _api._seed("backward_linear", seed)  # raises, naming the seed
+    c = _call("backward_linear", g)
+    saved = None
     if need_gw:
-        if cfg.exact:
-            xe = _to_dlpack(x if x.dtype == dt else x.to(dt))
-        elif x is not None:
-            core = _C.compress_activation(_to_dlpack(x), rank, stream, "backward_linear", "saved")
-        else:
-            core = _C.SavedActivation.wrap(_to_dlpack(q), _to_dlpack(scale), L, I, rank, stream, "backward_linear")
-    if cfg.exact and w.dtype != dt:
-        w = w.to(dt)
-    gx = torch.empty(gx_shape, dtype=dt, device=dev) if need_gx else None
-    gw = torch.empty((O, I), dtype=dt, device=dev) if need_gw else None
-    gb = torch.empty((O,), dtype=dt, device=dev) if need_gb else None
-    _C.backward_linear(_to_dlpack(g), _to_dlpack(w), core, xe, None if gx is None else _to_dlpack(gx),
-                       None if gw is None else _to_dlpack(gw), None if gb is None else _to_dlpack(gb),
-                       need_gx, need_gw, need_gb, cfg.gx_bits, rank, cfg.rounding, cfg.gx_scale, cfg.exact, seed,
-                       stream)
-    return gx, gw, gb
+        saved = x if x is not None else _api._wrap_saved(c, q, scale, L, I, cfg.rank, "backward_linear")
+    return _api._backward_linear(c, g, w, saved, gx_shape, need_gx, need_gw, need_gb, cfg, seed)
 
 
 # ------------------------------------------------------------------------------------------------
 # linear
 # ------------------------------------------------------------------------------------------------
-def _linear_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], keep: int, rank: int):
+def _linear_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], keep: int, cfg):
     """y and what the backward keeps (q, scale; empty unless keep == KEEP_COMPRESSED)."""
     y = F.linear(x, weight, bias)
     if keep == KEEP_COMPRESSED:
-        q, scale = _compress(x, rank)
+        q, scale = _compress(x, cfg)
         return y, q, scale
     return y, _empty(x, torch.int8), _empty(x, torch.float32)
 
@@ -205,49 +169,48 @@ def _linear_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, cfg, 
 
 
 @torch.library.custom_op("hot::linear", mutates_args=())
-def linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep: int, gx_bits: int,
-              rank: int, rounding: str, gx_scale: str, exact: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    return _linear_forward(x, weight, bias, keep, rank)
+def linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep: int,
+              config: int) -> Tuple[Tensor, Tensor, Tensor]:
+    return _linear_forward(x, weight, bias, keep, config_of(config))
 
 
 @linear_op.register_fake
-def _linear_fake(x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale, exact):
+def _linear_fake(x, weight, bias, seed, keep, config):
     y = x.new_empty((*x.shape[:-1], weight.shape[0]))
     if keep == KEEP_COMPRESSED:
         rows = math.prod(x.shape[:-1])
-        return (y, x.new_empty((x.shape[-1], padded_k(rows, rank)), dtype=torch.int8),
+        return (y, x.new_empty((x.shape[-1], padded_k(rows, config_of(config).rank)), dtype=torch.int8),
                 x.new_empty((1,), dtype=torch.float32))
     return y, x.new_empty((0,), dtype=torch.int8), x.new_empty((0,), dtype=torch.float32)
 
 
 @torch.library.custom_op("hot::linear_backward", mutates_args=())
 def linear_backward_op(grad_y: Tensor, weight: Tensor, x: Optional[Tensor], q: Tensor, scale: Tensor,
-                       seed: Tensor, x_shape: List[int], gx_bits: int, rank: int, rounding: str, gx_scale: str,
-                       exact: bool, need_gx: bool, need_gw: bool, need_gb: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    cfg = _config(gx_bits, rank, rounding, gx_scale, exact)
-    gx, gw, gb = _linear_backward_body(grad_y, weight, x, q, scale, int(seed.item()), x_shape, cfg, need_gx, need_gw,
-                                       need_gb)
+                       seed: Tensor, x_shape: List[int], config: int, need_gx: bool, need_gw: bool,
+                       need_gb: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    gx, gw, gb = _linear_backward_body(grad_y, weight, x, q, scale, int(seed.item()), x_shape, config_of(config),
+                                       need_gx, need_gw, need_gb)
     return _or_empty(gx, grad_y), _or_empty(gw, grad_y), _or_empty(gb, grad_y)
 
 
 @linear_backward_op.register_fake
-def _linear_backward_fake(grad_y, weight, x, q, scale, seed, x_shape, gx_bits, rank, rounding, gx_scale, exact,
-                          need_gx, need_gw, need_gb):
+def _linear_backward_fake(grad_y, weight, x, q, scale, seed, x_shape, config, need_gx, need_gw, need_gb):
     gx = grad_y.new_empty(x_shape) if need_gx else grad_y.new_empty((0,))
     gw = grad_y.new_empty(weight.shape) if need_gw else grad_y.new_empty((0,))
     gb = grad_y.new_empty((weight.shape[0],)) if need_gb else grad_y.new_empty((0,))
     return gx, gw, gb
 
 
-def _save_for_backward(ctx, output, x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale, exact):
-    """What the linear and conv2d ops keep for their backward (shared by both setup_context functions)."""
+def _save_for_backward(ctx, output, x, weight, bias, seed, keep, config: int):
+    """What the linear and conv2d custom ops keep for their backward (shared by both setup_context functions); the
+    configuration stays its code, which the backward op takes."""
     _, q, scale = output
     ctx.mark_non_differentiable(q, scale)
     ctx.save_for_backward(x if keep == KEEP_RAW else None, weight, q, scale, seed)
     ctx.x_shape = list(x.shape)
     ctx.has_bias = bias is not None
     ctx.keep = keep
-    ctx.cfg = (gx_bits, rank, rounding, gx_scale, exact)
+    ctx.config = config
 
 
 def _needs(ctx):
@@ -256,11 +219,11 @@ def _needs(ctx):
             ctx.has_bias and ctx.needs_input_grad[2])
 
 
-def _save_eager(ctx, x, weight, bias, q, scale, seed: int, keep, gx_bits, rank, rounding, gx_scale, exact):
-    """What the eager autograd.Functions keep (the tensors of _save_for_backward; the seed as an int)."""
+def _save_eager(ctx, x, weight, bias, q, scale, seed: int, keep, cfg):
+    """What the eager autograd.Functions keep: the tensors of _save_for_backward, only those the backward reads (q and
+    scale only when compressed, no empty placeholders), the seed as an int and the hot.Config itself."""
     ctx.save_for_backward(x if keep == KEEP_RAW else None, weight, q, scale)
-    ctx.seed, ctx.x_shape, ctx.keep, ctx.has_bias = seed, list(x.shape), keep, bias is not None
-    ctx.cfg = _config(gx_bits, rank, rounding, gx_scale, exact)
+    ctx.seed, ctx.x_shape, ctx.keep, ctx.has_bias, ctx.cfg = seed, x.shape, keep, bias is not None, cfg
 
 
 def _double_backward_error(kind: str) -> RuntimeError:
@@ -303,17 +266,17 @@ def _eager_backward(ctx, grad_y, n_other: int, kind: str, body):
 
 
 def _linear_setup(ctx, inputs, output):
-    x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale, exact = inputs
-    _save_for_backward(ctx, output, x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale, exact)
+    x, weight, bias, seed, keep, config = inputs
+    _save_for_backward(ctx, output, x, weight, bias, seed, keep, config)
 
 
 def _linear_backward(ctx, grad_y, _gq, _gs):
     x, weight, q, scale, seed = ctx.saved_tensors
     need_gx, need_gw, need_gb = _needs(ctx)
-    nones = (None,) * 7
+    nones = (None,) * 3
     if not (need_gx or need_gw or need_gb):
         return (None, None, None) + nones
-    gx, gw, gb = torch.ops.hot.linear_backward(grad_y, weight, x, q, scale, seed, ctx.x_shape, *ctx.cfg,
+    gx, gw, gb = torch.ops.hot.linear_backward(grad_y, weight, x, q, scale, seed, ctx.x_shape, ctx.config,
                                                need_gx, need_gw, need_gb)
     return (gx if need_gx else None, gw if need_gw else None, gb if need_gb else None) + nones
 
@@ -330,19 +293,14 @@ linear_backward_op.register_autograd(_linear_double_backward)
 
 class _LinearFunction(torch.autograd.Function):
     """The eager route of :func:`linear`: the same bodies as the custom ops, without the dispatcher. The non-tensor
-    arguments travel as one tuple ``(seed, keep, cfg)`` (cfg: the backward's hot.Config, see :func:`backward_config`)
-    and only the tensors the backward reads are saved (no empty placeholders)."""
+    arguments travel as one tuple ``(seed, keep, cfg)`` (cfg: the layer's hot.Config)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, args):
         seed, keep, cfg = args
         y = F.linear(x, weight, bias)
-        if keep == KEEP_COMPRESSED:
-            q, scale = _compress(x, cfg.rank)
-            ctx.save_for_backward(None, weight, q, scale)
-        else:
-            ctx.save_for_backward(x if keep == KEEP_RAW else None, weight, None, None)
-        ctx.seed, ctx.x_shape, ctx.keep, ctx.has_bias, ctx.cfg = seed, x.shape, keep, bias is not None, cfg
+        q, scale = _compress(x, cfg) if keep == KEEP_COMPRESSED else (None, None)
+        _save_eager(ctx, x, weight, bias, q, scale, seed, keep, cfg)
         return y
 
     @staticmethod
@@ -351,26 +309,19 @@ class _LinearFunction(torch.autograd.Function):
             grad_y, w, x, q, s, ctx.seed, ctx.x_shape, ctx.cfg, *needs))
 
 
-def backward_config(gx_bits: int, rank: int, rounding: str, gx_scale: str, exact: bool):
-    """The hot.Config the backward of a layer op runs with (validated; cached)."""
-    return _config(gx_bits, rank, rounding, gx_scale, exact)
-
-
 def linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: int, keep: int, cfg) -> Tensor:
-    """The eager route of :func:`linear` with the seed as an int and cfg = backward_config(...) (the layers'
-    entry point; not for torch.compile)."""
+    """The eager route of :func:`linear` with the seed as an int (the layers' entry point; not for torch.compile)."""
     return _LinearFunction.apply(x, weight, bias, (seed, keep, cfg))
 
 
-def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep: int, gx_bits: int, rank: int,
-           rounding: str, gx_scale: str, exact: bool = False) -> Tensor:
-    """y = F.linear(x, weight, bias) with HOT's backward: the custom op under torch.compile, else the eager
-    autograd.Function (same bodies, same results). exact: the backward runs exact (cuBLAS / float) GEMMs; keep
-    is what the forward keeps (KEEP_RAW for an exact g_w, KEEP_NOTHING when no g_w is wanted)."""
+def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep: int, config) -> Tensor:
+    """y = F.linear(x, weight, bias) with HOT's backward at ``config`` (a hot.Config): the custom op under
+    torch.compile, else the eager autograd.Function (same bodies, same results). keep is what the forward keeps
+    (KEEP_COMPRESSED: the ABC buffer; KEEP_RAW: the raw x, for an exact g_w or one its producer keeps anyway;
+    KEEP_NOTHING when no g_w is wanted)."""
     if torch.compiler.is_compiling():
-        return torch.ops.hot.linear(x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale, exact)[0]
-    return _LinearFunction.apply(x, weight, bias,
-                                 (int(seed.item()), keep, backward_config(gx_bits, rank, rounding, gx_scale, exact)))
+        return torch.ops.hot.linear(x, weight, bias, seed, keep, config.code)[0]
+    return _LinearFunction.apply(x, weight, bias, (int(seed.item()), keep, config))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -400,13 +351,12 @@ def _conv2d_forward(x, weight, bias, stride, padding, dilation, keep):
 
 @torch.library.custom_op("hot::conv2d", mutates_args=())
 def conv2d_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, stride: List[int],
-              padding: List[int], dilation: List[int], keep: int, gx_bits: int, rank: int, rounding: str,
-              gx_scale: str, exact: bool) -> Tuple[Tensor, Tensor, Tensor]:
+              padding: List[int], dilation: List[int], keep: int, config: int) -> Tuple[Tensor, Tensor, Tensor]:
     return _conv2d_forward(x, weight, bias, stride, padding, dilation, keep)
 
 
 @conv2d_op.register_fake
-def _conv2d_fake(x, weight, bias, seed, stride, padding, dilation, keep, gx_bits, rank, rounding, gx_scale, exact):
+def _conv2d_fake(x, weight, bias, seed, stride, padding, dilation, keep, config):
     N, _, H, W = x.shape
     O, _, kh, kw = weight.shape
     Ho = _conv_out(H, kh, stride[0], padding[0], dilation[0])
@@ -520,18 +470,16 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
 
 @torch.library.custom_op("hot::conv2d_backward", mutates_args=())
 def conv2d_backward_op(grad_y: Tensor, weight: Tensor, x: Optional[Tensor], q: Tensor, scale: Tensor, seed: Tensor,
-                       x_shape: List[int], stride: List[int], padding: List[int], dilation: List[int], gx_bits: int,
-                       rank: int, rounding: str, gx_scale: str, exact: bool, need_gx: bool, need_gw: bool,
-                       need_gb: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    cfg = _config(gx_bits, rank, rounding, gx_scale, exact)
+                       x_shape: List[int], stride: List[int], padding: List[int], dilation: List[int], config: int,
+                       need_gx: bool, need_gw: bool, need_gb: bool) -> Tuple[Tensor, Tensor, Tensor]:
     gx, gw, gb = _conv2d_backward_body(grad_y, weight, x, q, scale, int(seed.item()), x_shape, stride, padding,
-                                       dilation, cfg, need_gx, need_gw, need_gb)
+                                       dilation, config_of(config), need_gx, need_gw, need_gb)
     return _or_empty(gx, grad_y), _or_empty(gw, grad_y), _or_empty(gb, grad_y)
 
 
 @conv2d_backward_op.register_fake
-def _conv2d_backward_fake(grad_y, weight, x, q, scale, seed, x_shape, stride, padding, dilation, gx_bits, rank,
-                          rounding, gx_scale, exact, need_gx, need_gw, need_gb):
+def _conv2d_backward_fake(grad_y, weight, x, q, scale, seed, x_shape, stride, padding, dilation, config, need_gx,
+                          need_gw, need_gb):
     gx = grad_y.new_empty(x_shape) if need_gx else grad_y.new_empty((0,))
     gw = grad_y.new_empty(weight.shape) if need_gw else grad_y.new_empty((0,))
     gb = grad_y.new_empty((weight.shape[0],)) if need_gb else grad_y.new_empty((0,))
@@ -539,18 +487,18 @@ def _conv2d_backward_fake(grad_y, weight, x, q, scale, seed, x_shape, stride, pa
 
 
 def _conv2d_setup(ctx, inputs, output):
-    x, weight, bias, seed, stride, padding, dilation, keep, gx_bits, rank, rounding, gx_scale, exact = inputs
-    _save_for_backward(ctx, output, x, weight, bias, seed, keep, gx_bits, rank, rounding, gx_scale, exact)
+    x, weight, bias, seed, stride, padding, dilation, keep, config = inputs
+    _save_for_backward(ctx, output, x, weight, bias, seed, keep, config)
     ctx.geom = (list(stride), list(padding), list(dilation))
 
 
 def _conv2d_backward(ctx, grad_y, _gq, _gs):
     x, weight, q, scale, seed = ctx.saved_tensors
     need_gx, need_gw, need_gb = _needs(ctx)
-    nones = (None,) * 10
+    nones = (None,) * 6
     if not (need_gx or need_gw or need_gb):
         return (None, None, None) + nones
-    gx, gw, gb = torch.ops.hot.conv2d_backward(grad_y, weight, x, q, scale, seed, ctx.x_shape, *ctx.geom, *ctx.cfg,
+    gx, gw, gb = torch.ops.hot.conv2d_backward(grad_y, weight, x, q, scale, seed, ctx.x_shape, *ctx.geom, ctx.config,
                                                need_gx, need_gw, need_gb)
     return (gx if need_gx else None, gw if need_gw else None, gb if need_gb else None) + nones
 
@@ -569,26 +517,23 @@ class _Conv2dFunction(torch.autograd.Function):
     """The eager route of :func:`conv2d` (see :class:`_LinearFunction`)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, seed, stride, padding, dilation, keep, gx_bits, rank, rounding, gx_scale,
-                exact):
-        y, q, scale = _conv2d_forward(x, weight, bias, stride, padding, dilation, keep)
-        _save_eager(ctx, x, weight, bias, q, scale, seed, keep, gx_bits, rank, rounding, gx_scale, exact)
+    def forward(ctx, x, weight, bias, seed, stride, padding, dilation, keep, cfg):
+        y = F.conv2d(x, weight, bias, stride, padding, dilation)
+        q, scale = _quantize_fmap(x) if keep == KEEP_COMPRESSED else (None, None)
+        _save_eager(ctx, x, weight, bias, q, scale, seed, keep, cfg)
         ctx.geom = (list(stride), list(padding), list(dilation))
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        return _eager_backward(ctx, grad_y, 10, "Conv2d", lambda x, w, q, s, *needs: _conv2d_backward_body(
+        return _eager_backward(ctx, grad_y, 6, "Conv2d", lambda x, w, q, s, *needs: _conv2d_backward_body(
             grad_y, w, x, q, s, ctx.seed, ctx.x_shape, *ctx.geom, ctx.cfg, *needs))
 
 
 def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, stride: List[int], padding: List[int],
-           dilation: List[int], keep: int, gx_bits: int, rank: int, rounding: str, gx_scale: str,
-           exact: bool = False) -> Tensor:
-    """y = F.conv2d(...) with HOT's backward: the custom op under torch.compile, else the eager
-    autograd.Function."""
+           dilation: List[int], keep: int, config) -> Tensor:
+    """y = F.conv2d(...) with HOT's backward at ``config`` (a hot.Config): the custom op under torch.compile, else
+    the eager autograd.Function."""
     if torch.compiler.is_compiling():
-        return torch.ops.hot.conv2d(x, weight, bias, seed, stride, padding, dilation, keep, gx_bits, rank, rounding,
-                                    gx_scale, exact)[0]
-    return _Conv2dFunction.apply(x, weight, bias, int(seed.item()), stride, padding, dilation, keep, gx_bits, rank,
-                                 rounding, gx_scale, exact)
+        return torch.ops.hot.conv2d(x, weight, bias, seed, stride, padding, dilation, keep, config.code)[0]
+    return _Conv2dFunction.apply(x, weight, bias, int(seed.item()), stride, padding, dilation, keep, config)

@@ -1,6 +1,7 @@
 """DistributedDataParallel (gloo with 2 CPU processes; NCCL with 2 GPUs where there are two): gradients
 equal a single-process run with the same seeds. HOT quantises each rank's batch on its own (per-tensor scales over the local batch), so
 the single-process reference computes each rank's shard with that rank's seed and averages them."""
+import gc
 import os
 import socket
 import tempfile
@@ -43,6 +44,10 @@ def _worker(rank, port, out_dir, backend="gloo"):
     F.cross_entropy(model(xs), ys).backward()
     if rank == 0:
         torch.save({n: p.grad.cpu() for n, p in model.module.named_parameters()}, os.path.join(out_dir, "ddp.pt"))
+    # Release the model (DDP's reducer / FSDP's state hold the process group's pending work) while the
+    # interpreter is alive: torch's gloo threads can abort the process if that happens at interpreter exit.
+    del model
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
 

@@ -9,6 +9,7 @@ where there are two.
 - The per-layer state that LQS / calibration / warm-up keep (the layers' ``_extra_state``) survives a
   ``torch.distributed.checkpoint`` round trip of the sharded model into a freshly built and sharded one (whose layers
   have no state yet: a sharded layer's state_dict always has the entry, so DCP fills it)."""
+import gc
 import os
 import socket
 import tempfile
@@ -130,6 +131,10 @@ def _worker(rank, port, out_dir, backend):
     if rank == 0:
         torch.save({"grads": grads, "gathers": (n_hot, n_exact), "restored": restored},
                    os.path.join(out_dir, "fsdp.pt"))
+    # Release the model (DDP's reducer / FSDP's state hold the process group's pending work) while the
+    # interpreter is alive: torch's gloo threads can abort the process if that happens at interpreter exit.
+    del model
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
 

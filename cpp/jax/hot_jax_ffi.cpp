@@ -12,7 +12,12 @@
 //   hot_backward_linear          g_y (..., O), w (O, I), q (I, K_pad) s8, scale f32 (1,), seed u32 (2,)
 //                                                                -> g_x (..., I), g_w (O, I)
 //   hot_backward_linear_bias     the same                        -> g_x, g_w, g_b (O,)
-//                                attributes of both: gx_bits:i32, rank:i32, rounding:str, gx_scale:str
+//                                attribute of both: config:i64 (hot::Config::code(), the whole configuration)
+//   hot_quantize_nearest         x (..., C) float                -> q s8 (..., C), scale f32 (1,)
+//                                (Q8 per tensor, round-to-nearest: a convolution's kept feature map, SPEC §8)
+//   hot_backward_linear_x        g_y (..., O), w (O, I), x (..., I) float (the raw x: the core compresses it),
+//                                seed u32 (2,)                   -> g_x (..., I), g_w (O, I)
+//   hot_backward_linear_x_bias   the same                        -> g_x, g_w, g_b (O,)     (attributes as above)
 // The seed operand holds two words of jax.random.bits(key, (2,), uint32); the 64-bit seed of the stochastic rounding
 // is word0 | word1 << 32 (hot.jax.seed_from_key documents and computes the same). It is an operand, not an
 // attribute, so a jitted step compiles once whatever its key.
@@ -96,16 +101,8 @@ hot::TensorView view_1d(const char* op, const char* name, const ffi::AnyBuffer& 
   return hot::make_view(b.untyped_data(), dt, dev, {static_cast<int64_t>(b.element_count())});
 }
 
-hot::Config make_config(int32_t gx_bits, int32_t rank, std::string_view rounding, std::string_view gx_scale) {
-  hot::Config c;
-  c.gx_bits = gx_bits;
-  c.rank = rank;
-  c.rounding = hot::parse_rounding(std::string(rounding), "hot.jax: config.rounding");
-  c.gx_scale = hot::parse_scale_mode(std::string(gx_scale), "hot.jax: config.gx_scale");
-  c.exact = false;
-  c.validate();
-  return c;
-}
+// The configuration of an attribute: hot::Config::code(), as hot.Config.code gives it (validated by from_code).
+hot::Config make_config(int64_t code) { return hot::Config::from_code(code); }
 
 uint64_t combine_seed(const uint32_t w[2]) { return static_cast<uint64_t>(w[0]) | (static_cast<uint64_t>(w[1]) << 32); }
 
@@ -164,6 +161,35 @@ void backward(hot::Device dev, hot::Stream stream, uint64_t seed, const ffi::Any
   hot::backward_linear(gyv, wv, &saved, config, seed, out, stream);
 }
 
+void quantize_nearest(hot::Device dev, hot::Stream stream, const ffi::AnyBuffer& x, ffi::AnyBuffer q,
+                      ffi::AnyBuffer scale) {
+  const char* op = "hot.jax quantize";
+  const hot::TensorView xv = view_2d(op, "x", x, dev, true);
+  const hot::TensorView qv = view_2d(op, "q", q, dev, false);
+  const hot::TensorView sv = view_1d(op, "scale", scale, dev, hot::DType::f32, false);
+  hot::QuantizeParams p;
+  p.bits = 8;
+  p.scale = hot::ScaleMode::tensor;
+  p.rounding = hot::Rounding::nearest;
+  hot::quantize(xv, qv, sv, p, stream);
+}
+
+// backward_linear from the raw x (hot's raw-x overload: x compressed in the call, as compress_activation would).
+void backward_raw(hot::Device dev, hot::Stream stream, uint64_t seed, const ffi::AnyBuffer& gy,
+                  const ffi::AnyBuffer& w, const ffi::AnyBuffer& x, ffi::AnyBuffer gx, ffi::AnyBuffer gw,
+                  const ffi::AnyBuffer* gb, const hot::Config& config) {
+  const char* op = "hot.jax backward_linear";
+  const hot::TensorView gyv = view_2d(op, "grad_output", gy, dev, true);
+  HOT_CHECK_VALUE(w.dimensions().size() == 2, op, ": weight has ", w.dimensions().size(), " dims, expected 2 (O x I)");
+  const hot::TensorView wv = view_2d(op, "weight", w, dev, true);
+  const hot::TensorView xv = view_2d(op, "x", x, dev, true);
+  hot::BackwardOutputs out;
+  out.grad_input = view_2d(op, "grad_input", gx, dev, true);
+  out.grad_weight = view_2d(op, "grad_weight", gw, dev, true);
+  if (gb != nullptr) out.grad_bias = view_1d(op, "grad_bias", *gb, dev, hot::DType::f32, true);
+  hot::backward_linear(gyv, wv, xv, config, seed, out, stream);
+}
+
 // ---- CPU handlers ------------------------------------------------------------------------------------------------
 
 ffi::Error compress_cpu(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> scale,
@@ -182,9 +208,9 @@ uint64_t host_seed(const char* op, const ffi::AnyBuffer& seed) {
 
 ffi::Error backward_cpu(ffi::AnyBuffer gy, ffi::AnyBuffer w, ffi::AnyBuffer q, ffi::AnyBuffer scale,
                         ffi::AnyBuffer seed, ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw,
-                        int32_t gx_bits, int32_t rank, std::string_view rounding, std::string_view gx_scale) {
+                        int64_t config) {
   return guarded([&] {
-    const hot::Config c = make_config(gx_bits, rank, rounding, gx_scale);
+    const hot::Config c = make_config(config);
     backward(hot::Device::cpu(), hot::Stream{}, host_seed("hot.jax backward_linear", seed), gy, w, q, scale, *gx, *gw,
              nullptr, c);
   });
@@ -192,13 +218,36 @@ ffi::Error backward_cpu(ffi::AnyBuffer gy, ffi::AnyBuffer w, ffi::AnyBuffer q, f
 
 ffi::Error backward_bias_cpu(ffi::AnyBuffer gy, ffi::AnyBuffer w, ffi::AnyBuffer q, ffi::AnyBuffer scale,
                              ffi::AnyBuffer seed, ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw,
-                             ffi::Result<ffi::AnyBuffer> gb, int32_t gx_bits, int32_t rank, std::string_view rounding,
-                             std::string_view gx_scale) {
+                             ffi::Result<ffi::AnyBuffer> gb, int64_t config) {
   return guarded([&] {
-    const hot::Config c = make_config(gx_bits, rank, rounding, gx_scale);
+    const hot::Config c = make_config(config);
     const ffi::AnyBuffer b = *gb;
     backward(hot::Device::cpu(), hot::Stream{}, host_seed("hot.jax backward_linear", seed), gy, w, q, scale, *gx, *gw,
              &b, c);
+  });
+}
+
+ffi::Error quantize_cpu(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> scale) {
+  return guarded([&] { quantize_nearest(hot::Device::cpu(), hot::Stream{}, x, *q, *scale); });
+}
+
+ffi::Error backward_x_cpu(ffi::AnyBuffer gy, ffi::AnyBuffer w, ffi::AnyBuffer x, ffi::AnyBuffer seed,
+                          ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw, int64_t config) {
+  return guarded([&] {
+    const hot::Config c = make_config(config);
+    backward_raw(hot::Device::cpu(), hot::Stream{}, host_seed("hot.jax backward_linear", seed), gy, w, x, *gx, *gw,
+                 nullptr, c);
+  });
+}
+
+ffi::Error backward_x_bias_cpu(ffi::AnyBuffer gy, ffi::AnyBuffer w, ffi::AnyBuffer x, ffi::AnyBuffer seed,
+                               ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw,
+                               ffi::Result<ffi::AnyBuffer> gb, int64_t config) {
+  return guarded([&] {
+    const hot::Config c = make_config(config);
+    const ffi::AnyBuffer b = *gb;
+    backward_raw(hot::Device::cpu(), hot::Stream{}, host_seed("hot.jax backward_linear", seed), gy, w, x, *gx, *gw,
+                 &b, c);
   });
 }
 
@@ -228,10 +277,9 @@ ffi::Error compress_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, 
 
 ffi::Error backward_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer gy, ffi::AnyBuffer w, ffi::AnyBuffer q,
                          ffi::AnyBuffer scale, ffi::AnyBuffer seed, ffi::Result<ffi::AnyBuffer> gx,
-                         ffi::Result<ffi::AnyBuffer> gw, int32_t gx_bits, int32_t rank, std::string_view rounding,
-                         std::string_view gx_scale) {
+                         ffi::Result<ffi::AnyBuffer> gw, int64_t config) {
   return guarded([&] {
-    const hot::Config c = make_config(gx_bits, rank, rounding, gx_scale);
+    const hot::Config c = make_config(config);
     const uint64_t s = device_seed("hot.jax backward_linear", seed, stream);
     backward(hot::Device::cuda(device), hot::Stream{stream}, s, gy, w, q, scale, *gx, *gw, nullptr, c);
   });
@@ -240,13 +288,38 @@ ffi::Error backward_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer gy,
 ffi::Error backward_bias_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer gy, ffi::AnyBuffer w,
                               ffi::AnyBuffer q, ffi::AnyBuffer scale, ffi::AnyBuffer seed,
                               ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw,
-                              ffi::Result<ffi::AnyBuffer> gb, int32_t gx_bits, int32_t rank,
-                              std::string_view rounding, std::string_view gx_scale) {
+                              ffi::Result<ffi::AnyBuffer> gb, int64_t config) {
   return guarded([&] {
-    const hot::Config c = make_config(gx_bits, rank, rounding, gx_scale);
+    const hot::Config c = make_config(config);
     const uint64_t s = device_seed("hot.jax backward_linear", seed, stream);
     const ffi::AnyBuffer b = *gb;
     backward(hot::Device::cuda(device), hot::Stream{stream}, s, gy, w, q, scale, *gx, *gw, &b, c);
+  });
+}
+
+ffi::Error quantize_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> q,
+                         ffi::Result<ffi::AnyBuffer> scale) {
+  return guarded([&] { quantize_nearest(hot::Device::cuda(device), hot::Stream{stream}, x, *q, *scale); });
+}
+
+ffi::Error backward_x_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer gy, ffi::AnyBuffer w, ffi::AnyBuffer x,
+                           ffi::AnyBuffer seed, ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw,
+                           int64_t config) {
+  return guarded([&] {
+    const hot::Config c = make_config(config);
+    const uint64_t s = device_seed("hot.jax backward_linear", seed, stream);
+    backward_raw(hot::Device::cuda(device), hot::Stream{stream}, s, gy, w, x, *gx, *gw, nullptr, c);
+  });
+}
+
+ffi::Error backward_x_bias_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer gy, ffi::AnyBuffer w,
+                                ffi::AnyBuffer x, ffi::AnyBuffer seed, ffi::Result<ffi::AnyBuffer> gx,
+                                ffi::Result<ffi::AnyBuffer> gw, ffi::Result<ffi::AnyBuffer> gb, int64_t config) {
+  return guarded([&] {
+    const hot::Config c = make_config(config);
+    const uint64_t s = device_seed("hot.jax backward_linear", seed, stream);
+    const ffi::AnyBuffer b = *gb;
+    backward_raw(hot::Device::cuda(device), hot::Stream{stream}, s, gy, w, x, *gx, *gw, &b, c);
   });
 }
 
@@ -260,15 +333,19 @@ ffi::Error backward_bias_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffe
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxCompressCpu(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardCpu(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardBiasCpu(XLA_FFI_CallFrame*);
+HOT_JAX_EXPORT XLA_FFI_Error* HotJaxQuantizeCpu(XLA_FFI_CallFrame*);
+HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardXCpu(XLA_FFI_CallFrame*);
+HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardXBiasCpu(XLA_FFI_CallFrame*);
 #if HOT_JAX_CUDA
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxCompressCuda(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardCuda(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardBiasCuda(XLA_FFI_CallFrame*);
+HOT_JAX_EXPORT XLA_FFI_Error* HotJaxQuantizeCuda(XLA_FFI_CallFrame*);
+HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardXCuda(XLA_FFI_CallFrame*);
+HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardXBiasCuda(XLA_FFI_CallFrame*);
 #endif
 
-#define HOT_JAX_BACKWARD_ATTRS                                                                            \
-  .Attr<int32_t>("gx_bits").Attr<int32_t>("rank").Attr<std::string_view>("rounding").Attr<std::string_view>( \
-      "gx_scale")
+#define HOT_JAX_BACKWARD_ATTRS .Attr<int64_t>("config")
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxCompressCpu, compress_cpu,
                               ffi::Ffi::Bind()
@@ -290,6 +367,28 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardCpu, backward_cpu,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardBiasCpu, backward_bias_cpu,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>() HOT_JAX_BACKWARD_ATTRS);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxQuantizeCpu, quantize_cpu,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardXCpu, backward_x_cpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>() HOT_JAX_BACKWARD_ATTRS);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardXBiasCpu, backward_x_bias_cpu,
+                              ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
@@ -325,6 +424,37 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardBiasCuda, backward_bias_cuda,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>() HOT_JAX_BACKWARD_ATTRS);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxQuantizeCuda, quantize_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardXCuda, backward_x_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>() HOT_JAX_BACKWARD_ATTRS);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardXBiasCuda, backward_x_bias_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()

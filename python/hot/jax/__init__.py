@@ -39,7 +39,7 @@ from . import _ffi
 
 _ffi.load()
 
-__all__ = ["dense", "compress_activation", "seed_from_key", "seed_words", "set_num_threads", "get_num_threads",
+__all__ = ["dense", "conv2d", "compress_activation", "seed_from_key", "seed_words", "set_num_threads", "get_num_threads",
            "build_info"]
 
 _FLOATS = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
@@ -142,9 +142,11 @@ def _matmul(x, w):
 
 
 @functools.lru_cache(maxsize=None)
-def _dense_fn(gx_bits: int, rank: int, rounding: str, gx_scale: str, x_dtype, w_dtype, b_dtype):
-    """The custom_vjp of one configuration and one set of dtypes (the cotangents' dtypes are the inputs')."""
-    attrs = dict(gx_bits=np.int32(gx_bits), rank=np.int32(rank), rounding=str(rounding), gx_scale=str(gx_scale))
+def _dense_fn(code: int, x_dtype, w_dtype, b_dtype):
+    """The custom_vjp of one configuration (its ``hot.Config.code``) and one set of dtypes (the cotangents' dtypes
+    are the inputs')."""
+    attrs = dict(config=np.int64(code))
+    rank = hot.Config.from_code(code).rank
     bias = b_dtype is not None
 
     def backward(q, scale, w, seed, gy):
@@ -227,9 +229,187 @@ def dense(x, w, b=None, *, key, config=None):
     if cfg.exact:
         y = _matmul(x, w)
         return y if b is None else y + b
-    f = _dense_fn(cfg.gx_bits, cfg.rank, cfg.rounding, cfg.gx_scale, x.dtype, w.dtype,
-                  None if b is None else b.dtype)
+    f = _dense_fn(cfg.code, x.dtype, w.dtype, None if b is None else b.dtype)
     return f(x, w, seed) if b is None else f(x, w, b, seed)
+
+
+# ---- conv2d ------------------------------------------------------------------------------------------------------
+
+
+def _pair(op, name, v):
+    """An int or a pair of ints as (h, w)."""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+        return (int(v), int(v))
+    if (isinstance(v, (tuple, list)) and len(v) == 2
+            and all(isinstance(e, (int, np.integer)) and not isinstance(e, (bool, np.bool_)) for e in v)):
+        return (int(v[0]), int(v[1]))
+    raise ValueError(f"{op}: {name} must be an int or a pair of ints (h, w), got {v!r}")
+
+
+def _conv_out(size, k, s, p, d):
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _window_slices(H, W, Ho, Wo, kernel, stride, dilation):
+    """For each kernel offset (i, j), in (i, j) order, the index of its window positions in the padded map."""
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    return [(i, j, (slice(None), slice(None), slice(i * dh, i * dh + sh * (Ho - 1) + 1, sh),
+                    slice(j * dw, j * dw + sw * (Wo - 1) + 1, sw)))
+            for i in range(kh) for j in range(kw)]
+
+
+def _patch_rows(t, Ho, Wo):
+    """t (N, Ho, Wo, ...) with its rows in 4 x 4 patch order (N, Ho/4, Wo/4, 4, 4, ...) (SPEC §8)."""
+    N, rest = t.shape[0], t.shape[3:]
+    t = t.reshape((N, Ho // 4, 4, Wo // 4, 4) + rest)
+    return jnp.swapaxes(t, 2, 3)
+
+
+def _raster_rows(t, Ho, Wo):
+    """The inverse of _patch_rows: (N, Ho/4, Wo/4, 4, 4, ...) back to (N, Ho, Wo, ...)."""
+    N, rest = t.shape[0], t.shape[5:]
+    return jnp.swapaxes(t, 2, 3).reshape((N, Ho, Wo) + rest)
+
+
+def im2col(x, kernel, stride, padding, dilation, patches=False):
+    """The im2col matrix of x (N, C, H, W): (N*Ho*Wo) x (C*kh*kw), rows (n, ho, wo) (or 4 x 4 patch order with
+    ``patches``), columns (c, i, j): the layout of ``hot.torch.ops.im2col``, from slices of x (exact in any dtype)."""
+    N, C, H, W = x.shape
+    (kh, kw), (ph, pw) = kernel, padding
+    Ho, Wo = _conv_out(H, kh, stride[0], ph, dilation[0]), _conv_out(W, kw, stride[1], pw, dilation[1])
+    xp = jnp.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else x
+    win = jnp.stack([xp[idx] for _, _, idx in _window_slices(H, W, Ho, Wo, kernel, stride, dilation)], axis=-1)
+    win = jnp.transpose(win.reshape(N, C, Ho, Wo, kh, kw), (0, 2, 3, 1, 4, 5))  # (N, Ho, Wo, C, kh, kw)
+    if patches:
+        win = _patch_rows(win, Ho, Wo)
+    return win.reshape(N * Ho * Wo, C * kh * kw)
+
+
+def col2im(cols, x_shape, kernel, stride, padding, dilation, patches=False):
+    """The adjoint of :func:`im2col` (``hot.torch.ops.col2im``): the kernel offsets' windows added onto a zero map in
+    (i, j) order, in float32 for 16-bit dtypes when windows overlap, rounded once to cols' dtype."""
+    N, C, H, W = x_shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+    Ho, Wo = _conv_out(H, kh, sh, ph, dh), _conv_out(W, kw, sw, pw, dw)
+    if patches:
+        g6 = _raster_rows(cols.reshape(N, Ho // 4, Wo // 4, 4, 4, C, kh, kw), Ho, Wo)
+    else:
+        g6 = cols.reshape(N, Ho, Wo, C, kh, kw)
+    g6 = jnp.transpose(g6, (0, 3, 1, 2, 4, 5))  # (N, C, Ho, Wo, kh, kw)
+    overlap = sh < dh * (kh - 1) + 1 or sw < dw * (kw - 1) + 1
+    acc = jnp.float32 if overlap and cols.dtype in (jnp.float16, jnp.bfloat16) else cols.dtype
+    out = jnp.zeros((N, C, H + 2 * ph, W + 2 * pw), acc)
+    for i, j, idx in _window_slices(H, W, Ho, Wo, kernel, stride, dilation):
+        out = out.at[idx].add(g6[..., i, j].astype(acc))
+    return out[:, :, ph:ph + H, pw:pw + W].astype(cols.dtype)
+
+
+def _conv(x, w, stride, padding, dilation):
+    return jax.lax.conv_general_dilated(x, w, stride, [(padding[0], padding[0]), (padding[1], padding[1])],
+                                        rhs_dilation=dilation, dimension_numbers=("NCHW", "OIHW", "NCHW"))
+
+
+def _quantize_fmap(x):
+    """The int8 copy of a conv input (SPEC §8): per-tensor round-to-nearest, through the FFI target
+    hot_quantize_nearest (shape of x, scale float32 (1,))."""
+    call = jax.ffi.ffi_call("hot_quantize_nearest",
+                            (jax.ShapeDtypeStruct(x.shape, jnp.int8), jax.ShapeDtypeStruct((1,), jnp.float32)),
+                            vmap_method="sequential")
+    return call(x)
+
+
+@functools.lru_cache(maxsize=None)
+def _conv2d_fn(code: int, stride, padding, dilation, x_dtype, w_dtype, b_dtype):
+    """The custom_vjp of hot.jax.conv2d for one configuration, geometry and set of dtypes."""
+    cfg = hot.Config.from_code(code)
+    attrs = dict(config=np.int64(code))
+    bias = b_dtype is not None
+
+    def fwd(x, w, b, seed):
+        y = _conv(x, w, stride, padding, dilation)
+        if bias:
+            y = y + b[None, :, None, None].astype(y.dtype)
+        q, scale = _quantize_fmap(x)
+        return y, (q, scale, w, seed)
+
+    def bwd(res, gy):
+        q, scale, w, seed = res
+        N, C, H, W = q.shape
+        O, _, kh, kw = w.shape
+        Ho, Wo = gy.shape[2], gy.shape[3]
+        patches = cfg.rank < 16 and Ho % 4 == 0 and Wo % 4 == 0  # hot.torch.ops.conv_patch_rows
+        g = jnp.transpose(gy, (0, 2, 3, 1))  # (N, Ho, Wo, O)
+        if patches:
+            g = _patch_rows(g, Ho, Wo)
+        g = g.reshape(N * Ho * Wo, O)
+        xf = q.astype(jnp.float32) * scale[0]  # hot.dequantize
+        cols = im2col(xf, (kh, kw), stride, padding, dilation, patches)
+        outs = [jax.ShapeDtypeStruct(cols.shape, x_dtype), jax.ShapeDtypeStruct((O, C * kh * kw), w_dtype)]
+        if bias:
+            outs.append(jax.ShapeDtypeStruct((O,), b_dtype))
+        call = jax.ffi.ffi_call("hot_backward_linear_x_bias" if bias else "hot_backward_linear_x", tuple(outs),
+                                vmap_method="sequential")
+        res = call(g, w.reshape(O, C * kh * kw), cols, seed, **attrs)
+        gx = col2im(res[0], (N, C, H, W), (kh, kw), stride, padding, dilation, patches)
+        gw = res[1].reshape(w.shape)
+        return (gx, gw, res[2] if bias else None, None)
+
+    @jax.custom_vjp
+    def f(x, w, b, seed):
+        y = _conv(x, w, stride, padding, dilation)
+        return y + b[None, :, None, None].astype(y.dtype) if bias else y
+
+    f.defvjp(fwd, bwd)
+    return f
+
+
+def conv2d(x, w, b=None, *, key, stride=1, padding=0, dilation=1, config=None):
+    """HOT 2-D convolution (groups 1, zero padding): ``y = conv(x, w) (+ b)`` with x ``(N, C, H, W)``, w
+    ``(O, C, kh, kw)``, b ``(O,)`` or None (PyTorch's layouts); stride, padding, dilation an int or a pair (h, w).
+
+    The forward runs JAX's convolution and keeps x's int8 feature map (per-tensor, round-to-nearest; SPEC §8) instead
+    of x; the backward dequantises it, forms the im2col columns and runs hot's backward of the GEMM
+    ``L = N*Ho*Wo, I = C*kh*kw`` (the core compresses the columns; rows in 4 x 4 patch order below rank 16) through an
+    XLA custom call, then col2im: the same computation as ``hot.torch.Conv2d``'s backward. ``key`` and ``config`` as
+    in :func:`dense`."""
+    op = "hot.jax.conv2d"
+    cfg = _config(op, config)
+    x = _array(op, "x", x)
+    w = _array(op, "w", w)
+    _float(op, "x", x)
+    _float(op, "w", w)
+    stride, padding, dilation = (_pair(op, "stride", stride), _pair(op, "padding", padding),
+                                 _pair(op, "dilation", dilation))
+    if min(stride) < 1 or min(dilation) < 1 or min(padding) < 0:
+        raise ValueError(f"{op}: expected stride >= 1, dilation >= 1 and padding >= 0, got stride {stride}, "
+                         f"padding {padding}, dilation {dilation}")
+    if x.ndim != 4:
+        raise ValueError(f"{op}: x has shape {x.shape}, expected 4 dims (N, C, H, W)")
+    if w.ndim != 4:
+        raise ValueError(f"{op}: w has shape {w.shape}, expected 4 dims (O, C, kh, kw)")
+    if x.size == 0 or w.size == 0:
+        raise ValueError(f"{op}: x (shape {x.shape}) and w (shape {w.shape}) must be non-empty")
+    O, C, kh, kw = w.shape
+    if x.shape[1] != C:
+        raise ValueError(f"{op}: x has shape {x.shape} ({x.shape[1]} channels) but w has shape {w.shape} "
+                         f"(O, C, kh, kw) with C = {C}; groups other than 1 are not supported")
+    Ho = _conv_out(x.shape[2], kh, stride[0], padding[0], dilation[0])
+    Wo = _conv_out(x.shape[3], kw, stride[1], padding[1], dilation[1])
+    if Ho < 1 or Wo < 1:
+        raise ValueError(f"{op}: x has shape {x.shape}, too small for the kernel {(kh, kw)} with padding {padding} "
+                         f"and dilation {dilation} (output {Ho} x {Wo})")
+    if b is not None:
+        b = _array(op, "b", b)
+        _float(op, "b", b)
+        if b.shape != (O,):
+            raise ValueError(f"{op}: b has shape {b.shape}, expected ({O},) (one bias per output channel of w "
+                             f"{w.shape})")
+    seed = seed_words(key, op)
+    if cfg.exact:
+        y = _conv(x, w, stride, padding, dilation)
+        return y if b is None else y + b[None, :, None, None]
+    f = _conv2d_fn(cfg.code, stride, padding, dilation, x.dtype, w.dtype, None if b is None else b.dtype)
+    return f(x, w, b, seed)
 
 
 # ---- the library's core ------------------------------------------------------------------------------------------

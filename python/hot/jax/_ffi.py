@@ -15,6 +15,9 @@ TARGETS = {
     "hot_compress_activation": "HotJaxCompress",
     "hot_backward_linear": "HotJaxBackward",
     "hot_backward_linear_bias": "HotJaxBackwardBias",
+    "hot_quantize_nearest": "HotJaxQuantize",
+    "hot_backward_linear_x": "HotJaxBackwardX",
+    "hot_backward_linear_x_bias": "HotJaxBackwardXBias",
 }
 
 _lib = None

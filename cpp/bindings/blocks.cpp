@@ -1,0 +1,162 @@
+// hot._C's building blocks: the Hadamard transform, HLA, quantise / dequantise, int4 packing, the integer GEMMs.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+
+#include "bindings.h"
+#include "hot/config.h"
+#include "hot/error.h"
+#include "hot/ops.h"
+
+namespace py = pybind11;
+
+namespace hotpy {
+
+void register_blocks(py::module_& m) {
+  m.def(
+      "hadamard_transform",
+      [](py::handle x, py::handle out, int block, int split, int axis, int64_t stream) {
+        const char* op = "hadamard_transform";
+        OpContext ctx(op, stream);
+        hot::TensorView in = nonempty(ctx.input(x, "x", hotpy::kFloat, split), op, "x");
+        hot::TensorView o;
+        py::object r = output(ctx, out, "out", hotpy::kF32, hot::DType::f32, in.shape, o, split);
+        {
+          py::gil_scoped_release nogil;
+          hot::hadamard_transform(in, o, block, axis, ctx.stream());
+        }
+        return r;
+      },
+      py::arg("x"), py::arg("out"), py::arg("block"), py::arg("split"), py::arg("axis"), py::arg("stream"));
+
+  m.def(
+      "hla",
+      [](py::handle x, py::handle out, int rank, int64_t stream) {
+        const char* op = "hla";
+        OpContext ctx(op, stream);
+        hot::TensorView in = nonempty(ctx.input(x, "x", hotpy::kFloat), op, "x");
+        HOT_CHECK_VALUE(rank >= 1 && rank <= 16, op, ": rank must be in 1..16, got ", rank);
+        hot::TensorView o;
+        py::object r = output(ctx, out, "out", hotpy::kF32, hot::DType::f32,
+                              {hot::hla_rows(in.shape[0], rank), in.shape[1]}, o);
+        {
+          py::gil_scoped_release nogil;
+          hot::hla_project(in, o, rank, ctx.stream());
+        }
+        return r;
+      },
+      py::arg("x"), py::arg("out"), py::arg("rank"), py::arg("stream"));
+
+  m.def(
+      "quantize",
+      [](py::handle x, py::handle q, py::handle scale, int bits, const std::string& scale_mode,
+         const std::string& rounding, uint64_t seed, uint32_t rng_stream, int64_t stream) {
+        const char* op = "quantize";
+        OpContext ctx(op, stream);
+        hot::TensorView in = nonempty(ctx.input(x, "x", hotpy::kFloat), op, "x");
+        hot::QuantizeParams p;
+        HOT_CHECK_VALUE(bits == 4 || bits == 8, op, ": bits must be 4 or 8, got ", bits);
+        p.bits = bits;
+        p.scale = hot::parse_scale_mode(scale_mode, "quantize: scale");
+        p.rounding = hot::parse_rounding(rounding, "quantize: rounding");
+        p.seed = seed;
+        p.rng_stream = rng_stream;
+        hot::TensorView qv, sv;
+        py::object rq = output(ctx, q, "q", hotpy::kS8, hot::DType::s8, in.shape, qv);
+        py::object rs = output(ctx, scale, "scale", hotpy::kF32, hot::DType::f32,
+                               {p.scale == hot::ScaleMode::tensor ? 1 : in.shape[0]}, sv, -2);
+        {
+          py::gil_scoped_release nogil;
+          hot::quantize(in, qv, sv, p, ctx.stream());
+        }
+        return py::make_tuple(rq, rs);
+      },
+      py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("bits"), py::arg("scale_mode"), py::arg("rounding"),
+      py::arg("seed"), py::arg("rng_stream"), py::arg("stream"));
+
+  m.def(
+      "dequantize",
+      [](py::handle q, py::handle scale, py::handle out, const std::string& dtype, int64_t stream) {
+        const char* op = "dequantize";
+        OpContext ctx(op, stream);
+        hot::TensorView qv = nonempty(ctx.input(q, "q", hotpy::kS8), op, "q");
+        hot::TensorView sv = ctx.input(scale, "scale", hotpy::kF32, -2);
+        hot::TensorView o;
+        py::object r = output(ctx, out, "out", hotpy::kFloat, parse_float_dtype(dtype, op), qv.shape, o);
+        {
+          py::gil_scoped_release nogil;
+          hot::dequantize(qv, sv, o, ctx.stream());
+        }
+        return r;
+      },
+      py::arg("q"), py::arg("scale"), py::arg("out"), py::arg("dtype"), py::arg("stream"));
+
+  m.def(
+      "pack_int4",
+      [](py::handle q, py::handle packed, int64_t stream) {
+        const char* op = "pack_int4";
+        OpContext ctx(op, stream);
+        hot::TensorView qv = nonempty(ctx.input(q, "q", hotpy::kS8), op, "q");
+        HOT_CHECK_VALUE(qv.shape[1] % 2 == 0, op, ": q needs an even last dim to pack two values per byte, got ",
+                        qv.shape[1]);
+        hot::TensorView pv;
+        py::object r = output(ctx, packed, "packed", hotpy::kPackedS4, hot::DType::s4, qv.shape, pv);
+        {
+          py::gil_scoped_release nogil;
+          hot::pack_int4(qv, pv, ctx.stream());
+        }
+        return r;
+      },
+      py::arg("q"), py::arg("packed"), py::arg("stream"));
+
+  m.def(
+      "unpack_int4",
+      [](py::handle packed, py::handle q, int64_t stream) {
+        const char* op = "unpack_int4";
+        OpContext ctx(op, stream);
+        hot::TensorView pv = nonempty(ctx.input(packed, "packed", hotpy::kPackedS4), op, "packed");
+        hot::TensorView qv;
+        py::object r = output(ctx, q, "q", hotpy::kS8, hot::DType::s8, pv.shape, qv);
+        {
+          py::gil_scoped_release nogil;
+          hot::unpack_int4(pv, qv, ctx.stream());
+        }
+        return r;
+      },
+      py::arg("packed"), py::arg("q"), py::arg("stream"));
+
+  auto gemm = [](const char* op, hotpy::DTypeMask allowed, py::handle a, py::handle b, py::handle c,
+                 int64_t stream) {
+    OpContext ctx(op, stream);
+    hot::TensorView av = nonempty(ctx.input(a, "a", allowed, -2), op, "a");
+    hot::TensorView bv = nonempty(ctx.input(b, "b", allowed, -2), op, "b");
+    HOT_CHECK_DIM(op, "a", av, 2);
+    HOT_CHECK_DIM(op, "b", bv, 2);
+    av = hotpy::flatten_2d(av, 1, op, "a");
+    bv = hotpy::flatten_2d(bv, 1, op, "b");
+    hot::TensorView cv;
+    py::object r = output(ctx, c, "c", hotpy::kS32, hot::DType::s32, {av.shape[0], bv.shape[0]}, cv);
+    {
+      py::gil_scoped_release nogil;
+      if (allowed == hotpy::kPackedS4) hot::gemm_s4s4s32(av, bv, cv, ctx.stream());
+      else hot::gemm_s8s8s32(av, bv, cv, ctx.stream());
+    }
+    return r;
+  };
+  m.def(
+      "gemm_s8",
+      [gemm](py::handle a, py::handle b, py::handle c, int64_t stream) {
+        return gemm("gemm_s8", hotpy::kS8, a, b, c, stream);
+      },
+      py::arg("a"), py::arg("b"), py::arg("c"), py::arg("stream"));
+  m.def(
+      "gemm_s4",
+      [gemm](py::handle a, py::handle b, py::handle c, int64_t stream) {
+        return gemm("gemm_s4", hotpy::kPackedS4, a, b, c, stream);
+      },
+      py::arg("a"), py::arg("b"), py::arg("c"), py::arg("stream"));
+}
+
+}  // namespace hotpy

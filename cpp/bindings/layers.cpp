@@ -1,0 +1,144 @@
+// hot._C's layer operations: the core's SavedActivation (the ABC buffer), compress_activation and backward_linear.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+
+#include "bindings.h"
+#include "hot/config.h"
+#include "hot/error.h"
+#include "hot/ops.h"
+
+namespace py = pybind11;
+
+namespace hotpy {
+
+namespace {
+
+// The core's SavedActivation, shared with the Python object that wraps it.
+struct PySaved {
+  std::shared_ptr<hot::SavedActivation> s;
+  int64_t stream_handle = 0;
+  bool q_read_only = false, scale_read_only = false;  // wrapped arrays their producers flagged read-only
+};
+
+}  // namespace
+
+void register_layers(py::module_& m) {
+  py::class_<PySaved>(m, "SavedActivation", "The core's ABC buffer (q: I x K_pad int8, scale: [1] float32).")
+      .def_property_readonly("q", [](const PySaved& s) { return Array(s.s->q, s.stream_handle, s.q_read_only); })
+      .def_property_readonly("scale",
+                             [](const PySaved& s) { return Array(s.s->scale, s.stream_handle, s.scale_read_only); })
+      .def_property_readonly("rows", [](const PySaved& s) { return s.s->rows; })
+      .def_property_readonly("cols", [](const PySaved& s) { return s.s->cols; })
+      .def_property_readonly("rank", [](const PySaved& s) { return s.s->rank; })
+      .def_property_readonly("nbytes", [](const PySaved& s) { return s.s->nbytes(); })
+      .def_static(
+          "wrap",
+          [](py::handle q, py::handle scale, int64_t rows, int64_t cols, int rank, int64_t stream,
+             const std::string& op_name) {
+            const char* op = op_name.c_str();
+            HOT_CHECK_VALUE(rows > 0 && cols > 0, op, ": saved activation rows and cols must be positive, got ", rows,
+                            " and ", cols);
+            HOT_CHECK_VALUE(rank >= 1 && rank <= 16, op, ": saved activation rank must be in 1..16, got ", rank);
+            OpContext ctx(op, stream);
+            auto s = std::make_shared<hot::SavedActivation>();
+            s->rows = rows;
+            s->cols = cols;
+            s->rank = rank;
+            hot::TensorView qv = ctx.input(q, "saved.q", hotpy::kS8, -2);
+            const bool q_ro = ctx.last_read_only();
+            s->q = hot::Tensor::wrap(qv, ctx.release_last());
+            hot::TensorView sv = ctx.input(scale, "saved.scale", hotpy::kF32, -2);
+            const bool s_ro = ctx.last_read_only();
+            s->scale = hot::Tensor::wrap(sv, ctx.release_last());
+            return PySaved{s, stream, q_ro, s_ro};
+          },
+          py::arg("q"), py::arg("scale"), py::arg("rows"), py::arg("cols"), py::arg("rank"), py::arg("stream"),
+          py::arg("op") = "backward_linear",
+          "A core SavedActivation over the caller's q and scale arrays (no copy; they are kept alive).");
+
+  m.def(
+      "compress_activation",
+      [](py::handle x, const hot::Config& config, int64_t stream, const std::string& op_name,
+         const std::string& arg_name, py::handle q, py::handle scale) {
+        const char* op = op_name.c_str();
+        const char* name = arg_name.c_str();
+        const int rank = config.rank;
+        OpContext ctx(op, stream);
+        hot::TensorView xv = nonempty(ctx.input(x, name, hotpy::kFloat), op, name);
+        auto s = std::make_shared<hot::SavedActivation>();
+        if (q.is_none() != scale.is_none()) HOT_FAIL(value, op, ": give both q and scale outputs, or neither");
+        if (q.is_none()) {
+          py::gil_scoped_release nogil;
+          *s = hot::compress_activation(xv, rank, ctx.stream());
+          return PySaved{s, stream};
+        }
+        // Caller-allocated buffers (the framework's allocator): write into them and keep them alive.
+        s->rows = xv.shape[0];
+        s->cols = xv.shape[1];
+        s->rank = rank;
+        hot::TensorView qv = ctx.output(q, "q", hotpy::kS8, -2);
+        s->q = hot::Tensor::wrap(qv, ctx.release_last());
+        hot::TensorView sv = ctx.output(scale, "scale", hotpy::kF32, -2);
+        s->scale = hot::Tensor::wrap(sv, ctx.release_last());
+        {
+          py::gil_scoped_release nogil;
+          hot::compress_activation(xv, qv, sv, rank, ctx.stream());
+        }
+        return PySaved{s, stream};
+      },
+      py::arg("x"), py::arg("config"), py::arg("stream"), py::arg("op") = "compress_activation",
+      py::arg("name") = "x", py::arg("q") = py::none(), py::arg("scale") = py::none(),
+      "compress_activation(x, config.rank): the ABC buffer of x (a SavedActivation), into q and scale when given.");
+
+  m.def(
+      "backward_linear",
+      [](py::handle grad_output, py::handle weight, py::handle saved, py::handle grad_input, py::handle grad_weight,
+         py::handle grad_bias, bool need_grad_input, bool need_grad_weight, bool bias, const hot::Config& config,
+         uint64_t seed, int64_t stream) {
+        const char* op = "backward_linear";
+        OpContext ctx(op, stream);
+        hot::TensorView gy = nonempty(ctx.input(grad_output, "grad_output", hotpy::kFloat), op, "grad_output");
+        hot::TensorView wv = ctx.input(weight, "weight", hotpy::kFloat, -2);
+        HOT_CHECK_VALUE(wv.ndim() == 2, op, ": weight has ", wv.ndim(), " dims, expected 2 (O x I) (got shape ",
+                        hot::shape_str(wv.shape), ")");
+        wv = nonempty(hotpy::flatten_2d(wv, 1, op, "weight"), op, "weight");
+        const int64_t L = gy.shape[0], O = gy.shape[1], I = wv.shape[1];
+        const hot::DType out_dt = gy.dtype;
+        // saved: the core's SavedActivation, or the raw x (compressed by the core, or used as it is in exact mode)
+        hot::TensorView xv;
+        const hot::SavedActivation* sp = nullptr;
+        if (need_grad_weight) {
+          HOT_CHECK_VALUE(!saved.is_none(), op, ": need_grad_weight=True needs `saved` (",
+                          config.exact ? "the raw x in exact mode" : "a SavedActivation or the raw x", "), got None");
+          if (py::isinstance<PySaved>(saved)) {
+            HOT_CHECK_VALUE(!config.exact, op,
+                            ": config.exact needs the raw input x as `saved`, got a SavedActivation");
+            sp = saved.cast<const PySaved&>().s.get();
+          } else {
+            xv = nonempty(ctx.input(saved, "saved", hotpy::kFloat), op, "saved");
+          }
+        }
+        hot::BackwardOutputs outs;
+        py::object rx = py::none(), rw = py::none(), rb = py::none();
+        if (need_grad_input) rx = output(ctx, grad_input, "grad_input", hotpy::kFloat, out_dt, {L, I}, outs.grad_input);
+        if (need_grad_weight)
+          rw = output(ctx, grad_weight, "grad_weight", hotpy::kFloat, out_dt, {O, I}, outs.grad_weight);
+        if (bias) rb = output(ctx, grad_bias, "grad_bias", hotpy::kFloat, out_dt, {O}, outs.grad_bias, -2);
+        {
+          py::gil_scoped_release nogil;
+          if (sp != nullptr) hot::backward_linear(gy, wv, sp, config, seed, outs, ctx.stream());
+          else hot::backward_linear(gy, wv, xv, config, seed, outs, ctx.stream());
+        }
+        return py::make_tuple(rx, rw, rb);
+      },
+      py::arg("grad_output"), py::arg("weight"), py::arg("saved"), py::arg("grad_input"), py::arg("grad_weight"),
+      py::arg("grad_bias"), py::arg("need_grad_input"), py::arg("need_grad_weight"), py::arg("bias"),
+      py::arg("config"), py::arg("seed"), py::arg("stream"),
+      "hot::backward_linear: (grad_input, grad_weight, grad_bias), each None where the caller gave the array or did "
+      "not ask for it. saved: a SavedActivation, the raw x, or None without g_w.");
+}
+
+}  // namespace hotpy

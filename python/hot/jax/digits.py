@@ -1,6 +1,7 @@
-"""Example: an Equinox MLP trained on scikit-learn's digits, exact vs HOT, with hot.jax.dense under jax.jit.
+"""Example: an Equinox MLP (hot.jax.dense) or CNN (hot.jax.conv2d) trained on scikit-learn's digits, exact vs HOT,
+under jax.jit.
 
-    python -m hot.jax.digits --seeds 0 1 2 --epochs 15
+    python -m hot.jax.digits --seeds 0 1 2 --epochs 15 [--model cnn]
 
 Both runs start from the same initial weights and see the same batches in the same order; they differ only in the
 layers' backward: ``hot.Config(exact=True)`` (JAX's own backward) against HOT (default ``hot.Config()``, or
@@ -79,6 +80,49 @@ class MLP(eqx.Module):
         return x
 
 
+class Conv(eqx.Module):
+    """A 2-D convolution whose backward is HOT's: ``hot.jax.conv2d`` with weight (out, in, k, k) and a bias."""
+
+    weight: jax.Array
+    bias: jax.Array
+    stride: int = eqx.field(static=True)
+    padding: int = eqx.field(static=True)
+    config: hot.Config = eqx.field(static=True)
+
+    def __init__(self, c_in: int, c_out: int, k: int, config: hot.Config, *, stride=1, padding=0, key):
+        lim = 1.0 / np.sqrt(c_in * k * k)  # the default init of torch.nn.Conv2d
+        kw, kb = jax.random.split(key)
+        self.weight = jax.random.uniform(kw, (c_out, c_in, k, k), jnp.float32, -lim, lim)
+        self.bias = jax.random.uniform(kb, (c_out,), jnp.float32, -lim, lim)
+        self.stride, self.padding, self.config = stride, padding, config
+
+    def __call__(self, x, *, key):
+        return hot.jax.conv2d(x, self.weight, self.bias, key=key, stride=self.stride, padding=self.padding,
+                              config=self.config)
+
+
+class CNN(eqx.Module):
+    """8x8 digits: conv 3x3 1 -> 16 (8x8), conv 3x3 stride 2 16 -> 32 (4x4), dense 512 -> 10; ReLU between."""
+
+    layers: tuple
+
+    def __init__(self, config: hot.Config, *, key):
+        k1, k2, k3 = jax.random.split(key, 3)
+        self.layers = (Conv(1, 16, 3, config, padding=1, key=k1), Conv(16, 32, 3, config, stride=2, padding=1, key=k2),
+                       Dense(32 * 4 * 4, 10, config, key=k3))
+
+    def __call__(self, x, *, key):
+        """x: (batch, 64) -> logits (batch, 10)."""
+        keys = jax.random.split(key, len(self.layers))
+        x = x.reshape(x.shape[0], 1, 8, 8)
+        x = jax.nn.relu(self.layers[0](x, key=keys[0]))
+        x = jax.nn.relu(self.layers[1](x, key=keys[1]))
+        return self.layers[2](x.reshape(x.shape[0], -1), key=keys[2])
+
+
+MODELS = ("mlp", "cnn")
+
+
 def _loss(model, x, y, key):
     logits = model(x, key=key)
     return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=1))
@@ -99,14 +143,19 @@ def _adam(params, grads, state, lr, b1=0.9, b2=0.999, eps=1e-8):
 
 
 def train(config: hot.Config, seed: int = 0, epochs: int = 15, batch: int = 64, lr: float = 2e-3,
-          hidden=(128, 128), data: Optional[tuple] = None) -> dict:
-    """Trains the MLP 64 -> hidden -> 10 with Adam on the digits; returns {"accuracy", "loss" (the last epoch's
+          hidden=(128, 128), data: Optional[tuple] = None, model: str = "mlp") -> dict:
+    """Trains ``model`` ("mlp": 64 -> hidden -> 10; "cnn": :class:`CNN`) with Adam on the digits; returns {"accuracy", "loss" (the last epoch's
     mean training loss), "seconds" (training, compilation included), "step_ms" (mean of the steps after the
     first epoch)}. The initial weights (``jax.random.key(seed)``) and the batches (numpy seed ``seed``) depend only on
     ``seed``, so two configs see the same init and the same batches."""
     x_tr, y_tr, x_te, y_te = data if data is not None else load_digits()
-    model = MLP((x_tr.shape[1],) + tuple(hidden) + (10,), config, key=jax.random.key(seed))
-    params, static = eqx.partition(model, eqx.is_array)
+    if model not in MODELS:
+        raise ValueError(f"hot.jax.digits.train: model must be one of {MODELS}, got {model!r}")
+    if model == "mlp":
+        net = MLP((x_tr.shape[1],) + tuple(hidden) + (10,), config, key=jax.random.key(seed))
+    else:
+        net = CNN(config, key=jax.random.key(seed))
+    params, static = eqx.partition(net, eqx.is_array)
     opt = _adam_init(params)
 
     @jax.jit
@@ -148,15 +197,18 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--epochs", type=int, default=15)
     p.add_argument("--paper", action="store_true", help="HOT at hot.Config.paper() instead of hot.Config()")
+    p.add_argument("--model", choices=MODELS, default="mlp", help="the MLP (hot.jax.dense) or the CNN (hot.jax.conv2d "
+                   "and dense)")
     args = p.parse_args(argv)
     data = load_digits()
     hot_cfg = hot.Config.paper() if args.paper else hot.Config()
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; HOT: {hot_cfg}")
+    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind} ({jax.devices()[0].platform}); model "
+          f"{args.model}; HOT: {hot_cfg}")
     print("seed  exact acc  HOT acc  diff (points)  exact loss  HOT loss  exact ms/step  HOT ms/step")
     diffs = []
     for s in args.seeds:
-        e = train(hot.Config(exact=True), s, args.epochs, data=data)
-        h = train(hot_cfg, s, args.epochs, data=data)
+        e = train(hot.Config(exact=True), s, args.epochs, data=data, model=args.model)
+        h = train(hot_cfg, s, args.epochs, data=data, model=args.model)
         d = 100 * (h["accuracy"] - e["accuracy"])
         diffs.append(d)
         print(f"{s:4d}  {100 * e['accuracy']:9.2f}  {100 * h['accuracy']:7.2f}  {d:+13.2f}  {e['loss']:10.4f}  "

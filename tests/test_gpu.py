@@ -60,6 +60,35 @@ def test_torch_cuda_backward_same_bits_as_cpu():
         np.testing.assert_allclose(g.cpu().numpy(), c, rtol=2 ** -22, atol=1e-30)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("source", ["raw_x", "saved"])
+def test_torch_cuda_chunked_gw_same_as_cpu(dtype, source):
+    """Past the int32 limit of one g_w GEMM the core splits the rows (SPEC §4, Long contractions): per-chunk scales
+    and seeds, per-chunk results summed in float32 in chunk order (cuda/accumulate.cu on the GPU). Same integers as the
+    CPU, so the results agree up to the epilogues' float rounding."""
+    torch = pytest.importorskip("torch")
+    cfg = hot.Config(rank=16)
+    L = 2 * hot._C.gw_chunk_rows(cfg.rank) + 77  # three chunks
+    rng = np.random.default_rng(9)
+    gy, x = rng.standard_normal((L, 24), dtype=np.float32), rng.standard_normal((L, 40), dtype=np.float32)
+    gy[5] *= 40  # an outlier row in chunk 0: the chunks' scales differ
+    w = rng.standard_normal((24, 40), dtype=np.float32)
+    dt = getattr(torch, dtype)
+    t = [torch.tensor(a).to(dt) for a in (gy, w, x)]
+    cpu_in = [a.float().numpy() if dtype == "float32" else a for a in t]
+    gpu_in = [a.cuda() for a in t]
+    if source == "saved":
+        cpu_in[2], gpu_in[2] = hot.compress_activation(cpu_in[2], cfg), hot.compress_activation(gpu_in[2], cfg)
+    cpu = hot.backward_linear(*cpu_in, bias=True, config=cfg, seed=77)
+    gpu = hot.backward_linear(*gpu_in, bias=True, config=cfg, seed=77)
+    tol = {"float32": 2 ** -20, "bfloat16": 2 ** -7}[dtype]
+    for name, c, g in zip(("g_x", "g_w", "g_b"), cpu, gpu):
+        assert g.is_cuda and g.dtype == dt, name
+        c = torch.as_tensor(c).double() if not isinstance(c, torch.Tensor) else c.double()
+        g = g.double().cpu()
+        assert torch.allclose(g, c, rtol=tol, atol=tol * c.abs().max().item()), (name, (g - c).abs().max().item())
+
+
 def test_torch_non_default_stream():
     torch = pytest.importorskip("torch")
     gy, w, x = _data(L=512, O=256, I=256)

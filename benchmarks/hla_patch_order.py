@@ -91,11 +91,11 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=128)
     a = ap.parse_args()
     if a.task == "digits":
-        from hot.cli.demo import load_digits
+        from hot.experiments.train import load_digits
         xtr, ytr, _, _ = load_digits("cpu")
         name = "cnn"
     else:
-        from hot.torch.synth import load_synth
+        from hot.experiments.synth import load_synth
         xtr, ytr, _, _ = load_synth("cpu", n_train=8192, n_test=16)
         name = "cnn_synth"
     means = {}

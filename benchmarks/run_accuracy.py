@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Training evidence for the default configuration (SPEC §10): ``hot.parity`` runs of several tasks, methods and
+"""Training evidence for the default configuration (SPEC §10): ``hot.experiments.parity`` runs of several tasks, methods and
 seeds, as many at a time as the machine allows, merged into one report per (task, model).
 
 Each job is one (task, model, method, seed) in its own process: the same initial weights and batch order for every
-method of a seed (``hot.parity.run_parity``). A synthetic task's data is generated once and shared through a file.
+method of a seed (``hot.experiments.parity.run_parity``). A synthetic task's data is generated once and shared through a file.
 Results: DIR/<task>_<model>.md / .json / .png (``ParityResult.save``) and DIR/summary.md (gaps to exact, paired by
 seed). Jobs that do not finish by the deadline are left out and listed.
 
@@ -24,7 +24,7 @@ from typing import Dict, List, Tuple
 def _job(args) -> int:
     import torch
 
-    import hot.parity as hp
+    import hot.experiments.parity as hp
 
     torch.set_num_threads(1)
     data = None
@@ -41,7 +41,7 @@ def _job(args) -> int:
 
 
 def _merge(out: str, results: Dict[Tuple[str, str], List[str]], methods: List[str]) -> str:
-    import hot.parity as hp
+    import hot.experiments.parity as hp
 
     lines = ["# Accuracy of each configuration against exact training", ""]
     for (task, model), paths in sorted(results.items()):
@@ -89,7 +89,7 @@ def main() -> int:
 
     import torch
 
-    import hot.parity as hp
+    import hot.experiments.parity as hp
 
     t0 = time.time()
     os.makedirs(os.path.join(args.out, "jobs"), exist_ok=True)

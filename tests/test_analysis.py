@@ -1,4 +1,4 @@
-"""hot.analysis: per-layer gradient fidelity of HOT and of the baselines it is compared with."""
+"""hot.experiments.analysis: per-layer gradient fidelity of HOT and of the baselines it is compared with."""
 import math
 
 import dataclasses
@@ -10,7 +10,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import hot  # noqa: E402
-import hot.analysis as ha  # noqa: E402
+import hot.experiments.analysis as ha  # noqa: E402
 
 
 class TinyNet(nn.Module):

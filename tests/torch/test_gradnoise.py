@@ -1,11 +1,11 @@
-"""hot.gradnoise / hot gradnoise: end-to-end gradient error against exact and the batch-sampling noise."""
+"""hot.experiments.gradnoise / hot gradnoise: end-to-end gradient error against exact and the batch-sampling noise."""
 import json
 import math
 
 import pytest
 import torch
 
-import hot.gradnoise as hg
+import hot.experiments.gradnoise as hg
 from hot.cli import main
 
 SMALL = dict(model="vit", task="synth-tiny", draws=2, batch=32, ref_batches=3)

@@ -1,4 +1,4 @@
-"""hot.parity: the training-parity harness (simulated baselines, real HOT layers, report) and a CI smoke run."""
+"""hot.experiments.parity: the training-parity harness (simulated baselines, real HOT layers, report) and a CI smoke run."""
 import copy
 import json
 import math
@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import hot
-import hot.parity as hp
+import hot.experiments.parity as hp
 import hot.torch as ht
 
 pytest.importorskip("sklearn")

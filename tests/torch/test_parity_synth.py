@@ -1,4 +1,4 @@
-"""hot parity --task synth: the synthetic dataset (hot.torch.synth), its models, the device path of the
+"""hot parity --task synth: the synthetic dataset (hot.experiments.synth), its models, the device path of the
 simulated baselines, and a tiny CPU parity run (no scikit-learn needed)."""
 import copy
 import json
@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from conftest import DEVICES
 
 import hot
-import hot.parity as hp
+import hot.experiments.parity as hp
 import hot.torch as ht
-from hot.torch import synth
+from hot.experiments import synth
 
 
 def test_synth_images_are_a_function_of_the_seed():
@@ -104,7 +104,7 @@ class _Net(nn.Module):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["naive-int4", "lbp-wht", "hot", "hot-gx-only", "hot-gw-only", "exact"])
 def test_sim_device_path_matches_numpy_path(name, device):
-    # The torch twin of each simulated method (used for tensors off the CPU) against hot.analysis's numpy
+    # The torch twin of each simulated method (used for tensors off the CPU) against hot.experiments.analysis's numpy
     # function: the engine's integer paths agree bit for bit, the float64 parts up to rounding.
     torch.manual_seed(0)
     base = _Net().to(device)
@@ -130,7 +130,7 @@ def test_naive_int4_gemm_past_int32_reach():
     # hot.gemm_s8 refuses, so both paths sum exact int32 chunks in int64.
     import numpy as np
 
-    import hot.analysis as ha
+    import hot.experiments.analysis as ha
 
     rng = np.random.default_rng(0)
     K = ha.GEMM_K_CHUNK + 4000

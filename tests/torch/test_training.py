@@ -8,7 +8,7 @@ import hot
 import hot.torch as ht
 
 pytest.importorskip("sklearn")
-from hot.cli.demo import load_digits, train  # noqa: E402
+from hot.experiments.train import load_digits, train  # noqa: E402
 
 
 @pytest.mark.parametrize("model", ["cnn"])

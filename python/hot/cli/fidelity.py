@@ -8,7 +8,7 @@ from typing import List, Sequence
 
 
 def add_parser(sub) -> None:
-    from hot.analysis import DEFAULT_METHODS
+    from hot.experiments.analysis import DEFAULT_METHODS
 
     from . import int_in
 
@@ -78,9 +78,9 @@ def cmd_fidelity(args) -> int:
     import torch
     import torch.nn.functional as F
 
-    import hot.analysis as ha
+    import hot.experiments.analysis as ha
     import hot.torch as ht
-    from hot.cli.demo import load_digits, train
+    from hot.experiments.train import load_digits, train
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     try:
@@ -100,7 +100,7 @@ def cmd_fidelity(args) -> int:
     header = [f"# Gradient fidelity: {args.model}", "",
               f"One training batch of {args.batch} digits images; every Linear / Conv2d layer's g_x = g_y W and "
               f"g_w = g_yᵀ x recomputed with each method from the layer's captured x, W, g_y (engine operations, "
-              f"`hot.analysis`), against the exact float64 products. Relative error = ‖ĝ − g‖_F / ‖g‖_F. "
+              f"`hot.experiments.analysis`), against the exact float64 products. Relative error = ‖ĝ − g‖_F / ‖g‖_F. "
               f"Methods: " + ", ".join(f"`{m}`" for m in methods) + ". Seed {0} for every stochastic rounding. "
               f"Command: `hot fidelity --model {args.model} --batch {args.batch} --trained-steps "
               f"{args.trained_steps} --seed {args.seed}`.".replace("{0}", str(args.seed)), ""]

@@ -1,18 +1,18 @@
 """``hot gradnoise``: end-to-end gradient error of HOT variants against exact, next to the batch-sampling
-noise (``hot.gradnoise``); writes <name>.md, .json and .png."""
+noise (``hot.experiments.gradnoise``); writes <name>.md, .json and .png."""
 from __future__ import annotations
 
 import sys
 
 
 def add_parser(sub) -> None:
-    from hot.parity import TASKS
+    from hot.experiments.parity import TASKS
 
     from . import int_in, torch_device
 
     p = sub.add_parser("gradnoise", help="end-to-end gradient error of HOT variants vs exact and vs batch noise",
                        description="Backpropagate one training batch through a whole model, exact and with each "
-                       "method (hot.parity names), several stochastic-rounding draws each, and compare every "
+                       "method (hot.experiments.parity names), several stochastic-rounding draws each, and compare every "
                        "Linear/Conv2d weight's gradient with the exact one and with the batch-sampling noise.")
     p.add_argument("--task", choices=list(TASKS), default="synth")
     p.add_argument("--model", choices=["vit", "cnn"], default="vit")
@@ -33,7 +33,7 @@ def cmd_gradnoise(args) -> int:
     import torch
 
     import hot
-    import hot.gradnoise as hg
+    import hot.experiments.gradnoise as hg
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if args.threads:

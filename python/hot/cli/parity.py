@@ -9,7 +9,7 @@ import time
 
 
 def add_parser(sub) -> None:
-    from hot.parity import DEFAULT_METHODS, GAP_METHODS, METHODS, TASKS
+    from hot.experiments.parity import DEFAULT_METHODS, GAP_METHODS, METHODS, TASKS
 
     from . import int_in, torch_device
 
@@ -52,7 +52,7 @@ def cmd_parity(args) -> int:
     import torch
 
     import hot
-    import hot.parity as hp
+    import hot.experiments.parity as hp
 
     methods = list(hp.GAP_METHODS) if args.methods == "gap" else [m.strip() for m in args.methods.split(",") if m.strip()]
     try:

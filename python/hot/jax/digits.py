@@ -29,7 +29,7 @@ import hot.jax
 
 def load_digits(seed: int = 0):
     """(x_train, y_train, x_test, y_test) as numpy: digits as N x 64 float32 standardised with the training set's
-    mean and std, int32 labels; the 80/20 split of ``hot.cli.demo.load_digits`` (a seeded permutation)."""
+    mean and std, int32 labels; the 80/20 split of ``hot.experiments.train.load_digits`` (a seeded permutation)."""
     try:
         from sklearn.datasets import load_digits as _load
     except ImportError:

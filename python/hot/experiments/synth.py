@@ -155,7 +155,7 @@ def make_synth(n: int, seed: int = 0, size: int = 32) -> Tuple[torch.Tensor, tor
 
 
 def load_synth(device="cpu", n_train: int = 50000, n_test: int = 10000, seed: int = 0, size: int = 32):
-    """(x_train, y_train, x_test, y_test) on ``device``, like ``hot.cli.demo.load_digits``: one generated
+    """(x_train, y_train, x_test, y_test) on ``device``, like ``hot.experiments.train.load_digits``: one generated
     set of n_train + n_test images split in order, standardised per channel with the training set's
     statistics."""
     x, y = make_synth(n_train + n_test, seed, size)

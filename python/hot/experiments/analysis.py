@@ -20,7 +20,7 @@ method             what it is
 =================  ===========================================================================
 
 Extra methods (not in the default set) that isolate one part of the paper's HOT, used by the accuracy-gap
-study of ``hot.parity``: ``exact`` (float64 reference, cast to float32), ``hot-gx-only`` (the paper's g_x,
+study of ``hot.experiments.parity``: ``exact`` (float64 reference, cast to float32), ``hot-gx-only`` (the paper's g_x,
 exact g_w), ``hot-gw-only`` (exact g_x, the paper's g_w), ``hot-gx8`` (8-bit g_x), ``hot-token`` (per-token
 g_x scales on every layer), ``hot-gx8-r16`` (8-bit g_x and full-rank g_w: only 8-bit quantisation left; the
 same configuration as ``hot``).

@@ -1,13 +1,13 @@
 """End-to-end gradient error: how far each weight's gradient, after the whole backward pass, is from exact.
 
-``hot.analysis.fidelity`` (``hot fidelity``) compares one layer at a time, each fed the exact g_y. In training
+``hot.experiments.analysis.fidelity`` (``hot fidelity``) compares one layer at a time, each fed the exact g_y. In training
 a layer's g_y is the g_x that the HOT layers above it produced, so their errors add up on the way down. This
 module measures that compounded error where it matters, on the gradients the optimiser sees:
 
-- for a model (a ``hot.parity`` task's model, optionally trained exact first) and one training batch, the
+- for a model (a ``hot.experiments.parity`` task's model, optionally trained exact first) and one training batch, the
   exact float32 gradient of every Linear / Conv2d weight (the input layer included, though it stays exact:
   its g_y comes through every HOT layer);
-- for every ``hot.parity`` method, ``draws`` backward passes of the same batch with different
+- for every ``hot.experiments.parity`` method, ``draws`` backward passes of the same batch with different
   stochastic-rounding seeds; per weight, the relative error ‖ĝ − g‖_F / ‖g‖_F of one draw (mean over draws)
   and of the mean of the draws. For an unbiased method the second is the first / √draws; what stays above
   that is this batch's bias (deterministic errors: round-to-nearest 4-bit W̃, HLA's projection, the int8 copy
@@ -27,7 +27,7 @@ import json
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import hot.parity as hp
+import hot.experiments.parity as hp
 
 BATCH_NOISE = "batch noise"
 
@@ -199,7 +199,7 @@ def _grads(model, xb, yb, names: Sequence[str]) -> Dict[str, "object"]:
     for n in names:
         g = params[n].grad
         if g is None:
-            raise RuntimeError(f"hot.gradnoise: weight {n} got no gradient")
+            raise RuntimeError(f"hot.experiments.gradnoise: weight {n} got no gradient")
         out[n] = g.detach().double().clone()
     return out
 
@@ -213,7 +213,7 @@ def gradient_noise(model: str = "vit", task: str = "synth", methods: Sequence[st
                    batch: int = 64, ref_batches: int = 16, trained_steps: int = 0, seed: int = 0,
                    device: str = "cpu", data=None, n_train: Optional[int] = None,
                    progress=None) -> GradNoiseReport:
-    """Measure the end-to-end gradient error of ``methods`` (``hot.parity`` names) on ``task``'s ``model``;
+    """Measure the end-to-end gradient error of ``methods`` (``hot.experiments.parity`` names) on ``task``'s ``model``;
     see the module docstring. The model's weights come from ``torch.manual_seed(seed)``; with
     ``trained_steps`` > 0 it is first trained exact with the task's schedule (batch ``batch``). The measured
     batch is the first ``batch`` training images; the batch-noise reference uses the next ``ref_batches``
@@ -223,11 +223,11 @@ def gradient_noise(model: str = "vit", task: str = "synth", methods: Sequence[st
     for m in methods:
         hp.method(m)
     if draws < 2:
-        raise ValueError(f"hot.gradnoise: draws must be at least 2 (one draw cannot show noise), got {draws}")
+        raise ValueError(f"hot.experiments.gradnoise: draws must be at least 2 (one draw cannot show noise), got {draws}")
     if batch < 1 or ref_batches < 2:
-        raise ValueError(f"hot.gradnoise: batch must be >= 1 and ref_batches >= 2, got {batch} and {ref_batches}")
+        raise ValueError(f"hot.experiments.gradnoise: batch must be >= 1 and ref_batches >= 2, got {batch} and {ref_batches}")
     if trained_steps < 0 or 0 < trained_steps < 20:
-        raise ValueError(f"hot.gradnoise: trained_steps must be 0 or at least 20, got {trained_steps}")
+        raise ValueError(f"hot.experiments.gradnoise: trained_steps must be 0 or at least 20, got {trained_steps}")
     t = hp.get_task(task)
     if data is None:
         synthetic = t.name != "digits"  # sized here: the images measured, plus a training set when trained first
@@ -235,13 +235,13 @@ def gradient_noise(model: str = "vit", task: str = "synth", methods: Sequence[st
         data = hp.load_data(t.name, device, need if synthetic else None, min(t.n_test, 2000) if synthetic else None)
     xtr, ytr = data[0], data[1]
     if len(xtr) < batch * (ref_batches + 1):
-        raise ValueError(f"hot.gradnoise: batch * (ref_batches + 1) = {batch * (ref_batches + 1)} training images "
+        raise ValueError(f"hot.experiments.gradnoise: batch * (ref_batches + 1) = {batch * (ref_batches + 1)} training images "
                          f"are needed, the task has {len(xtr)}")
     torch.manual_seed(seed)
     net = hp.build_model(model, t.name).to(device)
     accuracy = None
     if trained_steps:
-        from hot.cli.demo import train
+        from hot.experiments.train import train
 
         if progress:
             progress(f"training exact for {trained_steps} steps")

@@ -65,7 +65,8 @@ import torch.nn.functional as F
 
 import hot
 import hot.torch as ht
-from hot.torch.models import Attention  # qkv / proj nn.Linear, as timm names them
+from hot.experiments import models
+from hot.experiments.models import Attention  # qkv / proj nn.Linear, as timm names them
 from hot.torch.summary import kept_bytes as _analytic_kept_bytes
 
 GB = 1e9
@@ -286,8 +287,8 @@ def make_task(name: str, smoke: bool, args) -> (Optional[Task], str):
     if name == "resnet50":
         if smoke:
             def build():
-                return ht.models.ResNet(channels=3, classes=10, width=16)
-            desc = "tiny built-in ResNet (hot.torch.models.ResNet, smoke stand-in for ResNet-50)"
+                return models.ResNet(channels=3, classes=10, width=16)
+            desc = "tiny built-in ResNet (hot.experiments.models.ResNet, smoke stand-in for ResNet-50)"
             img, classes = 8, 10
         else:
             try:
@@ -912,8 +913,8 @@ def explain(results, model, titles) -> List[str]:
         if dtype != "fp32":
             s = s.replace("fp32 rows", f"{dtype} rows (no fp32 pair ran)")
         s += (f"The tensors HOT does not compress add up to {fmt_bytes(tot_untouched)} on their own"
-              + (f", more than the paper's whole HOT figure: the analytic figure treats them as compressed too "
-                 f"(or leaves them out)." if tot_untouched > p["hot"] else
+              + (", more than the paper's whole HOT figure: the analytic figure treats them as compressed too "
+                 "(or leaves them out)." if tot_untouched > p["hot"] else
                  f"; the paper's HOT figure leaves {fmt_bytes(p['hot'] - tot_untouched)} for everything else."))
         lines.append(s)
     le, lh = find(results, model, "lora", dtype, b), find(results, model, "hot+lora", dtype, b)

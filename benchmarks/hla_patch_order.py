@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import hot
-import hot.torch as ht
+from hot.experiments import models
 
 RANKS = (4, 8, 12)
 
@@ -101,7 +101,7 @@ def main() -> int:
     means = {}
     for seed in [int(s) for s in a.seeds.split(",")]:
         torch.manual_seed(seed)
-        model = ht.models.build(name)
+        model = models.build(name)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         g = torch.Generator().manual_seed(seed)
         for _ in range(a.steps):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 import hot
 import hot.torch as ht
+from hot.experiments import models
 
 
 def _layer_and_batch(smooth: bool, L=256, I=32, O=32, seed=0):
@@ -127,7 +128,7 @@ def test_frozen_weight_keeps_rank_and_first_layer_keeps_gx_setting():
 def test_state_dict_round_trip_and_warmup_resume():
     def model():
         torch.manual_seed(0)
-        return ht.models.build("vit", dim=32, depth=1, heads=2, mlp=64)
+        return models.build("vit", dim=32, depth=1, heads=2, mlp=64)
 
     m = model()
     ht.convert(m)

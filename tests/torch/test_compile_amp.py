@@ -6,13 +6,14 @@ import torch.nn.functional as F
 
 import hot
 import hot.torch as ht
+from hot.experiments import models
 from conftest import DEVICES
 
 
 def _small_models():
     torch.manual_seed(0)
-    vit = ht.models.build("vit", dim=32, depth=1, heads=2, mlp=64)
-    cnn = ht.models.build("cnn", width=8)
+    vit = models.build("vit", dim=32, depth=1, heads=2, mlp=64)
+    cnn = models.build("cnn", width=8)
     return {"vit": vit, "cnn": cnn}
 
 

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 import hot
 import hot.torch as ht
+from hot.experiments import models
 
 
 class Mixed(nn.Module):
@@ -83,7 +84,7 @@ def test_root_module_and_state_dict_keys_unchanged():
 
 def _model():
     torch.manual_seed(0)
-    return ht.models.build("vit", dim=32, depth=1, heads=2, mlp=64)
+    return models.build("vit", dim=32, depth=1, heads=2, mlp=64)
 
 
 def test_lqs_choice_rule_and_state_dict_round_trip():
@@ -238,7 +239,6 @@ def test_lora_equivalent_module():
     model = nn.Sequential(LoraLinear(nn.Linear(16, 32)), nn.ReLU(), LoraLinear(nn.Linear(32, 8)))
     _check_lora(model, ["0.base_layer", "2.base_layer"], ["0.lora_A.default", "0.lora_B.default"])
     x = torch.randn(10, 16, requires_grad=True)
-    _, saved = [], []
     int8 = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: (int8.append(t.dtype == torch.int8 and t.numel() > 0), t)[1], lambda t: t):
         out = model(x)

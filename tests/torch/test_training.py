@@ -6,6 +6,7 @@ import torch
 
 import hot
 import hot.torch as ht
+from hot.experiments import models
 
 pytest.importorskip("sklearn")
 from hot.experiments.train import load_digits, train  # noqa: E402
@@ -15,7 +16,7 @@ from hot.experiments.train import load_digits, train  # noqa: E402
 def test_digits_accuracy_close_to_exact(model):
     data = load_digits("cpu")
     torch.manual_seed(0)
-    base = ht.models.build(model, width=16) if model == "cnn" else ht.models.build(model)
+    base = models.build(model, width=16) if model == "cnn" else models.build(model)
     acc = {}
     for name in ("exact", "hot"):
         m = copy.deepcopy(base)

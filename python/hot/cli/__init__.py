@@ -85,9 +85,10 @@ def cmd_summary(args) -> int:
         return 2
     import hot
     import hot.torch as ht
+    from hot.experiments import models
 
     torch.manual_seed(0)
-    model = ht.models.build(args.model)
+    model = models.build(args.model)
     report = ht.convert(model, hot.Config(rank=args.rank, gx_bits=args.gx_bits))
     print(report)
     print()

@@ -25,6 +25,7 @@ def run_demo(args) -> int:
 
     import hot
     import hot.torch as ht
+    from hot.experiments import models
 
     try:
         from tqdm.auto import tqdm
@@ -41,7 +42,7 @@ def run_demo(args) -> int:
           + (f" ({torch.cuda.get_device_name(torch.device(device))})" if device.startswith("cuda") else
              f" ({torch.get_num_threads()} threads)") + (f", autocast {args.amp}" if args.amp != "off" else ""))
     torch.manual_seed(args.seed)
-    base = ht.models.build(args.model).to(device)
+    base = models.build(args.model).to(device)
     results = []
     for name in ("exact", "HOT"):
         model = copy.deepcopy(base)

@@ -79,7 +79,7 @@ def cmd_fidelity(args) -> int:
     import torch.nn.functional as F
 
     import hot.experiments.analysis as ha
-    import hot.torch as ht
+    from hot.experiments import models
     from hot.experiments.train import load_digits, train
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -95,7 +95,7 @@ def cmd_fidelity(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     data = load_digits("cpu")
     torch.manual_seed(args.seed)
-    model = ht.models.build(args.model)
+    model = models.build(args.model)
     batch = (data[0][:args.batch], data[1][:args.batch])
     header = [f"# Gradient fidelity: {args.model}", "",
               f"One training batch of {args.batch} digits images; every Linear / Conv2d layer's g_x = g_y W and "

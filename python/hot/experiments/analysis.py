@@ -32,7 +32,7 @@ table and as a plot (``FidelityReport.plot``, matplotlib).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -214,7 +214,6 @@ def capture(model, batch, loss_fn, include_conv: bool = True) -> List[LayerCaptu
     targets)``; returns every Linear (and groups = 1 Conv2d, as im2col columns) layer's x, W, g_y. Layers of a model
     converted by ``hot.torch.convert`` run exactly here (as ``hot.torch.calibrate`` runs them), so every g_y is the
     exact one."""
-    import torch
     import torch.nn as nn
     import torch.nn.functional as F
 

@@ -2,7 +2,7 @@
 
 Tasks (``TASKS``; ``hot parity --task``):
 
-- ``digits`` (default): scikit-learn's digits (8x8 grey), models ``vit`` and ``cnn`` of ``hot.torch.models``;
+- ``digits`` (default): scikit-learn's digits (8x8 grey), models ``vit`` and ``cnn`` of ``hot.experiments.models``;
   CPU-sized.
 - ``synth``: 32x32 RGB images generated locally and deterministically (``hot.experiments.synth``: gradients,
   gratings and shapes, labelled by a fixed random CNN teacher; 10 balanced classes; 50,000 train / 10,000
@@ -63,7 +63,7 @@ INPUT_LAYERS = ("patch", "stem")
 @dataclasses.dataclass(frozen=True)
 class Task:
     """A parity task: its data (``load_data``), the model each parity model name builds (a
-    ``hot.torch.models`` name and keyword arguments) and the default schedule."""
+    ``hot.experiments.models`` name and keyword arguments) and the default schedule."""
 
     name: str
     title: str
@@ -405,6 +405,7 @@ def prepare(model, name: str, calib_batch=None, steps: Optional[int] = None, los
 
     import hot.torch as ht
 
+
     m = method(name)
     if m.kind == "exact":
         return "exact"
@@ -626,8 +627,8 @@ def _val_loss(model, x, y, chunk: int = 256) -> float:
 
 
 def build_model(model: str, task_name: str = "digits"):
-    """The model a parity model name ('vit', 'cnn') stands for in a task, or any ``hot.torch.models`` name."""
-    import hot.torch as ht
+    """The model a parity model name ('vit', 'cnn') stands for in a task, or any ``hot.experiments.models`` name."""
+    from hot.experiments import models
 
     t = get_task(task_name)
     name, kw = t.models.get(model, (model, {}))
@@ -635,7 +636,7 @@ def build_model(model: str, task_name: str = "digits"):
         from hot.experiments.text import vocab_size
 
         kw = dict(kw, vocab=vocab_size())
-    return ht.models.build(name, **kw)
+    return models.build(name, **kw)
 
 
 def run_parity(model: str = "vit", methods: Sequence[str] = DEFAULT_METHODS, seeds: Sequence[int] = (0, 1, 2),
@@ -644,7 +645,7 @@ def run_parity(model: str = "vit", methods: Sequence[str] = DEFAULT_METHODS, see
                model_fn: Optional[Callable] = None, checkpoint: Optional[str] = None, task: str = "digits",
                n_train: Optional[int] = None, n_test: Optional[int] = None) -> ParityResult:
     """Train ``model`` ('vit' or 'cnn': the task's model of that kind, 'lm' for the text tasks; or a
-    ``hot.torch.models`` name; or ``model_fn()``) once per (method, seed) on ``task`` (``TASKS``); see the module
+    ``hot.experiments.models`` name; or ``model_fn()``) once per (method, seed) on ``task`` (``TASKS``); see the module
     docstring. ``steps``, ``batch``, ``lr`` default to the task's; ``n_train`` / ``n_test`` size a synthetic or
     text task's data (when ``data`` is not given; text: training windows / validation windows, 0 = all).
     Text tasks also record each run's validation loss (``Run.val_loss``).

@@ -19,7 +19,6 @@ from .layers import Conv2d, Linear, hot_conv2d, hot_linear
 from .calibrate import DEFAULT_BIAS_BUDGET, DEFAULT_BUDGET, Recalibrator, calibrate, int4_tensor_cores, lqs, lqs_errors
 from .schedule import Warmup
 from .summary import summary
-from . import models
 
 __all__ = ["Linear", "Conv2d", "convert", "ConvertReport", "calibrate", "Recalibrator", "DEFAULT_BUDGET", "DEFAULT_BIAS_BUDGET", "lqs",
            "Warmup", "int4_tensor_cores", "summary", "hot_layers", "hot_linear", "hot_conv2d", "lqs_errors", "models",

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from . import ops
-from .layers import Conv2d, Linear
+from .layers import Linear
 from .convert import hot_layers
 
 

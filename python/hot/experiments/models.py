@@ -170,5 +170,5 @@ def build(name: str, **kw) -> nn.Module:
     """A built-in model by name: 'vit' or 'cnn' (digits, 8x8 x 1), 'vit_synth' or 'cnn_synth' (32x32 x 3), 'char_lm'
     (characters); keyword arguments override the model's defaults."""
     if name not in MODELS:
-        raise ValueError(f"hot.torch.models.build: unknown model {name!r}, expected one of {sorted(MODELS)}")
+        raise ValueError(f"hot.experiments.models.build: unknown model {name!r}, expected one of {sorted(MODELS)}")
     return MODELS[name](**kw)

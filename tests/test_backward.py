@@ -362,3 +362,45 @@ def test_split_rows_check_saved_as_one_gemm_does(case):
     }[case]
     with pytest.raises(ValueError, match="backward_linear: " + msg):
         hot.backward_linear(gy, w, saved)
+
+
+@pytest.mark.parametrize("gx_bits,gx_scale", [(8, "tensor"), (4, "token")])
+@pytest.mark.parametrize("fw,dtype", FW_DTYPES)
+def test_kept_quantized_weight_gives_the_same_bits(fw, dtype, gx_bits, gx_scale, rng):
+    """hot.quantize_weight forms W~ once (SPEC §3); backward_linear(weight_q=W~) gives the bits of a call that forms it,
+    for several grad_outputs (micro-batches); W~'s integers are the reference's block-Hadamard quantisation of W."""
+    O, I = 40, 24
+    w = fw.make(rng.standard_normal((O, I)) * 0.5, dtype)
+    cfg = hot.Config(gx_bits=gx_bits, gx_scale=gx_scale, rounding="stochastic")
+    wq = hot.quantize_weight(w, cfg)
+    assert wq.shape == (O, I) and wq.gx_bits == gx_bits
+    assert wq.nbytes == I * R.padded(O) + 4
+    b = R.hq_block(O)
+    qw, sw = R.quantize(R.left_blocks(fw.numpy(w).astype(np.float64), b).astype(np.float32), gx_bits, False)
+    R.assert_q_close(fw.numpy(wq.q_wt)[:, :O].T, qw)
+    assert (fw.numpy(wq.q_wt)[:, O:] == 0).all()
+    np.testing.assert_allclose(fw.numpy(wq.s_w), sw, rtol=1e-6)
+    for step in range(3):
+        gy, x = fw.make(rng.standard_normal((33, O)), dtype), fw.make(rng.standard_normal((33, I)), dtype)
+        a = hot.backward_linear(gy, w, x, bias=True, config=cfg, seed=step)
+        k = hot.backward_linear(gy, w, x, bias=True, config=cfg, seed=step, weight_q=wq)
+        for name, u, v in zip(("g_x", "g_w", "g_b"), a, k):
+            assert np.array_equal(fw.numpy(u), fw.numpy(v)), (name, step)
+
+
+def test_kept_quantized_weight_is_checked(rng):
+    w = rng.standard_normal((40, 24)).astype(np.float32)
+    gy, x = rng.standard_normal((16, 40)).astype(np.float32), rng.standard_normal((16, 24)).astype(np.float32)
+    wq = hot.quantize_weight(w)
+    with pytest.raises(TypeError, match="weight_q must be a hot.QuantizedWeight"):
+        hot.backward_linear(gy, w, x, weight_q=wq.q_wt)
+    with pytest.raises(ValueError, match="config.gx_bits is 4"):
+        hot.backward_linear(gy, w, x, config=hot.Config(gx_bits=4), weight_q=wq)
+    with pytest.raises(ValueError, match=r"weight_q was formed from a \(40, 24\) weight"):
+        hot.backward_linear(gy[:, :32], w[:32], x, weight_q=wq)
+    with pytest.raises(ValueError, match="config.exact takes no weight_q"):
+        hot.backward_linear(gy, w, x, config=hot.Config(exact=True), weight_q=wq)
+    with pytest.raises(ValueError, match="quantize_weight: config.exact"):
+        hot.quantize_weight(w, hot.Config(exact=True))
+    with pytest.raises(ValueError, match="quantize_weight: weight has 3 dims"):
+        hot.quantize_weight(w[None], None)

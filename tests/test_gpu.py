@@ -89,6 +89,46 @@ def test_torch_cuda_chunked_gw_same_as_cpu(dtype, source):
         assert torch.allclose(g, c, rtol=tol, atol=tol * c.abs().max().item()), (name, (g - c).abs().max().item())
 
 
+def test_torch_cuda_weight_reuse_same_bits():
+    """hot.torch.weight_reuse on CUDA (bf16 autocast, three micro-batches): W~ formed once per layer, gradients
+    bit-identical to forming it every call; hot.quantize_weight on the GPU gives the CPU's bytes."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    import hot.torch as ht
+    from hot.experiments import models
+
+    torch.manual_seed(0)
+    m = models.build("vit", dim=64, depth=2, heads=2, mlp=128)
+    ht.convert(m, config=hot.Config(rounding="stochastic"))
+    m = m.cuda()
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(32, 1, 8, 8, generator=g).cuda(), torch.randint(0, 10, (32,), generator=g).cuda())
+               for _ in range(3)]
+
+    def grads(reuse):
+        m.zero_grad(set_to_none=True)
+        torch.manual_seed(5)
+        block = ht.weight_reuse()
+        r = block.__enter__() if reuse else None
+        for x, y in batches:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = F.cross_entropy(m(x), y)
+            loss.backward()
+        if reuse:
+            block.__exit__(None, None, None)
+        return {n: p.grad.clone() for n, p in m.named_parameters()}, r
+
+    ref, _ = grads(False)
+    got, r = grads(True)
+    assert r.formed > 0 and r.reused == 2 * r.formed
+    for n in ref:
+        assert torch.equal(ref[n], got[n]), n
+    w = torch.randn(96, 40, dtype=torch.bfloat16)
+    a, b = hot.quantize_weight(w), hot.quantize_weight(w.cuda())
+    assert torch.equal(torch.as_tensor(a.q_wt), b.q_wt.cpu()) and torch.equal(torch.as_tensor(a.s_w), b.s_w.cpu())
+
+
 def test_torch_non_default_stream():
     torch = pytest.importorskip("torch")
     gy, w, x = _data(L=512, O=256, I=256)

@@ -1,4 +1,5 @@
-// hot._C's layer operations: the core's SavedActivation (the ABC buffer), compress_activation and backward_linear.
+// hot._C's layer operations: the core's SavedActivation (the ABC buffer), compress_activation, QuantizedWeight (W~ of
+// the g_x path, kept by a caller whose weight does not change), quantize_weight and backward_linear.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -21,6 +22,12 @@ struct PySaved {
   std::shared_ptr<hot::SavedActivation> s;
   int64_t stream_handle = 0;
   bool q_read_only = false, scale_read_only = false;  // wrapped arrays their producers flagged read-only
+};
+
+// The core's QuantizedWeight, shared with the Python object that wraps it.
+struct PyQuantizedWeight {
+  std::shared_ptr<hot::QuantizedWeight> w;
+  int64_t stream_handle = 0;
 };
 
 }  // namespace
@@ -93,11 +100,40 @@ void register_layers(py::module_& m) {
       py::arg("name") = "x", py::arg("q") = py::none(), py::arg("scale") = py::none(),
       "compress_activation(x, config.rank): the ABC buffer of x (a SavedActivation), into q and scale when given.");
 
+  py::class_<PyQuantizedWeight>(m, "QuantizedWeight",
+                                 "The core's W~ of the g_x path (q_wt: I x padded_k(O) int8, s_w: [1] float32).")
+      .def_property_readonly("q_wt", [](const PyQuantizedWeight& q) { return Array(q.w->q_wt, q.stream_handle); })
+      .def_property_readonly("s_w", [](const PyQuantizedWeight& q) { return Array(q.w->s_w, q.stream_handle); })
+      .def_property_readonly("out_features", [](const PyQuantizedWeight& q) { return q.w->out_features; })
+      .def_property_readonly("in_features", [](const PyQuantizedWeight& q) { return q.w->in_features; })
+      .def_property_readonly("gx_bits", [](const PyQuantizedWeight& q) { return q.w->gx_bits; })
+      .def_property_readonly("nbytes", [](const PyQuantizedWeight& q) { return q.w->nbytes(); });
+
+  m.def(
+      "quantize_weight",
+      [](py::handle weight, const hot::Config& config, int64_t stream) {
+        const char* op = "quantize_weight";
+        HOT_CHECK_VALUE(!config.exact, op, ": config.exact is set; an exact backward uses the weight as it is");
+        OpContext ctx(op, stream);
+        hot::TensorView wv = ctx.input(weight, "weight", hotpy::kFloat, -2);
+        HOT_CHECK_VALUE(wv.ndim() == 2, op, ": weight has ", wv.ndim(), " dims, expected 2 (O x I) (got shape ",
+                        hot::shape_str(wv.shape), ")");
+        wv = nonempty(wv, op, "weight");
+        auto q = std::make_shared<hot::QuantizedWeight>();
+        {
+          py::gil_scoped_release nogil;
+          *q = hot::quantize_weight(wv, config.gx_bits, ctx.stream());
+        }
+        return PyQuantizedWeight{q, stream};
+      },
+      py::arg("weight"), py::arg("config"), py::arg("stream"),
+      "hot::quantize_weight(weight, config.gx_bits): W~ of the g_x path, for backward_linear's weight_q.");
+
   m.def(
       "backward_linear",
       [](py::handle grad_output, py::handle weight, py::handle saved, py::handle grad_input, py::handle grad_weight,
          py::handle grad_bias, bool need_grad_input, bool need_grad_weight, bool bias, const hot::Config& config,
-         uint64_t seed, int64_t stream) {
+         uint64_t seed, int64_t stream, py::handle weight_q) {
         const char* op = "backward_linear";
         OpContext ctx(op, stream);
         hot::TensorView gy = nonempty(ctx.input(grad_output, "grad_output", hotpy::kFloat), op, "grad_output");
@@ -121,6 +157,14 @@ void register_layers(py::module_& m) {
             xv = nonempty(ctx.input(saved, "saved", hotpy::kFloat), op, "saved");
           }
         }
+        const hot::QuantizedWeight* wq = nullptr;
+        if (!weight_q.is_none()) {
+          HOT_CHECK_TYPE(py::isinstance<PyQuantizedWeight>(weight_q), op,
+                         ": weight_q must be a QuantizedWeight (hot.quantize_weight) or None, got ",
+                         std::string(py::str(py::type::of(weight_q).attr("__name__"))));
+          HOT_CHECK_VALUE(!config.exact, op, ": config.exact takes no weight_q (the weight is used as it is)");
+          wq = weight_q.cast<const PyQuantizedWeight&>().w.get();
+        }
         hot::BackwardOutputs outs;
         py::object rx = py::none(), rw = py::none(), rb = py::none();
         if (need_grad_input) rx = output(ctx, grad_input, "grad_input", hotpy::kFloat, out_dt, {L, I}, outs.grad_input);
@@ -129,14 +173,14 @@ void register_layers(py::module_& m) {
         if (bias) rb = output(ctx, grad_bias, "grad_bias", hotpy::kFloat, out_dt, {O}, outs.grad_bias, -2);
         {
           py::gil_scoped_release nogil;
-          if (sp != nullptr) hot::backward_linear(gy, wv, sp, config, seed, outs, ctx.stream());
-          else hot::backward_linear(gy, wv, xv, config, seed, outs, ctx.stream());
+          if (sp != nullptr) hot::backward_linear(gy, wv, sp, config, seed, outs, ctx.stream(), wq);
+          else hot::backward_linear(gy, wv, xv, config, seed, outs, ctx.stream(), wq);
         }
         return py::make_tuple(rx, rw, rb);
       },
       py::arg("grad_output"), py::arg("weight"), py::arg("saved"), py::arg("grad_input"), py::arg("grad_weight"),
       py::arg("grad_bias"), py::arg("need_grad_input"), py::arg("need_grad_weight"), py::arg("bias"),
-      py::arg("config"), py::arg("seed"), py::arg("stream"),
+      py::arg("config"), py::arg("seed"), py::arg("stream"), py::arg("weight_q") = py::none(),
       "hot::backward_linear: (grad_input, grad_weight, grad_bias), each None where the caller gave the array or did "
       "not ask for it. saved: a SavedActivation, the raw x, or None without g_w.");
 }

@@ -289,14 +289,9 @@ TensorView as_row(const TensorView& v) {
   return r;
 }
 
-// The quantised W~ of the g_x path, formed once per call (round-to-nearest: the same for every chunk).
-struct WeightQuant {
-  Tensor q_wt, s_w;
-};
-
 // One integer backward over the rows of gy (L x O) whose g_w contraction fits one GEMM: q and scale are the ABC
 // buffer of those rows (I x >= padded_k(hla_rows(L, rank)) s8, [1] f32; used when out.grad_weight is requested).
-void backward_rows(const TensorView& gy, const WeightQuant& wq, const TensorView& q, const TensorView& scale,
+void backward_rows(const TensorView& gy, const QuantizedWeight& wq, const TensorView& q, const TensorView& scale,
                    const Config& config, uint64_t seed, const BackwardOutputs& out, Stream stream) {
   const bool gx = requested(out.grad_input), gw = requested(out.grad_weight), gb = requested(out.grad_bias);
   const int64_t L = gy.shape[0], O = gy.shape[1];
@@ -344,7 +339,7 @@ void backward_rows(const TensorView& gy, const WeightQuant& wq, const TensorView
 // backward_linear from the ABC buffer (saved) or the raw x: validation, then one GEMM per path, or row chunks.
 void backward_linear_impl(const TensorView& gy, const TensorView& w, const SavedActivation* saved,
                           const TensorView* raw_x, const Config& config, uint64_t seed, const BackwardOutputs& out,
-                          Stream stream) {
+                          Stream stream, const QuantizedWeight* weight_q) {
   const char* op = "backward_linear";
   config.validate();
   HOT_CHECK_VALUE(!config.exact, op, ": config.exact is set; use backward_linear_exact with the raw x");
@@ -380,14 +375,21 @@ void backward_linear_impl(const TensorView& gy, const TensorView& w, const Saved
   if (gx)
     check_k_fits(op, "the g_x contraction (the layer's output features)", padded_k(O), qmax_gx, qmax_gx,
                  qmax_gx > 7 ? "use gx_bits=4 or exact mode for this layer" : "use exact mode for this layer");
+  if (gx && weight_q != nullptr) {
+    HOT_CHECK_VALUE(weight_q->out_features == O && weight_q->in_features == I, op, ": weight_q was formed from a ",
+                    weight_q->out_features, " x ", weight_q->in_features, " weight but weight is ", O, " x ", I);
+    HOT_CHECK_VALUE(weight_q->gx_bits == config.gx_bits, op, ": weight_q was quantised to ", weight_q->gx_bits,
+                    " bits but config.gx_bits is ", config.gx_bits);
+    check_typed_matrix(op, "weight_q.q_wt", weight_q->q_wt.view(), DType::s8);
+    check_out_shape(op, "weight_q.q_wt", weight_q->q_wt.view(), I, padded_k(O));
+    check_vector(op, "weight_q.s_w", weight_q->s_w.view(), 1, false, DType::f32);
+    HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "weight_q.q_wt", weight_q->q_wt.view());
+    HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "weight_q.s_w", weight_q->s_w.view());
+  }
   if (!gx && !gw && !gb) return;
 
-  WeightQuant wq;
-  if (gx) {
-    wq.q_wt = Tensor::empty(DType::s8, {I, padded_k(O)}, dev, stream);
-    wq.s_w = Tensor::empty(DType::f32, {1}, dev, stream);
-    HOT_DISPATCH(dev, quantize_weight, w, wq.q_wt.view(), wq.s_w.view(), config.gx_bits, hq_block_size(O), stream);
-  }
+  QuantizedWeight wq;  // the g_x path's W~: the caller's, or formed once for this call (and all its chunks)
+  if (gx) wq = weight_q != nullptr ? *weight_q : quantize_weight(w, config.gx_bits, stream);
 
   if (!gw || L <= step) {  // one GEMM per path
     SavedActivation own;
@@ -443,19 +445,34 @@ void backward_linear_impl(const TensorView& gy, const TensorView& w, const Saved
 
 }  // namespace
 
+QuantizedWeight quantize_weight(const TensorView& w, int gx_bits, Stream stream) {
+  const char* op = "quantize_weight";
+  check_float_matrix(op, "weight", w);
+  check_bits(op, gx_bits);
+  const int64_t O = w.shape[0], I = w.shape[1];
+  QuantizedWeight wq;
+  wq.out_features = O;
+  wq.in_features = I;
+  wq.gx_bits = gx_bits;
+  wq.q_wt = Tensor::empty(DType::s8, {I, padded_k(O)}, w.device, stream);
+  wq.s_w = Tensor::empty(DType::f32, {1}, w.device, stream);
+  HOT_DISPATCH(w.device, quantize_weight, w, wq.q_wt.view(), wq.s_w.view(), gx_bits, hq_block_size(O), stream);
+  return wq;
+}
+
 void backward_linear(const TensorView& gy, const TensorView& w, const SavedActivation* saved, const Config& config,
-                     uint64_t seed, const BackwardOutputs& out, Stream stream) {
-  backward_linear_impl(gy, w, saved, nullptr, config, seed, out, stream);
+                     uint64_t seed, const BackwardOutputs& out, Stream stream, const QuantizedWeight* weight_q) {
+  backward_linear_impl(gy, w, saved, nullptr, config, seed, out, stream, weight_q);
 }
 
 void backward_linear(const TensorView& gy, const TensorView& w, const TensorView& x, const Config& config,
-                     uint64_t seed, const BackwardOutputs& out, Stream stream) {
+                     uint64_t seed, const BackwardOutputs& out, Stream stream, const QuantizedWeight* weight_q) {
   config.validate();
   if (config.exact) {
     backward_linear_exact(gy, w, requested(out.grad_weight) ? &x : nullptr, out, stream);
     return;
   }
-  backward_linear_impl(gy, w, nullptr, &x, config, seed, out, stream);
+  backward_linear_impl(gy, w, nullptr, &x, config, seed, out, stream, weight_q);
 }
 
 void backward_linear_exact(const TensorView& gy, const TensorView& w, const TensorView* x,

@@ -543,3 +543,66 @@ TEST(Cpu_BackwardLinear, ExactModeRequestFlags) {
 }
 
 }  // namespace
+
+namespace {
+
+// W~ formed once by quantize_weight and passed as weight_q gives the bits of a call that forms it itself: the same
+// round-to-nearest quantisation (SPEC §3), for the ABC and the raw-x overloads and for a chunked call.
+void check_weight_q_same_bits(int64_t L, const Config& cfg, DType dt) {
+  const int64_t O = 40, I = 24;
+  const std::vector<float> gy = randn(static_cast<size_t>(L * O), 11, 0.1f);
+  const std::vector<float> w = randn(static_cast<size_t>(O * I), 12);
+  const std::vector<float> x = randn(static_cast<size_t>(L * I), 13);
+  const HostTensor g = host_from(dt, L, O, gy), wt = host_from(dt, O, I, w), xt = host_from(dt, L, I, x);
+  const hot::QuantizedWeight wq = hot::quantize_weight(wt, cfg.gx_bits);
+  EXPECT_EQ(wq.out_features, O);
+  EXPECT_EQ(wq.in_features, I);
+  EXPECT_EQ(wq.gx_bits, cfg.gx_bits);
+  EXPECT_EQ(wq.nbytes(), static_cast<size_t>(I * hot::padded_k(O) + 4));
+  const hot::SavedActivation saved = hot::compress_activation(xt, cfg.rank);
+  for (int raw = 0; raw < 2; ++raw) {
+    HostTensor gx[2], gw[2], gb[2];
+    for (int use = 0; use < 2; ++use) {
+      gx[use] = HostTensor::make2d(dt, L, I);
+      gw[use] = HostTensor::make2d(dt, O, I);
+      gb[use] = HostTensor::make1d(dt, O);
+      hot::BackwardOutputs out{gx[use].view(), gw[use].view(), gb[use].view()};
+      const hot::QuantizedWeight* q = use ? &wq : nullptr;
+      if (raw) hot::backward_linear(g, wt, xt.view(), cfg, 7, out, {}, q);
+      else hot::backward_linear(g, wt, &saved, cfg, 7, out, {}, q);
+    }
+    EXPECT_TRUE(bits_equal(gx[0], gx[1])) << "raw " << raw;
+    EXPECT_TRUE(bits_equal(gw[0], gw[1])) << "raw " << raw;
+    EXPECT_TRUE(bits_equal(gb[0], gb[1])) << "raw " << raw;
+  }
+}
+
+}  // namespace
+
+TEST(Cpu_BackwardLinear, KeptQuantizedWeightGivesSameBits) {
+  check_weight_q_same_bits(70, make_cfg(8, 16, Rounding::stochastic, ScaleMode::tensor), DType::f32);
+  check_weight_q_same_bits(70, make_cfg(4, 8, Rounding::nearest, ScaleMode::token), DType::bf16);
+  check_weight_q_same_bits(hot::gw_chunk_rows(16) + 40, make_cfg(8, 16, Rounding::stochastic, ScaleMode::tensor),
+                           DType::f32);  // two chunks share the one W~
+}
+
+TEST(Cpu_BackwardLinear, KeptQuantizedWeightIsChecked) {
+  const int64_t L = 32, O = 40, I = 24;
+  const HostTensor g = host_from(DType::f32, L, O, randn(L * O, 1)), wt = host_from(DType::f32, O, I, randn(O * I, 2));
+  const HostTensor x = host_from(DType::f32, L, I, randn(L * I, 3));
+  HostTensor gx = HostTensor::make2d(DType::f32, L, I), gw = HostTensor::make2d(DType::f32, O, I);
+  const hot::BackwardOutputs out{gx.view(), gw.view(), {}};
+  const Config c8 = make_cfg(8, 16, Rounding::nearest, ScaleMode::tensor);
+  const hot::QuantizedWeight w4 = hot::quantize_weight(wt, 4);
+  EXPECT_TRUE(hot_test::throws_hot([&] { hot::backward_linear(g, wt, x.view(), c8, 1, out, {}, &w4); },
+                                   hot::ErrorKind::value, {"backward_linear", "weight_q", "4 bits", "gx_bits is 8"}));
+  const HostTensor other = host_from(DType::f32, I, O, randn(O * I, 4));  // I x O: the transposed shape
+  const hot::QuantizedWeight wt_other = hot::quantize_weight(other, 8);
+  EXPECT_TRUE(hot_test::throws_hot([&] { hot::backward_linear(g, wt, x.view(), c8, 1, out, {}, &wt_other); },
+                                   hot::ErrorKind::value, {"weight_q", "24 x 40", "40 x 24"}));
+  EXPECT_TRUE(hot_test::throws_hot([&] { hot::quantize_weight(wt, 5); }, hot::ErrorKind::value,
+                                   {"quantize_weight", "5"}));
+  const HostTensor s8 = HostTensor::make2d(DType::s8, O, I);
+  EXPECT_TRUE(hot_test::throws_hot([&] { hot::quantize_weight(s8, 8); }, hot::ErrorKind::type,
+                                   {"quantize_weight", "weight"}));
+}

@@ -14,6 +14,7 @@ except ImportError as _e:  # pragma: no cover - a broken or missing build
 
 from ._api import (
     Config,
+    QuantizedWeight,
     SavedActivation,
     backward_linear,
     build_info,
@@ -28,6 +29,7 @@ from ._api import (
     hla,
     pack_int4,
     quantize,
+    quantize_weight,
     set_num_threads,
     unpack_int4,
 )
@@ -36,6 +38,7 @@ __version__ = _C.__version__
 
 __all__ = [
     "Config",
+    "QuantizedWeight",
     "SavedActivation",
     "backward_linear",
     "build_info",
@@ -50,6 +53,7 @@ __all__ = [
     "hla",
     "pack_int4",
     "quantize",
+    "quantize_weight",
     "set_num_threads",
     "unpack_int4",
     "__version__",

@@ -399,11 +399,49 @@ def compress_activation(x, config: Optional[Config] = None) -> SavedActivation:
     return SavedActivation(q, scale, xs, config.rank, core)
 
 
+class QuantizedWeight:
+    """W~ of the g_x path (SPEC §3): the weight's rows mixed by block Hadamard matrices along O and quantised per tensor
+    to config.gx_bits, K-major: q_wt (int8, I x padded_k(O)) and s_w (float32, (1,)) as arrays of the caller's
+    framework and device. Made by :func:`quantize_weight`; backward_linear(..., weight_q=) uses it instead of forming
+    it again, with the same result bits, for as long as the weight it came from is unchanged (the caller's promise)."""
+
+    __slots__ = ("q_wt", "s_w", "shape", "gx_bits", "_c")
+
+    def __init__(self, q_wt, s_w, shape, gx_bits: int, _c):
+        self.q_wt, self.s_w, self.shape, self.gx_bits, self._c = q_wt, s_w, tuple(shape), int(gx_bits), _c
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of q_wt and s_w."""
+        return int(self._c.nbytes)
+
+    def __repr__(self):
+        return f"hot.QuantizedWeight(shape={self.shape}, gx_bits={self.gx_bits}, nbytes={self.nbytes})"
+
+
+def quantize_weight(weight, config: Optional[Config] = None) -> QuantizedWeight:
+    """W~ of weight (O x I) for the g_x path at config.gx_bits (not in exact mode): what every backward_linear call
+    with this weight forms, formed once; pass it as backward_linear's weight_q while the weight is unchanged (several
+    micro-batches of one optimizer step, activation recomputation)."""
+    op = "quantize_weight"
+    config = _config(op, config)
+    if config.exact:
+        raise ValueError(f"{op}: config.exact is set; an exact backward uses the weight as it is")
+    w = _prep(weight)
+    c = _Call(op, weight=w)
+    ws = fws.shape(w)
+    if len(ws) != 2:
+        raise ValueError(f"{op}: weight has {len(ws)} dims, expected 2 (O x I) (got shape {ws})")
+    _nonempty(op, "weight", w, shape=ws)
+    return _quantize_weight(c, w, ws, config)
+
+
 def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: Optional[Config] = None,
-                    seed: int = 0, need_grad_input: bool = True, need_grad_weight: bool = True):
+                    seed: int = 0, need_grad_input: bool = True, need_grad_weight: bool = True, weight_q=None):
     """HOT backward of y = x W^T (+ b) (SPEC §3, §4): (grad_input, grad_weight, grad_bias), None for
     what was not requested. grad_output (..., O); weight O x I; saved a SavedActivation or the raw x.
-    A batch whose g_w contraction exceeds one int32 GEMM runs as row chunks in the core (SPEC §4)."""
+    A batch whose g_w contraction exceeds one int32 GEMM runs as row chunks in the core (SPEC §4).
+    weight_q: the weight's :func:`quantize_weight` at config.gx_bits, used instead of forming W~ again (same bits)."""
     op = "backward_linear"
     config = _config(op, config)
     seed = _seed(op, seed)
@@ -424,6 +462,16 @@ def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: O
                          f"(shape {gs}); O must agree")
     lead = gs[:-1]
     L = fws.prod(lead)
+    if weight_q is not None:
+        if not isinstance(weight_q, QuantizedWeight):
+            raise TypeError(f"{op}: weight_q must be a hot.QuantizedWeight (hot.quantize_weight) or None, got "
+                            f"{type(weight_q).__name__}")
+        if config.exact:
+            raise ValueError(f"{op}: config.exact takes no weight_q (the weight is used as it is)")
+        if weight_q.shape != (O, I) or weight_q.gx_bits != config.gx_bits:
+            raise ValueError(f"{op}: weight_q was formed from a {weight_q.shape} weight at {weight_q.gx_bits} bits, "
+                             f"but weight has shape {(O, I)} and config.gx_bits is {config.gx_bits}")
+        weight_q = weight_q._c
 
     g_w_operand = None
     if need_grad_weight:
@@ -446,7 +494,7 @@ def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: O
                                  f"match grad_output {gs} and weight {(O, I)}")
             g_w_operand = raw
     return _backward_linear(c, gy, w, g_w_operand, lead + (I,), bool(need_grad_input), bool(need_grad_weight),
-                            bool(bias), config, seed)
+                            bool(bias), config, seed, weight_q)
 
 
 # ---- the one entry per layer operation ------------------------------------------------------------------
@@ -467,15 +515,23 @@ def _compress(c: _Call, x, xs, config):
     return q, scale, core
 
 
+def _quantize_weight(c: _Call, w, ws, config) -> QuantizedWeight:
+    """quantize_weight of w (shape ws, O x I, non-empty) at config.gx_bits."""
+    core = c.call(_C.quantize_weight, w, config, c.stream)
+    return QuantizedWeight(c.result(None, core.q_wt), c.result(None, core.s_w), ws, config.gx_bits, core)
+
+
 def _wrap_saved(c: _Call, q, scale, rows: int, cols: int, rank: int, op: str):
     """The core's SavedActivation over q (I x K_pad int8) and scale ((1,) float32) of x (rows x cols) at rank."""
     return c.call(_C.SavedActivation.wrap, q, scale, rows, cols, rank, c.stream, op)
 
 
-def _backward_linear(c: _Call, gy, w, saved, gi_shape, need_gi: bool, need_gw: bool, bias: bool, config, seed: int):
+def _backward_linear(c: _Call, gy, w, saved, gi_shape, need_gi: bool, need_gw: bool, bias: bool, config, seed: int,
+                     weight_q=None):
     """backward_linear of gy (..., O) and w (O x I): (g_x shaped gi_shape, g_w, g_b), None where not requested.
     saved: the g_w operand when need_gw: the core's SavedActivation (_compress, _wrap_saved) or the raw x (L x I
-    elements), which the core compresses (or, in exact mode, uses in gy's dtype)."""
+    elements), which the core compresses (or, in exact mode, uses in gy's dtype). weight_q: the core's QuantizedWeight
+    of w at config.gx_bits, or None (the core forms W~)."""
     if config.exact:
         dt = c.fw.dtype_name(gy)
         w = _exact_operand(c, "backward_linear", "weight", w, dt)
@@ -486,7 +542,7 @@ def _backward_linear(c: _Call, gy, w, saved, gi_shape, need_gi: bool, need_gw: b
     gw = c.empty_as((O, I), gy) if need_gw else None
     gb = c.empty_as((O,), gy) if bias else None
     rx, rw, rb = c.call(_C.backward_linear, gy, w, saved if need_gw else None, gi, gw, gb, need_gi, need_gw, bias,
-                        config, seed, c.stream)
+                        config, seed, c.stream, weight_q)
     return (
         c.result(gi, rx, gi_shape) if need_gi else None,
         c.result(gw, rw) if need_gw else None,

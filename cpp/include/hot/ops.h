@@ -74,6 +74,22 @@ SavedActivation compress_activation(const TensorView& x, int rank, Stream stream
 void compress_activation(const TensorView& x, const TensorView& q_t, const TensorView& scale, int rank,
                          Stream stream = {});
 
+// W~ of the g_x path (SPEC §3): W's rows mixed in blocks of hq_block_size(O) by the Hadamard matrix, quantised to
+// gx_bits per tensor with round-to-nearest, stored K-major for the g_x GEMM: q_wt s8 I x padded_k(O), s_w f32 [1].
+// Deterministic, so every backward_linear call with the same weight and gx_bits forms the same bytes; a caller whose
+// weight does not change across several calls (micro-batches of one optimizer step, activation recomputation) forms
+// it once with quantize_weight and passes it to backward_linear (`weight_q`) instead.
+struct QuantizedWeight {
+  Tensor q_wt;  // s8, I x padded_k(O)
+  Tensor s_w;   // f32, [1]
+  int64_t out_features = 0;  // O
+  int64_t in_features = 0;   // I
+  int gx_bits = 8;
+  size_t nbytes() const { return q_wt.nbytes() + s_w.nbytes(); }
+};
+// weight: O x I float; gx_bits: 4 or 8 (config.gx_bits).
+QuantizedWeight quantize_weight(const TensorView& weight, int gx_bits, Stream stream = {});
+
 struct BackwardRequest {
   bool grad_input = true;
   bool grad_weight = true;
@@ -100,13 +116,17 @@ int64_t gw_chunk_rows(int rank);
 // (mod 2^64), its own per-tensor scales of g_y's operands, and its columns of the ABC buffer (whose one scale it
 // keeps); g_x rows are written chunk by chunk; g_w and g_b are each chunk's result rounded to the output's dtype,
 // summed in fp32 in chunk order and rounded once more. So the result equals the sum of the per-chunk calls.
+// weight_q: W~ from quantize_weight(weight, config.gx_bits) when the caller keeps it (checked against weight's shape,
+// device and config.gx_bits; its bytes are taken as they are), else nullptr and the call forms it.
 void backward_linear(const TensorView& grad_output, const TensorView& weight, const SavedActivation* saved,
-                     const Config& config, uint64_t seed, const BackwardOutputs& out, Stream stream = {});
+                     const Config& config, uint64_t seed, const BackwardOutputs& out, Stream stream = {},
+                     const QuantizedWeight* weight_q = nullptr);
 // The same from the raw x (L x I float; read only when grad_weight is requested, else it may be an empty view):
 // x is compressed as compress_activation(x, config.rank) would (chunk by chunk, each chunk's rows with their own
 // scale, when the call is chunked). With config.exact this is backward_linear_exact.
 void backward_linear(const TensorView& grad_output, const TensorView& weight, const TensorView& x,
-                     const Config& config, uint64_t seed, const BackwardOutputs& out, Stream stream = {});
+                     const Config& config, uint64_t seed, const BackwardOutputs& out, Stream stream = {},
+                     const QuantizedWeight* weight_q = nullptr);
 
 // Exact (unquantised) backward from the raw x (L x I): fp32 accumulation (cuBLAS on CUDA).
 void backward_linear_exact(const TensorView& grad_output, const TensorView& weight, const TensorView* x,

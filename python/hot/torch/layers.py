@@ -132,6 +132,7 @@ def _linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], config, ac:
     if x.device != weight.device:
         _check_inputs("Linear", x, weight, bias, True)
     x_in = x
+    reuse = ops.reuse_of(weight, config) if ops._REUSE is not None else None
     if ac:
         dt = torch.get_autocast_dtype(x.device.type)
         x, weight, bias = x.to(dt), weight.to(dt), (bias.to(dt) if bias is not None else None)
@@ -143,7 +144,7 @@ def _linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], config, ac:
         keep = ops.KEEP_RAW
     if layer is not None:
         layer.__dict__["_hot_keeps_input"] = keep == ops.KEEP_RAW and not config.exact
-    return ops.linear_eager(x, weight, bias, seed, keep, config)
+    return ops.linear_eager(x, weight, bias, seed, keep, config, reuse)
 
 
 def hot_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, config=None) -> Tensor:
@@ -188,6 +189,7 @@ def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride=1, padd
     if x.device != weight.device:
         _check_inputs("Conv2d", x, weight, bias, True)
     x_in = x
+    reuse = ops.reuse_of(weight, config) if not torch.compiler.is_compiling() else None
     x, weight, bias, ac = _autocast_cast(x, weight, bias)
     _check_inputs("Conv2d", x, weight, bias, ac)
     keep = _keep_mode(weight, config)
@@ -196,7 +198,7 @@ def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride=1, padd
         keep = ops.KEEP_RAW
     if _layer is not None:  # what the layer keeps, for hot.torch.summary
         _layer.__dict__["_hot_keeps_input"] = keep == ops.KEEP_RAW and not config.exact
-    y = ops.conv2d(x, weight, bias, _seed(config), stride, padding, dilation, keep, config)
+    y = ops.conv2d(x, weight, bias, _seed(config), stride, padding, dilation, keep, config, reuse)
     return y.squeeze(0) if unbatched else y
 
 

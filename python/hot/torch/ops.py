@@ -130,10 +130,11 @@ def _compress(x: Tensor, cfg) -> Tuple[Tensor, Tensor]:
 
 
 def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tensor], scale: Optional[Tensor],
-                     seed: int, cfg, need_gx: bool, need_gw: bool, need_gb: bool, gx_shape):
+                     seed: int, cfg, need_gx: bool, need_gw: bool, need_gb: bool, gx_shape, reuse=None):
     """``hot.backward_linear(g.reshape(-1, O), w, saved, bias=need_gb, config=cfg, seed=seed, ...)`` for a
     contiguous g (..., O) and w (O x I), where saved is the raw x (contiguous, L x I elements, given only when g_w
-    is needed) or else the ABC buffer (q, scale) of L x I; g_x comes back shaped gx_shape (g's leading dims, I)."""
+    is needed) or else the ABC buffer (q, scale) of L x I; g_x comes back shaped gx_shape (g's leading dims, I).
+    reuse: (WeightReuse, parameter, its version at the forward) of a layer called inside weight_reuse, else None."""
     O = g.shape[-1]
     I = w.shape[1]
     L = math.prod(g.shape[:-1])
@@ -146,7 +147,74 @@ def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tens
     saved = None
     if need_gw:
         saved = x if x is not None else _api._wrap_saved(c, q, scale, L, I, cfg.rank, "backward_linear")
-    return _api._backward_linear(c, g, w, saved, gx_shape, need_gx, need_gw, need_gb, cfg, seed)
+    wq = reuse[0]._get(c, w, cfg, reuse[1], reuse[2]) if reuse is not None and need_gx and not cfg.exact else None
+    return _api._backward_linear(c, g, w, saved, gx_shape, need_gx, need_gw, need_gb, cfg, seed, wq)
+
+
+class WeightReuse:
+    """The W~ (SPEC §3, hot.quantize_weight) of each layer called inside one :func:`weight_reuse` block, formed by the
+    layer's first backward in the block and used by the next ones while the weight is unchanged."""
+
+    def __init__(self):
+        self._kept = {}  # id(parameter) -> (parameter, version, dtype, shape, gx_bits, the core's QuantizedWeight)
+        self.formed = 0  # W~ formed in this block
+        self.reused = 0  # backward calls that took a kept W~
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the W~ kept now (one byte per weight element, plus padding of O to the Hadamard block)."""
+        return sum(int(e[5].nbytes) for e in self._kept.values())
+
+    def _get(self, c, w: Tensor, cfg, param: Tensor, version: int):
+        """The core's QuantizedWeight of w (O x I, the weight the backward uses: param or its autocast copy, as it was
+        at the forward, whose param had the given version) at cfg.gx_bits: kept, or formed now and kept."""
+        key = (version, w.dtype, tuple(w.shape), cfg.gx_bits)
+        e = self._kept.get(id(param))
+        if e is not None and e[0] is param and e[1:5] == key:
+            self.reused += 1
+            return e[5]
+        wq = c.call(hot._C.quantize_weight, w, cfg, c.stream)
+        self._kept[id(param)] = (param,) + key + (wq,)
+        self.formed += 1
+        return wq
+
+
+_REUSE: Optional[WeightReuse] = None  # the innermost active weight_reuse block, if any
+
+
+class weight_reuse:
+    """``with hot.torch.weight_reuse() as r:`` the converted layers' backward passes inside the block form each
+    layer's quantised weight W~ (g_x path, SPEC §3) once and reuse it while the weight is unchanged: gradient
+    accumulation over micro-batches, activation recomputation. Results are bit-identical to forming W~ every call.
+
+    The block's promise: weights change only through in-place torch ops (an optimizer step), which bump the
+    parameter's version and so form a new W~; a weight whose storage is refilled behind torch's back (by hand through
+    .data, or sharded parameters regathered between micro-batches) must not be trained inside the block. Eager
+    layers only (under torch.compile the layers form W~ every call). Memory: one byte per element of each weight
+    used (``r.nbytes``), freed when the block ends. ``r.formed`` / ``r.reused`` count the W~ formed and reused."""
+
+    def __init__(self):
+        self._state = WeightReuse()
+        self._outer = None
+
+    def __enter__(self) -> WeightReuse:
+        global _REUSE
+        self._outer, _REUSE = _REUSE, self._state
+        return self._state
+
+    def __exit__(self, *exc):
+        global _REUSE
+        _REUSE = self._outer
+        self._state._kept.clear()
+        return False
+
+
+def reuse_of(param: Tensor, config):
+    """What a layer's forward records for its backward: (the active WeightReuse, param, param's version) inside a
+    weight_reuse block for a HOT (not exact) configuration, else None."""
+    if _REUSE is None or config.exact:
+        return None
+    return (_REUSE, param, param._version)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -161,11 +229,12 @@ def _linear_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], keep: int
     return y, _empty(x, torch.int8), _empty(x, torch.float32)
 
 
-def _linear_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, cfg, need_gx, need_gw, need_gb):
+def _linear_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, cfg, need_gx, need_gw, need_gb,
+                          reuse=None):
     """hot.backward_linear for the layer; (g_x, g_w, g_b) with None for what was not requested."""
     return _backward_linear(grad_y.contiguous(), weight.contiguous(),
                             x.contiguous() if need_gw and x is not None else None, q, scale, seed, cfg, need_gx,
-                            need_gw, need_gb, x_shape)
+                            need_gw, need_gb, x_shape, reuse)
 
 
 @torch.library.custom_op("hot::linear", mutates_args=())
@@ -297,21 +366,23 @@ class _LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, args):
-        seed, keep, cfg = args
+        seed, keep, cfg, reuse = args
         y = F.linear(x, weight, bias)
         q, scale = _compress(x, cfg) if keep == KEEP_COMPRESSED else (None, None)
         _save_eager(ctx, x, weight, bias, q, scale, seed, keep, cfg)
+        ctx.reuse = reuse
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
         return _eager_backward(ctx, grad_y, 1, "Linear", lambda x, w, q, s, *needs: _linear_backward_body(
-            grad_y, w, x, q, s, ctx.seed, ctx.x_shape, ctx.cfg, *needs))
+            grad_y, w, x, q, s, ctx.seed, ctx.x_shape, ctx.cfg, *needs, reuse=ctx.reuse))
 
 
-def linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: int, keep: int, cfg) -> Tensor:
-    """The eager route of :func:`linear` with the seed as an int (the layers' entry point; not for torch.compile)."""
-    return _LinearFunction.apply(x, weight, bias, (seed, keep, cfg))
+def linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: int, keep: int, cfg, reuse=None) -> Tensor:
+    """The eager route of :func:`linear` with the seed as an int (the layers' entry point; not for torch.compile);
+    reuse: :func:`reuse_of` the layer's parameter."""
+    return _LinearFunction.apply(x, weight, bias, (seed, keep, cfg, reuse))
 
 
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep: int, config) -> Tensor:
@@ -321,7 +392,7 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep
     KEEP_NOTHING when no g_w is wanted)."""
     if torch.compiler.is_compiling():
         return torch.ops.hot.linear(x, weight, bias, seed, keep, config.code)[0]
-    return _LinearFunction.apply(x, weight, bias, (int(seed.item()), keep, config))
+    return _LinearFunction.apply(x, weight, bias, (int(seed.item()), keep, config, None))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -438,7 +509,7 @@ def col2im(cols: Tensor, x_shape, kernel, stride, padding, dilation, patches: bo
 
 
 def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, stride, padding, dilation, cfg, need_gx,
-                          need_gw, need_gb):
+                          need_gw, need_gb, reuse=None):
     N, C, H, W = x_shape
     O, _, kh, kw = weight.shape
     Ho, Wo = grad_y.shape[2], grad_y.shape[3]
@@ -459,7 +530,7 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
             xf = hot.dequantize(q.detach(), scale.detach(), dtype=torch.float32).reshape(N, C, H, W)
         cols = im2col(xf, (kh, kw), stride, padding, dilation, patches)  # N*P x CKK
     gcols, gw, gb = _backward_linear(g, weight.reshape(O, CKK).contiguous(), cols, None, None, seed, cfg, need_gx,
-                                     need_gw, need_gb, (N * P, CKK))
+                                     need_gw, need_gb, (N * P, CKK), reuse)
     gx = None
     if need_gx:
         gx = col2im(gcols, (N, C, H, W), (kh, kw), stride, padding, dilation, patches)
@@ -517,23 +588,24 @@ class _Conv2dFunction(torch.autograd.Function):
     """The eager route of :func:`conv2d` (see :class:`_LinearFunction`)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, seed, stride, padding, dilation, keep, cfg):
+    def forward(ctx, x, weight, bias, seed, stride, padding, dilation, keep, cfg, reuse):
         y = F.conv2d(x, weight, bias, stride, padding, dilation)
         q, scale = _quantize_fmap(x) if keep == KEEP_COMPRESSED else (None, None)
         _save_eager(ctx, x, weight, bias, q, scale, seed, keep, cfg)
         ctx.geom = (list(stride), list(padding), list(dilation))
+        ctx.reuse = reuse
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        return _eager_backward(ctx, grad_y, 6, "Conv2d", lambda x, w, q, s, *needs: _conv2d_backward_body(
-            grad_y, w, x, q, s, ctx.seed, ctx.x_shape, *ctx.geom, ctx.cfg, *needs))
+        return _eager_backward(ctx, grad_y, 7, "Conv2d", lambda x, w, q, s, *needs: _conv2d_backward_body(
+            grad_y, w, x, q, s, ctx.seed, ctx.x_shape, *ctx.geom, ctx.cfg, *needs, reuse=ctx.reuse))
 
 
 def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, stride: List[int], padding: List[int],
-           dilation: List[int], keep: int, config) -> Tensor:
+           dilation: List[int], keep: int, config, reuse=None) -> Tensor:
     """y = F.conv2d(...) with HOT's backward at ``config`` (a hot.Config): the custom op under torch.compile, else
-    the eager autograd.Function."""
+    the eager autograd.Function (reuse: :func:`reuse_of` the layer's parameter)."""
     if torch.compiler.is_compiling():
         return torch.ops.hot.conv2d(x, weight, bias, seed, stride, padding, dilation, keep, config.code)[0]
-    return _Conv2dFunction.apply(x, weight, bias, int(seed.item()), stride, padding, dilation, keep, config)
+    return _Conv2dFunction.apply(x, weight, bias, int(seed.item()), stride, padding, dilation, keep, config, reuse)

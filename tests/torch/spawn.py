@@ -21,12 +21,12 @@ def _marker(out_dir, rank):
 
 
 def finish(rank, out_dir):
-    """End a worker whose results are written: leave the process group together, record that this rank's work
-    is complete, and leave without the interpreter's teardown (torch's gloo threads have aborted processes there:
+    """End a worker whose results are written: wait for every rank, record that this rank's work is complete, leave
+    the process group, and exit without the interpreter's teardown (torch's gloo threads have aborted processes there:
     'terminate called without an active exception' on a 2-core CI machine)."""
-    dist.barrier()
-    dist.destroy_process_group()
+    dist.barrier()  # every rank's results are written
     open(_marker(out_dir, rank), "w").close()
+    dist.destroy_process_group()
     os._exit(0)
 
 

@@ -21,13 +21,21 @@ def _reference(x, w, b, gy, seed, config, stride, padding, dilation):
     N, C, H, W = x.shape
     O, _, kh, kw = w.shape
     Ho, Wo = gy.shape[2:]
-    q, s = hot.quantize(x.reshape(N * C, H * W), bits=8, scale="tensor", rounding="nearest")
-    xf = torch.from_numpy(hot.dequantize(q, s, dtype="float32").reshape(N, C, H, W))
     patches = tops.conv_patch_rows(Ho, Wo, config)
     g = torch.from_numpy(gy).permute(0, 2, 3, 1)
     if patches:
         g = tops._patch_split(g, 1)
     g = g.reshape(N * Ho * Wo, O).contiguous().numpy()
+    if tops.pointwise((kh, kw), padding):  # a linear layer over the pixels it reads, from their ABC buffer
+        rows = torch.from_numpy(x)[:, :, ::stride[0], ::stride[1]].permute(0, 2, 3, 1)
+        if patches:
+            rows = tops._patch_split(rows, 1)
+        saved = hot.compress_activation(rows.reshape(N * Ho * Wo, C).contiguous().numpy(), config)
+        grows, gw, gb = hot.backward_linear(g, w.reshape(O, C), saved, bias=b is not None, config=config, seed=seed)
+        gx = tops._pixel_unrows(torch.from_numpy(grows), (N, C, H, W), stride, Ho, Wo, patches).numpy()
+        return [gx, gw.reshape(w.shape)] + ([gb] if b is not None else [])
+    q, s = hot.quantize(x.reshape(N * C, H * W), bits=8, scale="tensor", rounding="nearest")
+    xf = torch.from_numpy(hot.dequantize(q, s, dtype="float32").reshape(N, C, H, W))
     cols = tops.im2col(xf, (kh, kw), stride, padding, dilation, patches).numpy()
     gcols, gw, gb = hot.backward_linear(g, w.reshape(O, -1), cols, bias=b is not None, config=config, seed=seed)
     gx = tops.col2im(torch.from_numpy(gcols), (N, C, H, W), (kh, kw), stride, padding, dilation, patches).numpy()
@@ -47,7 +55,8 @@ GEOMETRIES = [
     pytest.param(((2, 3, 8, 8), (5, 3, 3, 3), (1, 1), (1, 1), (1, 1)), id="3x3-pad1"),       # overlapping windows
     pytest.param(((2, 4, 16, 16), (6, 4, 4, 4), (4, 4), (0, 0), (1, 1)), id="patchify"),     # disjoint windows
     pytest.param(((1, 2, 11, 9), (3, 2, 3, 2), (2, 1), (1, 0), (2, 1)), id="stride-dilation"),
-    pytest.param(((3, 8, 8, 8), (16, 8, 1, 1), (1, 1), (0, 0), (1, 1)), id="1x1"),
+    pytest.param(((3, 8, 8, 8), (16, 8, 1, 1), (1, 1), (0, 0), (1, 1)), id="1x1"),                # pointwise
+    pytest.param(((2, 6, 15, 16), (12, 6, 1, 1), (2, 2), (0, 0), (1, 1)), id="1x1-stride2"),    # pointwise, strided
 ]
 CONFIGS = [pytest.param(hot.Config(), id="default"), pytest.param(hot.Config.paper(), id="paper"),
            pytest.param(hot.Config(rank=12, gx_scale="token"), id="r12-token")]

@@ -71,6 +71,9 @@ CONV_CASES = [
     dict(N=1, C=2, H=11, W=9, O=8, k=(3, 2), stride=(2, 1), padding=(1, 0), dilation=(2, 1)),
     dict(N=2, C=8, H=6, W=6, O=32, k=1, stride=1, padding=0, dilation=1),
     dict(N=2, C=3, H=8, W=8, O=16, k=3, stride=1, padding=1, dilation=1),  # 8 x 8 output: 4 x 4 patches
+    dict(N=2, C=6, H=15, W=16, O=24, k=1, stride=2, padding=0, dilation=1),  # pointwise, strided: 8 x 8 output
+    dict(N=1, C=5, H=8, W=12, O=16, k=1, stride=1, padding=0, dilation=1),   # pointwise, 4 x 4 patches
+    dict(N=2, C=4, H=6, W=6, O=8, k=1, stride=1, padding=1, dilation=1),     # 1 x 1 with padding: im2col
 ]
 
 
@@ -96,11 +99,16 @@ def test_conv2d_grads_within_derived_bounds(case, cfg, device):
                                                           layer.padding, layer.dilation), rtol=1e-5, atol=1e-5)
     gy = torch.randn(y.shape, generator=g)
     y.backward(gy.to(device))
-    # what the layer keeps: the int8 RTN feature map (the engine's quantiser, deterministic)
-    q, s = hot.quantize(x.reshape(N * C, -1), bits=8, scale="tensor", rounding="nearest")
-    assert float((q.double() * s.double() - x.reshape(N * C, -1).double()).abs().max()) <= float(s) / 2 * (1 + 1e-5)
-    xq = (q.double() * s.double()).reshape(N, C, H, W)
     k = layer.kernel_size
+    if ops.pointwise(k, layer.padding):
+        # a pointwise conv is a linear layer over the pixels it reads: it keeps their ABC buffer (SPEC §8), whose
+        # projection of the raw x is what the g_w bound below covers
+        xq = x.double()
+    else:
+        # what the layer keeps: the int8 RTN feature map (the engine's quantiser, deterministic)
+        q, s = hot.quantize(x.reshape(N * C, -1), bits=8, scale="tensor", rounding="nearest")
+        assert float((q.double() * s.double() - x.reshape(N * C, -1).double()).abs().max()) <= float(s) / 2 * (1 + 1e-5)
+        xq = (q.double() * s.double()).reshape(N, C, H, W)
     cols = F.unfold(xq, k, dilation=layer.dilation, padding=layer.padding, stride=layer.stride)
     P = cols.shape[-1]
     cols = cols.transpose(1, 2).reshape(N * P, -1)
@@ -270,6 +278,52 @@ def test_bad_inputs_raise_clear_errors():
         ht.Conv2d(4, 4, 3, padding_mode="reflect")
     with pytest.raises(TypeError, match="hot.Config"):
         ht.Linear(8, 4, config={"rank": 8})
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("route", ["eager", "custom_op"])
+@pytest.mark.parametrize("stride,HW,rank,channels_last", [(1, (8, 12), 8, False), (2, (7, 9), 16, False),
+                                                          (1, (6, 5), 16, True), (2, (16, 8), 8, True)],
+                         ids=["patches", "strided", "channels_last", "strided_patches_cl"])
+def test_pointwise_conv_is_the_linear_layer_over_its_pixels(stride, HW, rank, channels_last, route, device):
+    """SPEC §8: a 1 x 1 conv without padding keeps the ABC buffer of the pixel rows it reads (every stride-th pixel,
+    rows in 4 x 4 patch order below rank 16 where the output map tiles) and its backward is hot.backward_linear over
+    those rows: bit-identical to that composition of hot's public API, with zeros at the pixels a stride skips."""
+    from hot.torch import ops
+
+    N, C, O = 2, 6, 20
+    cfg = hot.Config(rank=rank, rounding="stochastic")
+    g = torch.Generator().manual_seed(4)
+    x0, w0, b0 = torch.randn(N, C, *HW, generator=g), torch.randn(O, C, 1, 1, generator=g), torch.randn(O, generator=g)
+    if channels_last:
+        x0 = x0.contiguous(memory_format=torch.channels_last)
+    x, w, b = (t.clone().to(device).requires_grad_(True) for t in (x0, w0, b0))
+    seed = torch.tensor(424242, dtype=torch.int64)
+    geom = ([stride, stride], [0, 0], [1, 1])
+    if route == "eager":
+        saved, y = _saved_during(lambda: ops.conv2d(x, w, b, seed, *geom, ops.KEEP_COMPRESSED, cfg))
+    else:
+        saved, y = _saved_during(lambda: torch.ops.hot.conv2d(x, w, b, seed, *geom, ops.KEEP_COMPRESSED, cfg.code)[0])
+    Ho, Wo = y.shape[2:]
+    L = N * Ho * Wo
+    int8 = [t for t in saved if t.dtype == torch.int8 and t.numel() > 0]
+    assert [tuple(t.shape) for t in int8] == [(C, ops.padded_k(L, rank))]  # no feature map, the pixels' ABC
+    gy = torch.randn(y.shape, generator=g).to(device)
+    y.backward(gy)
+    patches = rank < 16 and Ho % 4 == 0 and Wo % 4 == 0
+    xs = x0[:, :, ::stride, ::stride].permute(0, 2, 3, 1).to(device)
+    g2 = gy.permute(0, 2, 3, 1)
+    if patches:
+        xs, g2 = ops._patch_split(xs, 1), ops._patch_split(g2, 1)
+    xs, g2 = xs.reshape(L, C).contiguous(), g2.reshape(L, O).contiguous()
+    rx, rw, rb = hot.backward_linear(g2, w0.reshape(O, C).to(device), hot.compress_activation(xs, cfg), bias=True,
+                                     config=cfg, seed=int(seed))
+    assert torch.equal(w.grad.reshape(O, C), rw) and torch.equal(b.grad, rb)
+    gx = torch.zeros_like(x0).to(device)
+    if patches:
+        rx = rx.reshape(N, Ho // 4, Wo // 4, 4, 4, C).permute(0, 1, 3, 2, 4, 5)
+    gx[:, :, ::stride, ::stride] = rx.reshape(N, Ho, Wo, C).permute(0, 3, 1, 2)
+    assert torch.equal(x.grad, gx)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -141,22 +141,28 @@ def _matmul(x, w):
     return jax.lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())))
 
 
+def _backward_saved(code: int, x_dtype, w_dtype, b_dtype, gy, w, q, scale, seed):
+    """hot::backward_linear of gy (..., O) and w (O, I) from the ABC buffer (q, scale), through the FFI target
+    hot_backward_linear[_bias]: (g_x, g_w[, g_b]) in the dtypes x_dtype, w_dtype[, b_dtype]."""
+    O, I = w.shape
+    bias = b_dtype is not None
+    outs = [jax.ShapeDtypeStruct(gy.shape[:-1] + (I,), x_dtype), jax.ShapeDtypeStruct((O, I), w_dtype)]
+    if bias:
+        outs.append(jax.ShapeDtypeStruct((O,), b_dtype))
+    call = jax.ffi.ffi_call("hot_backward_linear_bias" if bias else "hot_backward_linear", tuple(outs),
+                            vmap_method="sequential")
+    return call(gy, w, q, scale, seed, config=np.int64(code))
+
+
 @functools.lru_cache(maxsize=None)
 def _dense_fn(code: int, x_dtype, w_dtype, b_dtype):
     """The custom_vjp of one configuration (its ``hot.Config.code``) and one set of dtypes (the cotangents' dtypes
     are the inputs')."""
-    attrs = dict(config=np.int64(code))
     rank = hot.Config.from_code(code).rank
     bias = b_dtype is not None
 
     def backward(q, scale, w, seed, gy):
-        O, I = w.shape
-        outs = [jax.ShapeDtypeStruct(gy.shape[:-1] + (I,), x_dtype), jax.ShapeDtypeStruct((O, I), w_dtype)]
-        if bias:
-            outs.append(jax.ShapeDtypeStruct((O,), b_dtype))
-        call = jax.ffi.ffi_call("hot_backward_linear_bias" if bias else "hot_backward_linear", tuple(outs),
-                                vmap_method="sequential")
-        return call(gy, w, q, scale, seed, **attrs)
+        return _backward_saved(code, x_dtype, w_dtype, b_dtype, gy, w, q, scale, seed)
 
     if bias:
         @jax.custom_vjp
@@ -304,6 +310,17 @@ def col2im(cols, x_shape, kernel, stride, padding, dilation, patches=False):
     return out[:, :, ph:ph + H, pw:pw + W].astype(cols.dtype)
 
 
+def pointwise(kernel, padding) -> bool:
+    """Whether a conv is a GEMM over channels without im2col (SPEC §8; ``hot.torch.ops.pointwise``): a 1 x 1 kernel
+    without padding (any stride)."""
+    return tuple(kernel) == (1, 1) and tuple(padding) == (0, 0)
+
+
+def _patches(cfg, Ho, Wo) -> bool:
+    """Rows in 4 x 4 patch order (``hot.torch.ops.conv_patch_rows``)."""
+    return cfg.rank < 16 and Ho % 4 == 0 and Wo % 4 == 0
+
+
 def _conv(x, w, stride, padding, dilation):
     return jax.lax.conv_general_dilated(x, w, stride, [(padding[0], padding[0]), (padding[1], padding[1])],
                                         rhs_dilation=dilation, dimension_numbers=("NCHW", "OIHW", "NCHW"))
@@ -318,9 +335,30 @@ def _quantize_fmap(x):
     return call(x)
 
 
+def _pixel_rows(t, stride, Ho, Wo, patches):
+    """The (N*Ho*Wo) x C rows of a pointwise conv's operand t (N, C, H, W): the pixels the kernel reads, in (n, ho, wo)
+    or 4 x 4 patch order (``hot.torch.ops._pixel_rows``)."""
+    if tuple(stride) != (1, 1):
+        t = t[:, :, ::stride[0], ::stride[1]]
+    r = jnp.transpose(t, (0, 2, 3, 1))
+    if patches:
+        r = _patch_rows(r, Ho, Wo)
+    return r.reshape(-1, t.shape[1])
+
+
+def _pixel_unrows(rows, x_shape, stride, Ho, Wo, patches):
+    """The adjoint of :func:`_pixel_rows`: rows back onto (N, C, H, W), zero at the pixels a stride skips."""
+    N, C, H, W = x_shape
+    r = _raster_rows(rows.reshape(N, Ho // 4, Wo // 4, 4, 4, C), Ho, Wo) if patches else rows.reshape(N, Ho, Wo, C)
+    r = jnp.transpose(r, (0, 3, 1, 2))
+    if tuple(stride) == (1, 1):
+        return r
+    return jnp.zeros(x_shape, rows.dtype).at[:, :, ::stride[0], ::stride[1]].set(r)
+
+
 @functools.lru_cache(maxsize=None)
-def _conv2d_fn(code: int, stride, padding, dilation, x_dtype, w_dtype, b_dtype):
-    """The custom_vjp of hot.jax.conv2d for one configuration, geometry and set of dtypes."""
+def _conv2d_fn(code: int, stride, padding, dilation, x_hw, x_dtype, w_dtype, b_dtype):
+    """The custom_vjp of hot.jax.conv2d for one configuration, geometry, input size (H, W) and set of dtypes."""
     cfg = hot.Config.from_code(code)
     attrs = dict(config=np.int64(code))
     bias = b_dtype is not None
@@ -329,20 +367,26 @@ def _conv2d_fn(code: int, stride, padding, dilation, x_dtype, w_dtype, b_dtype):
         y = _conv(x, w, stride, padding, dilation)
         if bias:
             y = y + b[None, :, None, None].astype(y.dtype)
-        q, scale = _quantize_fmap(x)
+        if pointwise(w.shape[2:], padding):  # a linear layer over the pixels it reads: their ABC buffer
+            Ho, Wo = y.shape[2], y.shape[3]
+            q, scale = _compress_call(_pixel_rows(x, stride, Ho, Wo, _patches(cfg, Ho, Wo)), cfg.rank)
+        else:
+            q, scale = _quantize_fmap(x)
         return y, (q, scale, w, seed)
 
     def bwd(res, gy):
         q, scale, w, seed = res
-        N, C, H, W = q.shape
-        O, _, kh, kw = w.shape
+        O, C, kh, kw = w.shape
+        N, H, W = gy.shape[0], x_hw[0], x_hw[1]
         Ho, Wo = gy.shape[2], gy.shape[3]
-        patches = cfg.rank < 16 and Ho % 4 == 0 and Wo % 4 == 0  # hot.torch.ops.conv_patch_rows
-        g = jnp.transpose(gy, (0, 2, 3, 1))  # (N, Ho, Wo, O)
-        if patches:
-            g = _patch_rows(g, Ho, Wo)
-        g = g.reshape(N * Ho * Wo, O)
+        patches = _patches(cfg, Ho, Wo)
+        g = _pixel_rows(gy, (1, 1), Ho, Wo, patches)  # (N*Ho*Wo, O)
+        if pointwise((kh, kw), padding):
+            res = _backward_saved(code, x_dtype, w_dtype, b_dtype, g, w.reshape(O, C), q, scale, seed)
+            gx = _pixel_unrows(res[0], (N, C, H, W), stride, Ho, Wo, patches)
+            return (gx, res[1].reshape(w.shape), res[2] if bias else None, None)
         xf = q.astype(jnp.float32) * scale[0]  # hot.dequantize
+        xf = xf.reshape(N, C, H, W)
         cols = im2col(xf, (kh, kw), stride, padding, dilation, patches)
         outs = [jax.ShapeDtypeStruct(cols.shape, x_dtype), jax.ShapeDtypeStruct((O, C * kh * kw), w_dtype)]
         if bias:
@@ -368,7 +412,8 @@ def conv2d(x, w, b=None, *, key, stride=1, padding=0, dilation=1, config=None):
     ``(O, C, kh, kw)``, b ``(O,)`` or None (PyTorch's layouts); stride, padding, dilation an int or a pair (h, w).
 
     The forward runs JAX's convolution and keeps x's int8 feature map (per-tensor, round-to-nearest; SPEC §8) instead
-    of x; the backward dequantises it, forms the im2col columns and runs hot's backward of the GEMM
+    of x (a pointwise conv, 1 x 1 without padding: the ABC buffer of the pixel rows it reads, and its backward is
+    :func:`dense`'s over those rows); the backward dequantises it, forms the im2col columns and runs hot's backward of the GEMM
     ``L = N*Ho*Wo, I = C*kh*kw`` (the core compresses the columns; rows in 4 x 4 patch order below rank 16) through an
     XLA custom call, then col2im: the same computation as ``hot.torch.Conv2d``'s backward. ``key`` and ``config`` as
     in :func:`dense`."""
@@ -408,7 +453,8 @@ def conv2d(x, w, b=None, *, key, stride=1, padding=0, dilation=1, config=None):
     if cfg.exact:
         y = _conv(x, w, stride, padding, dilation)
         return y if b is None else y + b[None, :, None, None]
-    f = _conv2d_fn(cfg.code, stride, padding, dilation, x.dtype, w.dtype, None if b is None else b.dtype)
+    f = _conv2d_fn(cfg.code, stride, padding, dilation, tuple(x.shape[2:]), x.dtype, w.dtype,
+                   None if b is None else b.dtype)
     return f(x, w, b, seed)
 
 

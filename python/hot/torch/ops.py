@@ -14,9 +14,11 @@ Ops (namespace ``hot``):
     ``hot.backward_linear`` on the tensors' device; results not requested are empty tensors.
 ``hot::conv2d(x, weight, bias, seed, stride, padding, dilation, keep, config) -> (y, q, scale)``
     ``y = F.conv2d(...)``; with ``keep == 1`` the layer keeps the INPUT FEATURE MAP quantised to int8
-    (per-tensor round-to-nearest, ``hot.quantize``), not the im2col matrix (SPEC §8).
+    (per-tensor round-to-nearest, ``hot.quantize``), not the im2col matrix (SPEC §8); a pointwise conv (1 x 1, no
+    padding, :func:`pointwise`) keeps the ABC buffer of the pixel rows it reads instead, as a linear layer would.
 ``hot::conv2d_backward(...) -> (g_x, g_w, g_b)``
-    Dequantises the feature map, forms the im2col columns (:func:`im2col`, ``F.unfold``'s matrix) and passes them to
+    Pointwise: ``hot.backward_linear`` over the pixel rows from their ABC buffer (no columns, no feature map), g_x
+    put back onto the pixels read. Otherwise: dequantises the feature map, forms the im2col columns (:func:`im2col`, ``F.unfold``'s matrix) and passes them to
     ``hot.backward_linear`` as the raw x, which compresses them on the fly (HLA + Q8, the same
     compression a linear layer applies in its forward pass). The column gradient is folded back by
     :func:`col2im` (``F.fold``). Choice: compressing the columns on the fly costs one HLA pass over the
@@ -412,10 +414,54 @@ def _quantize_fmap(x: Tensor) -> Tuple[Tensor, Tensor]:
     return hot.quantize(xc, bits=8, scale="tensor", rounding="nearest")
 
 
-def _conv2d_forward(x, weight, bias, stride, padding, dilation, keep):
+def pointwise(kernel, padding) -> bool:
+    """Whether a conv is a GEMM over channels without im2col (SPEC §8): a 1 x 1 kernel without padding (any stride)."""
+    return tuple(kernel) == (1, 1) and tuple(padding) == (0, 0)
+
+
+def _pixel_rows(t: Tensor, stride, patches: bool) -> Tensor:
+    """The (N*Ho*Wo) x C row matrix of a pointwise conv's operand t (N, C, H, W): the pixels the kernel reads
+    (every stride-th), rows in (n, ho, wo) order or in 4 x 4 patch order; a view for a channels-last t at stride 1
+    without patches, else one copy."""
+    N, C = t.shape[:2]
+    if tuple(stride) != (1, 1):
+        t = t[:, :, ::stride[0], ::stride[1]]
+    r = t.permute(0, 2, 3, 1)
+    if patches:
+        r = _patch_split(r, 1)
+    return r.reshape(-1, C)
+
+
+def _pixel_unrows(rows: Tensor, x_shape, stride, Ho: int, Wo: int, patches: bool) -> Tensor:
+    """The adjoint of :func:`_pixel_rows`: rows (N*Ho*Wo) x C back onto (N, C, H, W), zero at the pixels a stride
+    skips."""
+    N, C, H, W = x_shape
+    if patches:
+        r = rows.reshape(N, Ho // 4, Wo // 4, 4, 4, C).permute(0, 1, 3, 2, 4, 5).reshape(N, Ho, Wo, C)
+    else:
+        r = rows.reshape(N, Ho, Wo, C)
+    r = r.permute(0, 3, 1, 2)
+    if tuple(stride) == (1, 1):
+        return r.contiguous()
+    out = rows.new_zeros((N, C, H, W))
+    out[:, :, ::stride[0], ::stride[1]] = r
+    return out
+
+
+def _conv_keep(x: Tensor, weight: Tensor, stride, padding, dilation, cfg) -> Tuple[Tensor, Tensor]:
+    """What a converted conv keeps of x (SPEC §8): a pointwise conv keeps the ABC buffer of its pixel rows (as a
+    linear layer over channels), any other the int8 feature map."""
+    if pointwise(weight.shape[2:], padding):
+        Ho = _conv_out(x.shape[2], 1, stride[0], 0, 1)
+        Wo = _conv_out(x.shape[3], 1, stride[1], 0, 1)
+        return _compress(_pixel_rows(x, stride, conv_patch_rows(Ho, Wo, cfg)), cfg)
+    return _quantize_fmap(x)
+
+
+def _conv2d_forward(x, weight, bias, stride, padding, dilation, keep, cfg):
     y = F.conv2d(x, weight, bias, stride, padding, dilation)
     if keep == KEEP_COMPRESSED:
-        q, s = _quantize_fmap(x)
+        q, s = _conv_keep(x, weight, stride, padding, dilation, cfg)
         return y, q, s
     return y, _empty(x, torch.int8), _empty(x, torch.float32)
 
@@ -423,7 +469,7 @@ def _conv2d_forward(x, weight, bias, stride, padding, dilation, keep):
 @torch.library.custom_op("hot::conv2d", mutates_args=())
 def conv2d_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, stride: List[int],
               padding: List[int], dilation: List[int], keep: int, config: int) -> Tuple[Tensor, Tensor, Tensor]:
-    return _conv2d_forward(x, weight, bias, stride, padding, dilation, keep)
+    return _conv2d_forward(x, weight, bias, stride, padding, dilation, keep, config_of(config))
 
 
 @conv2d_op.register_fake
@@ -434,7 +480,11 @@ def _conv2d_fake(x, weight, bias, seed, stride, padding, dilation, keep, config)
     Wo = _conv_out(W, kw, stride[1], padding[1], dilation[1])
     y = x.new_empty((N, O, Ho, Wo))
     if keep == KEEP_COMPRESSED:
-        return y, x.new_empty((N * x.shape[1], H * W), dtype=torch.int8), x.new_empty((1,), dtype=torch.float32)
+        if pointwise((kh, kw), padding):  # the ABC buffer of the N*Ho*Wo pixel rows
+            q_shape = (x.shape[1], padded_k(N * Ho * Wo, config_of(config).rank))
+        else:  # the int8 feature map
+            q_shape = (N * x.shape[1], H * W)
+        return y, x.new_empty(q_shape, dtype=torch.int8), x.new_empty((1,), dtype=torch.float32)
     return y, x.new_empty((0,), dtype=torch.int8), x.new_empty((0,), dtype=torch.float32)
 
 
@@ -517,8 +567,15 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
     CKK = C * kh * kw
     # rows (n, ho, wo), or in 4 x 4 patch order for the projection (a common row order leaves g_y^T X unchanged)
     patches = conv_patch_rows(Ho, Wo, cfg)
-    g = (_patch_split(grad_y.permute(0, 2, 3, 1), 1) if patches else grad_y.permute(0, 2, 3, 1))
-    g = g.reshape(N * P, O).contiguous()
+    g = _pixel_rows(grad_y, (1, 1), patches).contiguous()
+    if pointwise((kh, kw), padding):  # a linear layer over the pixels the kernel reads: no columns, no feature map
+        rows = None
+        if need_gw and x is not None:  # the raw x (exact mode, or kept by its producer: compressed by the core now)
+            rows = _pixel_rows(x, stride, patches).contiguous()
+        grows, gw, gb = _backward_linear(g, weight.reshape(O, C).contiguous(), rows, q, scale, seed, cfg, need_gx,
+                                         need_gw, need_gb, (N * P, C), reuse)
+        gx = _pixel_unrows(grows, x_shape, stride, Ho, Wo, patches) if need_gx else None
+        return gx, gw.reshape(weight.shape) if gw is not None else None, gb
     cols = None
     if need_gw and min(N * P, O, CKK) > 0:  # else _backward_linear gives the zero g_w of empty operands
         if x is not None and not cfg.exact:  # kept as it is because its producer keeps it: the same int8 feature
@@ -590,7 +647,7 @@ class _Conv2dFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, seed, stride, padding, dilation, keep, cfg, reuse):
         y = F.conv2d(x, weight, bias, stride, padding, dilation)
-        q, scale = _quantize_fmap(x) if keep == KEEP_COMPRESSED else (None, None)
+        q, scale = _conv_keep(x, weight, stride, padding, dilation, cfg) if keep == KEEP_COMPRESSED else (None, None)
         _save_eager(ctx, x, weight, bias, q, scale, seed, keep, cfg)
         ctx.geom = (list(stride), list(padding), list(dilation))
         ctx.reuse = reuse

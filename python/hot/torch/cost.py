@@ -420,7 +420,7 @@ class Report:
 
     # ---- rendering ----
     COLUMNS = [("name", "layer"), ("type", "type"), ("LIO", "L x I x O"), ("gx", "g_x path"), ("gw", "g_w path"),
-               ("why", "why"), ("kept_exact", "kept exact"), ("kept_hot", "kept HOT"), ("kept_measured", "kept (hooks)"),
+               ("why", "why"), ("kept_exact", "kept (exact)"), ("kept_hot", "kept (HOT)"), ("kept_measured", "kept (hooks)"),
                ("fp_exact", "exact FLOPs"), ("fp_hot", "HOT float FLOPs"), ("int8", "HOT int8 OPs"),
                ("int4", "HOT int4 OPs"), ("overhead", "HOT overhead ops"), ("gbops_exact", "GBOPs exact"),
                ("gbops_hot", "GBOPs HOT"), ("ms_exact", "bwd ms exact"), ("ms_hot", "bwd ms HOT"),

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, List
+from typing import Any, List, Optional
 
 import torch
 import torch.nn as nn
 
 from . import ops
-from .layers import Linear
+from .layers import Linear, conv_padding
 from .convert import hot_layers
 
 
@@ -45,7 +45,11 @@ def kept_bytes(m: nn.Module):
     for s in shape:
         n *= s
     exact = n * _elt(dtype)
-    hot_b = exact if c.exact else 0 if shared else n + 4
+    pw = getattr(ops, "pointwise", None)
+    if pw is not None and pw(m.kernel_size, conv_padding(m)):  # the ABC buffer of its pixel rows (I = C_in)
+        hot_b = exact if c.exact else 0 if shared else C * ops.padded_k(rows, c.rank) + 4
+    else:  # the int8 input feature map and its scale
+        hot_b = exact if c.exact else 0 if shared else n + 4
     return (hot_b if trainable else 0, exact if trainable else 0, "batch")
 
 
@@ -81,11 +85,21 @@ def summary_rows(model: nn.Module) -> List[dict]:
     return rows
 
 
-def summary(model: nn.Module, input: Any = None, file=None) -> str:
+def summary(model: nn.Module, input: Any = None, file=None, *, cost: bool = False, config=None,
+            format: str = "text", plot: Optional[str] = None, time: Optional[bool] = None) -> str:
     """Print (to ``file``, default stdout) and return a per-layer table of the HOT layers of ``model``:
     weight shape, what the g_x and g_w paths run and why (default, calibrated, LQS, warm-up, given), and bytes kept for
     the backward pass against an exact layer, for ``input`` (run through the model once, no backward)
-    or the last input the model saw; per token (Linear) / per input pixel (Conv2d) if none was seen."""
+    or the last input the model saw; per token (Linear) / per input pixel (Conv2d) if none was seen.
+
+    ``cost=True`` (implied by ``format`` other than "text", ``plot`` or ``config``): the cost report of
+    :mod:`hot.torch.cost` instead, for ``input`` (needed): per layer and in total, exact against the configuration
+    each layer would run (``config``: None, each layer's own; "default"; "paper"; a hot.Config), bytes kept for
+    backward, backward operations by precision and GBOPs as the paper counts them, and on a CUDA device the measured
+    backward time per distinct layer shape (``time``: default on CUDA), with a verdict per layer. ``format``: "text",
+    "markdown" or "csv"; ``plot``: a path for a figure (time or GBOPs, and bytes, per layer; needs matplotlib)."""
+    if cost or format != "text" or plot is not None or config is not None:
+        return _cost_summary(model, input, file, config, format, plot, time)
     if input is not None:
         with torch.no_grad():
             if isinstance(input, (tuple, list)):
@@ -122,5 +136,30 @@ def summary(model: nn.Module, input: Any = None, file=None) -> str:
             lines.append(f"total kept for backward: HOT {_fmt_bytes(tot_h)} vs exact {_fmt_bytes(tot_e)} "
                          f"(ratio {ratio})")
         text = "\n".join(lines)
+    print(text, file=file if file is not None else sys.stdout)
+    return text
+
+
+def _cost_summary(model, input, file, config, format, plot, time) -> str:
+    from . import cost as _cost  # the module (hot.torch.summary is this function)
+
+    if format not in ("text", "markdown", "csv"):
+        raise ValueError(f"hot.torch.summary: format must be 'text', 'markdown' or 'csv', got {format!r}")
+    if input is None:
+        raise ValueError("hot.torch.summary: the cost report (cost=True, format, plot or config) needs an example "
+                         "input, got input=None")
+    if not any(True for _ in hot_layers(model)):
+        text = "hot.torch.summary: no HOT layers (run hot.torch.convert first)"
+        print(text, file=file if file is not None else sys.stdout)
+        return text
+    rep = _cost.report(model, input, config=config, time=time)
+    text = rep.render(format)
+    if plot is not None:
+        why = rep.plot(plot)
+        msg = why if why is not None else f"plot written to {plot}"
+        if format == "csv":  # the CSV stays a CSV
+            print(msg, file=sys.stderr)
+        else:
+            text += "\n" + msg
     print(text, file=file if file is not None else sys.stdout)
     return text

@@ -389,6 +389,8 @@ def _verdict(row: dict) -> str:
     he, hh = row["kept_exact"], row["kept_hot"]
     if he == 0:
         mem = "nothing kept either way"
+    elif hh == 0 and row.get("shared"):
+        mem = "no memory change (its producer keeps the input either way)"
     elif hh == 0:
         mem = "keeps nothing of its own (its producer keeps the input)"
     elif hh < he:
@@ -550,6 +552,7 @@ def report(model: nn.Module, input: Any, config=None, time: Optional[bool] = Non
     tot = dict(kept_exact=0, kept_hot=0, kept_measured=0, fp_exact=0, fp_hot=0, int8=0, int4=0, overhead=0,
                gbops_exact=0, gbops_hot=0, ms_exact=0.0 if timed else None, ms_hot=0.0 if timed else None)
     measured_ok = True
+    shared_exact = 0
     for name, m, calls in traced:
         if not calls:
             continue
@@ -572,7 +575,8 @@ def report(model: nn.Module, input: Any, config=None, time: Optional[bool] = Non
         c0 = calls[0]
         gx, gw = _paths(cfg, c0)
         lio = f"{c0.L}x{c0.I}x{c0.O}" + (f" (x{len(calls)} calls)" if len(calls) > 1 else "")
-        row = dict(name=name, type=type(m).__name__ + ("/1x1" if c0.pointwise else ""), LIO=lio, gx=gx, gw=gw,
+        shared = all(c.shared for c in calls if c.need_gw) and any(c.need_gw for c in calls)
+        row = dict(name=name, shared=shared, type=type(m).__name__ + ("/1x1" if c0.pointwise else ""), LIO=lio, gx=gx, gw=gw,
                    why=why, kept_exact=ke, kept_hot=kh, kept_measured=km if own else None,
                    fp_exact=ex_all.fp, fp_hot=ho_all.fp, int8=ho_all.int8, int4=ho_all.int4,
                    overhead=ho_all.overhead_total, gbops_exact=ex_all.bops, gbops_hot=ho_all.bops,
@@ -584,6 +588,7 @@ def report(model: nn.Module, input: Any, config=None, time: Optional[bool] = Non
                   "gbops_hot"):
             tot[k] += row[k]
         tot["kept_measured"] += km
+        shared_exact += sum(kept_bytes(c, cfg)[1] for c in calls if c.shared and not cfg.exact)
         if timed:
             tot["ms_exact"] += te
             tot["ms_hot"] += th
@@ -591,7 +596,12 @@ def report(model: nn.Module, input: Any, config=None, time: Optional[bool] = Non
         tot["kept_measured"] = None
         notes.append("kept (hooks): measured only for layers whose own configuration is the one reported")
     tot.update(name="total", type="", LIO="", gx="", gw="", why="")
-    tot["verdict"] = _verdict(tot) if rows else ""
+    tot["verdict"] = _verdict(dict(tot, kept_exact=tot["kept_exact"] - shared_exact)) if rows else ""
+    if shared_exact:
+        own = tot["kept_exact"] - shared_exact
+        notes.append(f"{_fmt_bytes(shared_exact)} of the exact total are inputs their producer keeps anyway (a ReLU's "
+                     f"output, an attention output): neither the exact nor the HOT layer adds memory for them (SPEC "
+                     f"§2). What the layers add: exact {_fmt_bytes(own)}, HOT {_fmt_bytes(tot['kept_hot'])}")
     dtypes = {c.dtype for _, _, cs in traced for c in cs}
     notes.append("FLOPs/OPs count 2 per multiply-accumulate; exact backward = 4*L*I*O (g_x and g_w GEMMs); HOT "
                  "overhead = Hadamard transforms, quantisation, dequantisation (fp32); GBOPs = MACs x bits x bits "

@@ -291,3 +291,12 @@ def test_cli_timm_vit_b16(capsys):
     out = capsys.readouterr().out
     assert "blocks.11.mlp.fc2" in out
     assert "197x768x2304" in out  # L = 197 tokens (196 patches + class token)
+
+
+def test_verdict_gives_no_memory_credit_for_an_input_its_producer_keeps():
+    """A layer slower than exact is worth converting only for a real memory saving: none where the producer (a ReLU)
+    keeps the input either way (measured on an H100: ResNet-50's 3x3 convs had said 'convert for memory')."""
+    base = dict(kept_exact=4096, gbops_exact=10.0, gbops_hot=2.0, ms_exact=0.4, ms_hot=4.0)
+    assert cost._verdict(dict(base, kept_hot=0, shared=True)).startswith("keep exact: 0.10x")
+    assert cost._verdict(dict(base, kept_hot=1024, shared=False)).startswith("convert for memory: 0.10x")
+    assert cost._verdict(dict(base, kept_hot=1024, ms_hot=0.2)).startswith("convert: 2.00x faster")

@@ -408,7 +408,7 @@ def _verdict(row: dict) -> str:
     speed = te / th if th > 0 else float("inf")
     if speed >= 1.05:
         return f"convert: {speed:.2f}x faster backward, {mem}"
-    if hh < he:
+    if hh < he and not row.get("shared"):  # a real saving (not an input its producer keeps either way)
         return f"convert for memory: {speed:.2f}x backward time, {mem}"
     return f"keep exact: {speed:.2f}x backward time, {mem}"
 

@@ -6,7 +6,8 @@
 # Needs: the nvidia-cutlass wheel in .whl/ (carried) unless third_party/cutlass is checked out;
 # GoogleTest from the system, else built from /usr/src/googletest or .carry/googletest.
 # Environment knobs: GPU_CHECK_BUDGET_S (default 520): later steps are skipped when it would be exceeded;
-# GPU_CHECK_STEPS (default "build test sanitize bench sm80 profile").
+# GPU_CHECK_STEPS (default "build test sanitize bench sm80 profile"); profile: PROFILE_LAYERS, NCU_SKIP, NCU_COUNT,
+# NCU_SECTIONS (Nsight Compute section names), NCU_LINES.
 set -u
 T0=$(date +%s)
 OUT=${OUT:-$PWD/gpu_out}
@@ -115,8 +116,9 @@ if want profile && [[ -x $BUILD/hot_bench ]] && (( $(left) > 60 )); then
     done
     echo "== ncu"
     HOT_BENCH_LAYERS=${PROFILE_LAYERS:-0} HOT_BENCH_GEMMS=0 timeout $(( $(left) - 30 )) ncu --kernel-name regex:'qgo(16)?_kernel|weight_quant' \
-      --launch-skip ${NCU_SKIP:-8} --launch-count ${NCU_COUNT:-4} --section SpeedOfLight --section Occupancy --section LaunchStats \
-      --section WarpStateStats --section MemoryWorkloadAnalysis $BUILD/hot_bench /dev/null 2>&1 | grep -v "^hot\||" | tail -400
+      --launch-skip ${NCU_SKIP:-8} --launch-count ${NCU_COUNT:-4} \
+      $(printf -- '--section %s ' ${NCU_SECTIONS:-SpeedOfLight Occupancy LaunchStats WarpStateStats MemoryWorkloadAnalysis}) \
+      $BUILD/hot_bench /dev/null 2>&1 | grep -v "^hot\||" | tail -${NCU_LINES:-400}
   } > "$OUT/profile.txt" 2>&1
   note "profile" "done" "profile.txt"
 fi

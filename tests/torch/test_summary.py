@@ -160,23 +160,32 @@ class CNN(nn.Module):
 CASES = [(MLP, lambda: torch.randn(5, 7, 32)), (CNN, lambda: torch.randn(3, 3, 12, 12))]
 
 
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "autocast_bf16"])
 @pytest.mark.parametrize("config", [DEFAULT, PAPER, DEFAULT.replace(rank=4)], ids=["default", "paper", "rank4"])
 @pytest.mark.parametrize("make,inp", CASES, ids=["mlp", "cnn"])
-def test_kept_bytes_are_what_the_hooks_see(make, inp, config):
+def test_kept_bytes_are_what_the_hooks_see(make, inp, config, amp):
     torch.manual_seed(0)
     exact = make()
     model = copy.deepcopy(exact)
     ht.convert(model, config)
     x = inp()
-    rep = cost.report(model, x)
+    # under autocast the layers compute in bf16: the casts of x and W are new tensors both kinds of layer keep
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        rep = cost.report(model, x)
+        hot_seen = _hooked_bytes(model, x, exclude_shared=True)
+        exact_seen = _hooked_bytes(exact, x, exclude_shared=False)
     rows = {r["name"]: r for r in rep.rows}
-    hot_seen = _hooked_bytes(model, x, exclude_shared=True)
-    exact_seen = _hooked_bytes(exact, x, exclude_shared=False)
     assert set(rows) == set(hot_seen)
     for name, r in rows.items():
         assert r["kept_hot"] == hot_seen[name] == r["kept_measured"], name
         assert r["kept_exact"] == exact_seen[name], name
     assert rep.total["kept_hot"] == sum(hot_seen.values())
+    if amp:
+        assert "float GEMMs at bfloat16" in " ".join(rep.notes)
+        if make is CNN:  # fc: its bf16 input (3 x 8) and the bf16 copy of its weight (5 x 8)
+            assert rows["fc"]["kept_exact"] == 3 * 8 * 2 + 5 * 8 * 2
+            assert rows["fc"]["kept_hot"] == 8 * cost.ops.padded_k(3, config.rank) + 4 + 5 * 8 * 2
+        return
     if make is MLP:
         assert rows["fc3"]["kept_hot"] == 0 and rows["fc3"]["kept_exact"] == 35 * 48 * 4  # shared with the ReLU
         assert rows["frozen"]["kept_hot"] == rows["frozen"]["kept_exact"] == 0
@@ -255,6 +264,9 @@ def test_cli_builtin_and_factory(capsys, tmp_path):
     assert main(["summary", "cnn", "--batch", "4", "--format", "csv"]) == 0
     out = capsys.readouterr().out
     assert "name,type,LIO" in out and "\ntotal," in out
+    assert main(["summary", "cnn", "--batch", "4", "--amp", "bf16", "--no-time"]) == 0
+    out = capsys.readouterr().out
+    assert "under bf16 autocast" in out and "float GEMMs at bfloat16" in out
     assert main(["summary", "hot.experiments.models:ViT", "--input-shape", "1,8,8", "--batch", "2", "--paper"]) == 0
     out = capsys.readouterr().out
     assert "int4 tensor" in out and "int8 HLA r=8" in out and "GBOPs" in out

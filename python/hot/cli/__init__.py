@@ -180,10 +180,14 @@ def cmd_summary(args) -> int:
         model(x)
         ht.summary(model)
         return 0
+    amp = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
+    if amp is not None:
+        what += f", under {args.amp} autocast (each layer's GEMMs, kept bytes and timed backward in {args.amp})"
     print(f"{args.model} ({origin}): HOT cost report for {what}, one forward (no backward)")
     print()
-    ht.summary(model, x, cost=True, config=args.config, format=args.format, plot=args.plot,
-               time=None if not args.no_time else False)
+    with torch.autocast(x.device.type, dtype=amp, enabled=amp is not None):
+        ht.summary(model, x, cost=True, config=args.config, format=args.format, plot=args.plot,
+                   time=None if not args.no_time else False)
     return 0
 
 
@@ -243,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "layer; needs matplotlib)")
     s.add_argument("--device", type=torch_device, default="cpu", help="cpu (default) or cuda[:N]: on CUDA the "
                    "report times each distinct layer shape's backward, HOT against exact")
+    s.add_argument("--amp", choices=["off", "bf16", "fp16"], default="off", help="trace the forward under "
+                   "torch.autocast with this dtype (default off: the model's own dtype); the layers' bytes, operation "
+                   "counts and timed backward are then in that dtype, as in mixed-precision training")
     s.add_argument("--no-time", action="store_true", help="no GPU timing")
     s.add_argument("--no-cost", action="store_true", help="only the memory table (the summary before issue 20)")
     s.set_defaults(fn=cmd_summary)

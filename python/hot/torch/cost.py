@@ -182,6 +182,7 @@ class Call:
     geom: Optional[Tuple] = None  # conv: (kernel, stride, padding, dilation)
     bias: bool = False
     measured: int = 0  # bytes its saved tensors add (saved-tensor hooks; parameters, producers' tensors excluded)
+    w_cast: int = 0  # bytes of the weight's autocast copy (a new tensor, kept for backward), 0 without a cast
 
     @property
     def fp_bits(self) -> int:
@@ -202,10 +203,11 @@ def _call_of(m: nn.Module, x: torch.Tensor) -> Optional[Call]:
     need_gx = bool(x.requires_grad and torch.is_grad_enabled())
     need_gw = bool(m.weight.requires_grad and torch.is_grad_enabled())
     bias = m.bias is not None
+    w_cast = m.weight.numel() * torch.empty((), dtype=dt).element_size() if dt != m.weight.dtype else 0
     if isinstance(m, Linear):
         I = m.in_features
         return Call("Linear", int(x.numel() // max(I, 1)), I, m.out_features, need_gx, need_gw, dt, tuple(x.shape),
-                    bias=bias)
+                    bias=bias, w_cast=w_cast)
     xs = x if x.dim() == 4 else x.unsqueeze(0)
     N, C, H, W = xs.shape
     pad = conv_padding(m)
@@ -214,7 +216,7 @@ def _call_of(m: nn.Module, x: torch.Tensor) -> Optional[Call]:
     pw = _pointwise(m)
     return Call("Conv2d", N * ho * wo, C * m.kernel_size[0] * m.kernel_size[1], m.out_channels, need_gx, need_gw, dt,
                 tuple(xs.shape), pointwise=pw, fmap=None if pw else N * C * H * W,
-                geom=(tuple(m.kernel_size), tuple(m.stride), tuple(pad), tuple(m.dilation)), bias=bias)
+                geom=(tuple(m.kernel_size), tuple(m.stride), tuple(pad), tuple(m.dilation)), bias=bias, w_cast=w_cast)
 
 
 def trace(model: nn.Module, input: Any) -> Tuple[List[Tuple[str, nn.Module, List[Call]]], int]:
@@ -280,24 +282,35 @@ def _run(model: nn.Module, input: Any):
     return model(input)
 
 
+def _x_bytes(call: Call) -> int:
+    """Bytes of the layer's input in the dtype it computes in."""
+    n = 1
+    for s in call.x_shape:
+        n *= s
+    return n * torch.empty((), dtype=call.dtype).element_size()
+
+
 def kept_bytes(call: Call, config) -> Tuple[int, int]:
     """(HOT, exact) bytes kept for backward by one call at ``config`` (SPEC §2, §8): nothing for a frozen weight; the
     input for exact; the ABC buffer (int8, ``I x padded_k(L, r)``, plus a 4-byte scale) for a linear layer or a
     pointwise conv (its pixel rows, I = C_in); the int8 input feature map plus its scale for any other conv; nothing
-    beyond its producer's tensor when its input is kept by its producer anyway."""
-    if not call.need_gw:
-        return 0, 0
+    beyond its producer's tensor when its input is kept by its producer anyway. Under autocast both also keep the
+    weight's cast copy: an exact Linear when its input needs a gradient, an exact conv and a HOT layer always."""
+    if not call.need_gw:  # a frozen weight: only the weight's cast copy under autocast, for g_x
+        return (call.w_cast, call.w_cast) if call.need_gx else (0, 0)
     n = 1
     for s in call.x_shape:
         n *= s
-    exact = n * torch.empty((), dtype=call.dtype).element_size()
+    exact = _x_bytes(call)
+    wc_hot = call.w_cast
+    wc_exact = call.w_cast if (call.kind != "Linear" or call.need_gx) else 0
     if config.exact:
-        return exact, exact
+        return exact + wc_exact, exact + wc_exact
     if call.shared:
-        return 0, exact
+        return wc_hot, exact + wc_exact
     if call.kind == "Linear" or call.pointwise:
-        return call.I * ops.padded_k(call.L, config.rank) + 4, exact
-    return n + 4, exact
+        return call.I * ops.padded_k(call.L, config.rank) + 4 + wc_hot, exact + wc_exact
+    return n + 4 + wc_hot, exact + wc_exact
 
 
 def ops_of(call: Call, config) -> Tuple[OpCount, OpCount]:
@@ -335,11 +348,12 @@ def _bench_pair(call: Call, config, device, iters: int = 10, warmup: int = 3) ->
             p_.requires_grad_(call.need_gw)
     x.requires_grad_(call.need_gx)
     out = []
-    for m in (ho, ex):
+    for m in (ho, ex):  # in the layer's dtype itself, whatever autocast state the caller traced under
         g = None
         times = []
         for i in range(warmup + iters):
-            y = m(x)
+            with torch.autocast(device.type, enabled=False):
+                y = m(x)
             if g is None:
                 g = torch.randn_like(y)
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -588,7 +602,7 @@ def report(model: nn.Module, input: Any, config=None, time: Optional[bool] = Non
                   "gbops_hot"):
             tot[k] += row[k]
         tot["kept_measured"] += km
-        shared_exact += sum(kept_bytes(c, cfg)[1] for c in calls if c.shared and not cfg.exact)
+        shared_exact += sum(_x_bytes(c) for c in calls if c.shared and c.need_gw and not cfg.exact)
         if timed:
             tot["ms_exact"] += te
             tot["ms_hot"] += th

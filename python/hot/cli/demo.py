@@ -20,6 +20,9 @@ def _fmt_bytes(b) -> str:
 
 
 def run_demo(args) -> int:
+    from ._extras import require
+
+    require("demo", "demo", "torch", "sklearn")
     import torch
     import torch.nn.functional as F
 

@@ -75,6 +75,9 @@ def _section(title: str, rep, methods, png: str) -> List[str]:
 
 
 def cmd_fidelity(args) -> int:
+    from ._extras import require
+
+    require("fidelity", "demo,analysis", "torch", "sklearn", "matplotlib")  # the digits task; the report's plots
     import torch
     import torch.nn.functional as F
 

@@ -30,6 +30,11 @@ def add_parser(sub) -> None:
 
 
 def cmd_gradnoise(args) -> int:
+    from ._extras import require
+
+    digits = args.task == "digits"  # scikit-learn's digits; every task writes a plot (matplotlib)
+    require("gradnoise", "analysis,demo" if digits else "analysis", "torch", "matplotlib",
+            *(("sklearn",) if digits else ()))
     import torch
 
     import hot

@@ -49,6 +49,11 @@ def add_parser(sub) -> None:
 
 
 def cmd_parity(args) -> int:
+    from ._extras import require
+
+    digits = args.task == "digits"  # scikit-learn's digits; every task writes a plot (matplotlib)
+    require("parity", "analysis,demo" if digits else "analysis", "torch", "matplotlib",
+            *(("sklearn",) if digits else ()))
     import torch
 
     import hot

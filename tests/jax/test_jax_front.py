@@ -344,7 +344,7 @@ def test_gpu_matches_cpu(rng):
 # ---- the Equinox digits example: exact vs HOT ----------------------------------------------------------------------
 
 # Bound on |HOT - exact| test accuracy per seed, in points, after 15 epochs with the same init and batches. Measured
-# (python -m hot.jax.digits --seeds 0 1 2 3 4 5 6 7 8 9 --epochs 15 [--model cnn], CPU, jax 0.10.2): at hot.Config()
+# (python -m hot.experiments.jax_digits --seeds 0 1 2 3 4 5 6 7 8 9 --epochs 15 [--model cnn], CPU, jax 0.10.2): at hot.Config()
 # the difference was 0 on 8 of 10 seeds and +-0.28 (one of the 359 test images) on the other two, for the MLP and for
 # the CNN alike; at hot.Config.paper() it was -0.92 on average and as low as -2.23 (MLP, seed 2), and -0.84 to -1.67
 # on the CNN's seeds 0-5, so this bound separates the two.
@@ -355,7 +355,7 @@ DIGITS_BOUND_POINTS = 1.0
 def test_digits_hot_trains_like_exact(model, seeds):
     pytest.importorskip("equinox")
     pytest.importorskip("sklearn")
-    from hot.jax import digits
+    from hot.experiments import jax_digits as digits
 
     data = digits.load_digits()
     for seed in seeds:
@@ -369,7 +369,7 @@ def test_digits_hot_trains_like_exact(model, seeds):
 def test_digits_rejects_an_unknown_model():
     pytest.importorskip("equinox")
     pytest.importorskip("sklearn")
-    from hot.jax import digits
+    from hot.experiments import jax_digits as digits
 
     with pytest.raises(ValueError, match=r"model must be one of \('mlp', 'cnn'\), got 'resnet'"):
         digits.train(hot.Config(), 0, epochs=1, model="resnet")

@@ -324,6 +324,9 @@ def ops_of(call: Call, config) -> Tuple[OpCount, OpCount]:
 # ------------------------------------------------------------------------------------------------
 # GPU timing
 # ------------------------------------------------------------------------------------------------
+_SLEEP_CYCLES = 4_000_000  # ~2-3 ms at a GPU's clock: longer than the host needs to enqueue one layer's backward
+
+
 def _bench_pair(call: Call, config, device, iters: int = 10, warmup: int = 3) -> Tuple[float, float]:
     """(HOT, exact) median backward time in ms of one layer of ``call``'s shape on ``device`` (CUDA events around
     ``backward`` only; each iteration runs its own forward)."""
@@ -347,6 +350,10 @@ def _bench_pair(call: Call, config, device, iters: int = 10, warmup: int = 3) ->
         for p_ in m.parameters():
             p_.requires_grad_(call.need_gw)
     x.requires_grad_(call.need_gx)
+    # GPU time, not host time: a sleep kernel queued ahead of each timed backward keeps the GPU busy while the host
+    # enqueues it (autograd, the layer's Python), so the events bracket the kernels alone, as bench_hot's do; the
+    # host's share of a layer is a separate cost (benchmarks/profile_step.py)
+    sleep = getattr(torch.cuda, "_sleep", None)
     out = []
     for m in (ho, ex):  # in the layer's dtype itself, whatever autocast state the caller traced under
         g = None
@@ -357,6 +364,9 @@ def _bench_pair(call: Call, config, device, iters: int = 10, warmup: int = 3) ->
             if g is None:
                 g = torch.randn_like(y)
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize(device)
+            if sleep is not None:
+                sleep(_SLEEP_CYCLES)
             a.record()
             y.backward(g)
             b.record()
@@ -628,7 +638,8 @@ def report(model: nn.Module, input: Any, config=None, time: Optional[bool] = Non
     if timed:
         notes.append(f"backward time: median of {iters} runs per distinct layer shape on "
                      f"{torch.cuda.get_device_name(dev)}, HOT vs torch's exact backward (cuBLAS/cuDNN), CUDA events "
-                     f"around backward only")
+                     f"around backward only, GPU time (the host enqueues behind a sleep kernel; its own time per layer "
+                     f"is not included)")
     else:
         notes.append(f"backward time: not measured (the model is on {dev.type}; the timing runs on a CUDA device "
                      f"only): verdicts are from bytes and operation counts")

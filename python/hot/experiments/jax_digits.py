@@ -1,7 +1,7 @@
 """Example: an Equinox MLP (hot.jax.dense) or CNN (hot.jax.conv2d) trained on scikit-learn's digits, exact vs HOT,
 under jax.jit.
 
-    python -m hot.jax.digits --seeds 0 1 2 --epochs 15 [--model cnn]
+    python -m hot.experiments.jax_digits --seeds 0 1 2 --epochs 15 [--model cnn]
 
 Both runs start from the same initial weights and see the same batches in the same order; they differ only in the
 layers' backward: ``hot.Config(exact=True)`` (JAX's own backward) against HOT (default ``hot.Config()``, or
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 try:
     import equinox as eqx
 except ImportError as _e:  # pragma: no cover
-    raise ImportError(f"hot.jax.digits needs equinox ({_e}): pip install equinox") from _e
+    raise ImportError(f"hot.experiments.jax_digits needs equinox ({_e}): pip install equinox") from _e
 
 import hot
 import hot.jax
@@ -150,7 +150,7 @@ def train(config: hot.Config, seed: int = 0, epochs: int = 15, batch: int = 64, 
     ``seed``, so two configs see the same init and the same batches."""
     x_tr, y_tr, x_te, y_te = data if data is not None else load_digits()
     if model not in MODELS:
-        raise ValueError(f"hot.jax.digits.train: model must be one of {MODELS}, got {model!r}")
+        raise ValueError(f"hot.experiments.jax_digits.train: model must be one of {MODELS}, got {model!r}")
     if model == "mlp":
         net = MLP((x_tr.shape[1],) + tuple(hidden) + (10,), config, key=jax.random.key(seed))
     else:
@@ -193,7 +193,7 @@ def train(config: hot.Config, seed: int = 0, epochs: int = 15, batch: int = 64, 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hot.jax.digits", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m hot.experiments.jax_digits", description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--epochs", type=int, default=15)
     p.add_argument("--paper", action="store_true", help="HOT at hot.Config.paper() instead of hot.Config()")

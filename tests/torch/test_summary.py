@@ -310,5 +310,8 @@ def test_verdict_gives_no_memory_credit_for_an_input_its_producer_keeps():
     keeps the input either way (measured on an H100: ResNet-50's 3x3 convs had said 'convert for memory')."""
     base = dict(kept_exact=4096, gbops_exact=10.0, gbops_hot=2.0, ms_exact=0.4, ms_hot=4.0)
     assert cost._verdict(dict(base, kept_hot=0, shared=True)).startswith("keep exact: 0.10x")
+    # under autocast both keep the weight's bf16 copy (512 bytes) beside the input the producer keeps (4096)
+    v = cost._verdict(dict(base, kept_exact=4096 + 512, kept_hot=512, shared=True, shared_bytes=4096))
+    assert v == "keep exact: 0.10x backward time, no memory change (its producer keeps the input either way)"
     assert cost._verdict(dict(base, kept_hot=1024, shared=False)).startswith("convert for memory: 0.10x")
     assert cost._verdict(dict(base, kept_hot=1024, ms_hot=0.2)).startswith("convert: 2.00x faster")

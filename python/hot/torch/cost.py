@@ -411,9 +411,10 @@ def _paths(cfg, call: Call) -> Tuple[str, str]:
 
 def _verdict(row: dict) -> str:
     he, hh = row["kept_exact"], row["kept_hot"]
+    own = he - row.get("shared_bytes", 0)  # what the exact layer keeps beyond an input its producer keeps anyway
     if he == 0:
         mem = "nothing kept either way"
-    elif hh == 0 and row.get("shared"):
+    elif row.get("shared") and hh <= own:  # e.g. both keep only the weight's autocast copy
         mem = "no memory change (its producer keeps the input either way)"
     elif hh == 0:
         mem = "keeps nothing of its own (its producer keeps the input)"
@@ -606,13 +607,14 @@ def report(model: nn.Module, input: Any, config=None, time: Optional[bool] = Non
                    overhead=ho_all.overhead_total, gbops_exact=ex_all.bops, gbops_hot=ho_all.bops,
                    ms_exact=te if timed else None, ms_hot=th if timed else None,
                    ops_hot=ho_all, ops_exact=ex_all)
+        row["shared_bytes"] = sum(_x_bytes(c) for c in calls if c.shared and c.need_gw and not cfg.exact)
         row["verdict"] = _verdict(row)
         rows.append(row)
         for k in ("kept_exact", "kept_hot", "fp_exact", "fp_hot", "int8", "int4", "overhead", "gbops_exact",
                   "gbops_hot"):
             tot[k] += row[k]
         tot["kept_measured"] += km
-        shared_exact += sum(_x_bytes(c) for c in calls if c.shared and c.need_gw and not cfg.exact)
+        shared_exact += row["shared_bytes"]
         if timed:
             tot["ms_exact"] += te
             tot["ms_hot"] += th

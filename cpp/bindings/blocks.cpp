@@ -94,6 +94,34 @@ void register_blocks(py::module_& m) {
       py::arg("q"), py::arg("scale"), py::arg("out"), py::arg("dtype"), py::arg("stream"));
 
   m.def(
+      "col2im",
+      [](py::handle cols, py::handle out, std::vector<int64_t> nchw, std::vector<int> kernel, std::vector<int> stride,
+         std::vector<int> padding, std::vector<int> dilation, bool patches, int64_t stream) {
+        const char* op = "col2im";
+        const auto pair = [op](const std::vector<int>& v, const char* name) {
+          HOT_CHECK_VALUE(v.size() == 2, op, ": ", name, " needs 2 values (height, width), got ", v.size());
+        };
+        HOT_CHECK_VALUE(nchw.size() == 4, op, ": x_shape needs 4 values (N, C, H, W), got ", nchw.size());
+        pair(kernel, "kernel"), pair(stride, "stride"), pair(padding, "padding"), pair(dilation, "dilation");
+        OpContext ctx(op, stream);
+        hot::TensorView cv = nonempty(ctx.input(cols, "cols", hotpy::kFloat), op, "cols");
+        hot::ConvGeometry g;
+        g.N = nchw[0], g.C = nchw[1], g.H = nchw[2], g.W = nchw[3];
+        g.kh = kernel[0], g.kw = kernel[1], g.sh = stride[0], g.sw = stride[1];
+        g.ph = padding[0], g.pw = padding[1], g.dh = dilation[0], g.dw = dilation[1];
+        g.patches = patches;
+        hot::TensorView o;
+        py::object r = output(ctx, out, "out", hotpy::kFloat, cv.dtype, {g.N * g.C, g.H * g.W}, o);
+        {
+          py::gil_scoped_release nogil;
+          hot::col2im(cv, g, o, ctx.stream());
+        }
+        return r;
+      },
+      py::arg("cols"), py::arg("out"), py::arg("x_shape"), py::arg("kernel"), py::arg("stride"), py::arg("padding"),
+      py::arg("dilation"), py::arg("patches"), py::arg("stream"));
+
+  m.def(
       "pack_int4",
       [](py::handle q, py::handle packed, int64_t stream) {
         const char* op = "pack_int4";

@@ -154,6 +154,35 @@ void dequantize(const TensorView& q, const TensorView& scale, const TensorView& 
   HOT_DISPATCH(q.device, dequantize, q, scale, out, stream);
 }
 
+int64_t ConvGeometry::out_h() const { return (H + 2 * ph - static_cast<int64_t>(dh) * (kh - 1) - 1) / sh + 1; }
+int64_t ConvGeometry::out_w() const { return (W + 2 * pw - static_cast<int64_t>(dw) * (kw - 1) - 1) / sw + 1; }
+bool ConvGeometry::overlapping() const {
+  return sh < static_cast<int64_t>(dh) * (kh - 1) + 1 || sw < static_cast<int64_t>(dw) * (kw - 1) + 1;
+}
+
+void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out, Stream stream) {
+  const char* op = "col2im";
+  HOT_CHECK_VALUE(g.N >= 0 && g.C >= 0 && g.H >= 0 && g.W >= 0, op, ": input shape (", g.N, ", ", g.C, ", ", g.H,
+                  ", ", g.W, ") has a negative size");
+  HOT_CHECK_VALUE(g.kh >= 1 && g.kw >= 1 && g.sh >= 1 && g.sw >= 1 && g.dh >= 1 && g.dw >= 1 && g.ph >= 0 && g.pw >= 0,
+                  op, ": kernel (", g.kh, ", ", g.kw, "), stride (", g.sh, ", ", g.sw, ") and dilation (", g.dh, ", ",
+                  g.dw, ") must be >= 1 and padding (", g.ph, ", ", g.pw, ") >= 0");
+  const int64_t Ho = g.out_h(), Wo = g.out_w();
+  HOT_CHECK_VALUE(Ho >= 1 && Wo >= 1, op, ": an input of ", g.H, " x ", g.W, " with kernel (", g.kh, ", ", g.kw,
+                  "), padding (", g.ph, ", ", g.pw, ") and dilation (", g.dh, ", ", g.dw, ") has no output pixel");
+  HOT_CHECK_VALUE(!g.patches || (Ho % 4 == 0 && Wo % 4 == 0), op,
+                  ": patch order needs an output map whose sides are multiples of 4, got ", Ho, " x ", Wo);
+  check_float_matrix(op, "cols", cols);
+  check_float_matrix(op, "out", out);
+  HOT_CHECK_SHAPE(op, "cols", cols, (std::vector<int64_t>{g.N * Ho * Wo, g.C * g.kh * g.kw}));
+  HOT_CHECK_SHAPE(op, "out", out, (std::vector<int64_t>{g.N * g.C, g.H * g.W}));
+  HOT_CHECK_DTYPE(op, "out", out, out.dtype == cols.dtype, dtype_name(cols.dtype));
+  HOT_CHECK_VALUE(out.strides[0] == g.H * g.W, op, ": out must be a contiguous (N, C, H, W) map (row stride ",
+                  g.H * g.W, "), got row stride ", out.strides[0]);
+  HOT_CHECK_SAME_DEVICE(op, "cols", cols, "out", out);
+  HOT_DISPATCH(cols.device, col2im, cols, g, out, stream);
+}
+
 void pack_int4(const TensorView& q, const TensorView& packed, Stream stream) {
   const char* op = "pack_int4";
   check_typed_matrix(op, "q", q, DType::s8);

@@ -289,6 +289,32 @@ def dequantize(q, scale, dtype="float32"):
     return c.result(out, c.call(_C.dequantize, q, scale, out, name, c.stream), s)
 
 
+def _pair(op, name, v, lo):
+    t = (v, v) if _is_int(v) else tuple(v) if isinstance(v, (tuple, list)) else None
+    if t is None or len(t) != 2 or not all(_is_int(e) for e in t):
+        raise TypeError(f"{op}: {name} must be an int or a pair of ints, got {v!r}")
+    if min(t) < lo:
+        raise ValueError(f"{op}: {name} must be >= {lo}, got {v!r}")
+    return int(t[0]), int(t[1])
+
+
+def col2im(cols, x_shape, kernel, stride=1, padding=0, dilation=1, patches: bool = False):
+    """The adjoint of im2col (SPEC §8): cols ((N*Ho*Wo) x (C*kh*kw), float; rows (n, ho, wo), or 4 x 4 patch order
+    (n, ho // 4, wo // 4, ho % 4, wo % 4) with ``patches``; columns (c, i, j), ``F.unfold``'s layout transposed)
+    summed onto the (N, C, H, W) input map ``x_shape`` they were read from, in cols' dtype: each pixel's
+    contributions added in float32 in kernel-offset order and rounded once (one contribution taken as it is where
+    windows cannot overlap). Deterministic and the same bits on every backend."""
+    op = "col2im"
+    cols = _prep(cols)
+    c = _Call(op, cols=cols)
+    _need_ndim(op, "cols", cols, 2, 2)
+    if not isinstance(x_shape, (tuple, list)) or len(x_shape) != 4 or not all(_is_int(v) and v >= 0 for v in x_shape):
+        raise ValueError(f"{op}: x_shape must be (N, C, H, W) of non-negative ints, got {x_shape!r}")
+    geom = (_pair(op, "kernel", kernel, 1), _pair(op, "stride", stride, 1), _pair(op, "padding", padding, 0),
+            _pair(op, "dilation", dilation, 1))
+    return _col2im(c, cols, tuple(int(v) for v in x_shape), *geom, bool(patches))
+
+
 def pack_int4(q):
     """Packs int8 values in [-8, 7] two per byte (SPEC §5): uint8 (..., C/2)."""
     op = "pack_int4"
@@ -513,6 +539,15 @@ def _compress(c: _Call, x, xs, config):
     if q is None:  # hot allocated them: the caller's framework imports them
         q, scale = c.result(None, core.q), c.result(None, core.scale)
     return q, scale, core
+
+
+def _col2im(c: _Call, cols, x_shape, kernel, stride, padding, dilation, patches: bool):
+    """col2im of a 2-D cols array: the (N, C, H, W) map of c's framework."""
+    N, C, H, W = x_shape
+    out = c.empty_as((N * C, H * W), cols)
+    r = c.call(_C.col2im, cols, out, list(x_shape), list(kernel), list(stride), list(padding), list(dilation),
+               patches, c.stream)
+    return c.fw.reshape(c.result(out, r), (N, C, H, W))
 
 
 def _quantize_weight(c: _Call, w, ws, config) -> QuantizedWeight:

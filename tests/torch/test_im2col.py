@@ -114,3 +114,26 @@ def test_patch_order_is_a_row_permutation_and_col2im_its_adjoint(geom, device):
 def test_patch_order_needs_sides_that_are_multiples_of_4():
     with pytest.raises(ValueError, match=r"multiples of 4, got 9 x 9"):
         im2col(torch.zeros(1, 1, 9, 9), (3, 3), (1, 1), (1, 1), (1, 1), patches=True)
+
+
+def test_public_col2im_on_numpy_equals_the_torch_front_and_names_bad_arguments():
+    """hot.col2im is the engine's op for any DLPack framework: on numpy it gives the torch front's bytes, and bad
+    geometry is an error naming the argument."""
+    import numpy as np
+
+    import hot
+
+    N, C, H, W = 2, 3, 9, 8
+    g = torch.Generator().manual_seed(5)
+    cols = torch.randn(N * 5 * 4, C * 9, generator=g)  # 3x3, stride 2, padding 1 -> 5 x 4 outputs
+    out_np = hot.col2im(cols.numpy(), (N, C, H, W), 3, stride=2, padding=1)
+    assert isinstance(out_np, np.ndarray) and out_np.shape == (N, C, H, W) and out_np.dtype == np.float32
+    assert np.array_equal(out_np, col2im(cols, (N, C, H, W), (3, 3), (2, 2), (1, 1), (1, 1)).numpy())
+    with pytest.raises(ValueError, match="col2im: cols has shape"):
+        hot.col2im(cols.numpy()[:, :-1], (N, C, H, W), 3, stride=2, padding=1)
+    with pytest.raises(ValueError, match="col2im: padding must be >= 0"):
+        hot.col2im(cols.numpy(), (N, C, H, W), 3, stride=2, padding=-1)
+    with pytest.raises(TypeError, match="col2im: kernel must be an int or a pair of ints"):
+        hot.col2im(cols.numpy(), (N, C, H, W), (3, 3, 3))
+    with pytest.raises(ValueError, match="col2im: x_shape must be"):
+        hot.col2im(cols.numpy(), (N, C, H), 3)

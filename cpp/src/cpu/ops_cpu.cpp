@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "conv_rules.h"
 #include "cpu/convert.h"
 #include "cpu/fwht.h"
 #include "cpu/parallel.h"
@@ -171,6 +172,21 @@ void dequantize(const TensorView& q, const TensorView& scale, const TensorView& 
       const int8_t* qr = q.ptr<int8_t>() + r * q.strides[0];
       const float s = sc[per_row ? r : 0];
       for (int64_t c = 0; c < C; ++c) buf[c] = static_cast<float>(qr[c]) * s;
+      store_row(out, r, buf.data());
+    }
+  });
+}
+
+void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out, Stream) {
+  const Col2imParams p = col2im_params(g);
+  const int64_t ld = cols.strides[0];
+  const auto get = [&](int64_t r, int64_t c) { return load_float(cols.data, cols.dtype, r * ld + c); };
+  parallel_for(g.N * g.C, row_grain(g.H * g.W), [&](int64_t r0, int64_t r1) {
+    std::vector<float> buf(static_cast<size_t>(g.H * g.W));
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t n = r / g.C, c = r % g.C;
+      for (int64_t h = 0; h < g.H; ++h)
+        for (int64_t w = 0; w < g.W; ++w) buf[h * g.W + w] = col2im_pixel(p, n, c, h, w, get);
       store_row(out, r, buf.data());
     }
   });

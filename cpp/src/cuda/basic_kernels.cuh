@@ -7,6 +7,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "conv_rules.h"
 #include "fwht.cuh"
 #include "hot/quant_rules.h"
 #include "hot/rng.h"
@@ -132,6 +133,23 @@ __global__ void dequantize_kernel(Mat<const int8_t> q, const float* scale, bool 
   }
 }
 
+// col2im (conv_rules.h): one thread per input pixel and channel, the channel fastest, so that a warp's reads of one
+// kernel offset fall in one im2col row (columns c*kh*kw + i*kw + j, kh*kw elements apart) rather than in 32 rows.
+template <typename T>
+__global__ void col2im_kernel(const T* __restrict__ cols, int64_t ld, Col2imParams p, T* __restrict__ out) {
+  const int64_t n_out = p.N * p.C * p.H * p.W;
+  const auto get = [&](int64_t r, int64_t c) { return load_f(cols + r * ld + c); };
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n_out;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = e % p.C;
+    int64_t t = e / p.C;
+    const int64_t w = t % p.W;
+    t /= p.W;
+    const int64_t h = t % p.H, n = t / p.H;
+    store_f(out + ((n * p.C + c) * p.H + h) * p.W + w, col2im_pixel(p, n, c, h, w, get));
+  }
+}
+
 // q: R x C s8, packed: bytes with row stride ldb (bytes); C even.
 __global__ void pack_int4_kernel(Mat<const int8_t> q, uint8_t* packed, int64_t ldb) {
   const int64_t half = q.cols / 2;
@@ -236,6 +254,12 @@ void dequantize_launch(const TensorView& q, const TensorView& scale, const Tenso
   const bool per_row = !(scale.shape[0] == 1 && q.shape[0] != 1);
   launch(dequantize_kernel<T>, dim3(grid_1d(q.numel(), kBasicThreads)), kBasicThreads, 0, mat<const int8_t>(q),
          static_cast<const float*>(scale.data), per_row, mat<T>(out));
+}
+
+template <typename T, typename Launch>
+void col2im_launch(const TensorView& cols, const ConvGeometry& g, const TensorView& out, const Launch& launch) {
+  launch(col2im_kernel<T>, dim3(grid_1d(out.numel(), kBasicThreads)), kBasicThreads, 0,
+         static_cast<const T*>(cols.data), cols.strides[0], col2im_params(g), static_cast<T*>(out.data));
 }
 
 template <typename Launch>

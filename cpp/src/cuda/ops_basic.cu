@@ -1,5 +1,5 @@
 // Building-block operations of the CUDA backend: Hadamard transform, HLA projection, quantise /
-// dequantise, int4 packing and the bias gradient. The kernels and launch sequences are in basic_kernels.cuh;
+// dequantise, int4 packing, col2im and the bias gradient. The kernels and launch sequences are in basic_kernels.cuh;
 // here each operation takes the inputs' device, its scratch (stream-ordered) and the caller's stream.
 #include "basic_kernels.cuh"
 
@@ -37,6 +37,12 @@ void dequantize(const TensorView& q, const TensorView& scale, const TensorView& 
   DeviceGuard dg(q.device.index);
   dispatch_float(out.dtype, "dequantize",
                  [&](auto t) { dequantize_launch<decltype(t)>(q, scale, out, StreamLaunch{to_cuda(st)}); });
+}
+
+void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out, Stream st) {
+  DeviceGuard dg(cols.device.index);
+  dispatch_float(cols.dtype, "col2im",
+                 [&](auto t) { col2im_launch<decltype(t)>(cols, g, out, StreamLaunch{to_cuda(st)}); });
 }
 
 void pack_int4(const TensorView& q, const TensorView& packed, Stream st) {

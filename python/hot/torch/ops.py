@@ -531,31 +531,16 @@ def im2col(x: Tensor, kernel, stride, padding, dilation, patches: bool = False) 
 
 
 def col2im(cols: Tensor, x_shape, kernel, stride, padding, dilation, patches: bool = False) -> Tensor:
-    """The adjoint of :func:`im2col`: sums the (N*Ho*Wo) x (C*kh*kw) matrix back onto an (N, C, H, W) tensor
-    (``F.fold``). Windows that do not overlap (stride >= dilated kernel extent, e.g. a patch embedding or a 1x1
-    conv) are one strided copy; overlapping ones are kh*kw strided adds, accumulated in float32 for 16-bit
-    dtypes and rounded once. patches: cols' rows are in :func:`im2col`'s patch order."""
+    """The adjoint of :func:`im2col` (``F.fold``): the (N*Ho*Wo) x (C*kh*kw) matrix summed back onto an (N, C, H, W)
+    tensor by the engine (``hot.col2im``: each pixel's contributions in float32, kernel-offset order, rounded once;
+    one gather pass on the GPU). patches: cols' rows are in :func:`im2col`'s patch order."""
     N, C, H, W = x_shape
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
-    Ho, Wo = _conv_out(H, kh, sh, ph, dh), _conv_out(W, kw, sw, pw, dw)
-    g6 = cols.reshape(N, Ho, Wo, C, kh, kw)
-    if patches:  # g6[n, ho, wo] = row (n, ho // 4, wo // 4, ho % 4, wo % 4) of cols, as a view
-        g6 = cols.reshape(N, Ho // 4, Wo // 4, 4, 4, C, kh, kw).permute(0, 1, 3, 2, 4, 5, 6, 7)
-    overlap = sh < dh * (kh - 1) + 1 or sw < dw * (kw - 1) + 1
-    acc = torch.float32 if overlap and cols.dtype in (torch.float16, torch.bfloat16) else cols.dtype
-    out = cols.new_zeros((N, C, H + 2 * ph, W + 2 * pw), dtype=acc)
-    win = _windows(out, Ho, Wo, kernel, stride, dilation)
-    if patches:
-        win = win.unflatten(2, (Wo // 4, 4)).unflatten(1, (Ho // 4, 4))
-    if not overlap:
-        win.copy_(g6)
-    else:
-        for i in range(kh):
-            for j in range(kw):
-                win[..., i, j] += g6[..., i, j]  # one window offset: no element twice within this add
-    if ph or pw:
-        out = out[:, :, ph:ph + H, pw:pw + W]
-    return out.to(cols.dtype).contiguous()
+    if cols.numel() == 0 or N * C * H * W == 0:  # the engine refuses empty arrays: nothing to sum
+        return cols.new_zeros((N, C, H, W))
+    if not cols.is_contiguous():
+        cols = cols.contiguous()
+    return _api._col2im(_call("col2im", cols), cols, (N, C, H, W), tuple(kernel), tuple(stride), tuple(padding),
+                        tuple(dilation), patches)
 
 
 def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, stride, padding, dilation, cfg, need_gx,

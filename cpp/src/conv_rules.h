@@ -1,0 +1,51 @@
+// The col2im rule (SPEC §8), shared by the CPU backend and the CUDA kernel so that both add the same values in the
+// same order: pixel (n, c, h, w) of the input map receives column (c, i, j) of every im2col row (n, ho, wo) that read
+// it, kernel offsets in (i, j) order, summed in fp32 from zero (or taken as it is where windows cannot overlap, so
+// a pixel has at most one contribution).
+#pragma once
+
+#include <cstdint>
+
+#include "hot/ops.h"
+#include "hot/rng.h"  // HOT_HD
+
+namespace hot {
+
+// A ConvGeometry flattened for device code, with its derived sizes.
+struct Col2imParams {
+  int64_t N, C, H, W, Ho, Wo;
+  int kh, kw, sh, sw, ph, pw, dh, dw;
+  bool patches, overlap;
+};
+
+inline Col2imParams col2im_params(const ConvGeometry& g) {
+  return Col2imParams{g.N,  g.C,  g.H,  g.W,  g.out_h(), g.out_w(), g.kh,      g.kw,           g.sh,
+                      g.sw, g.ph, g.pw, g.dh, g.dw,      g.patches, g.overlapping()};
+}
+
+// Row of the im2col matrix for output pixel (n, ho, wo): raster, or 4 x 4 patch order.
+HOT_HD int64_t im2col_row(const Col2imParams& p, int64_t n, int64_t ho, int64_t wo) {
+  if (!p.patches) return (n * p.Ho + ho) * p.Wo + wo;
+  return (((n * (p.Ho / 4) + ho / 4) * (p.Wo / 4) + wo / 4) * 4 + ho % 4) * 4 + wo % 4;
+}
+
+// The value of input pixel (n, c, h, w); get(row, col) reads cols as fp32.
+template <class Get>
+HOT_HD float col2im_pixel(const Col2imParams& p, int64_t n, int64_t c, int64_t h, int64_t w, const Get& get) {
+  float acc = 0.0f;
+  bool any = false;
+  for (int i = 0; i < p.kh; ++i) {
+    const int64_t hp = h + p.ph - static_cast<int64_t>(i) * p.dh;
+    if (hp < 0 || hp % p.sh != 0 || hp / p.sh >= p.Ho) continue;
+    for (int j = 0; j < p.kw; ++j) {
+      const int64_t wp = w + p.pw - static_cast<int64_t>(j) * p.dw;
+      if (wp < 0 || wp % p.sw != 0 || wp / p.sw >= p.Wo) continue;
+      const float v = get(im2col_row(p, n, hp / p.sh, wp / p.sw), (c * p.kh + i) * p.kw + j);
+      acc = (any || p.overlap) ? acc + v : v;
+      any = true;
+    }
+  }
+  return acc;
+}
+
+}  // namespace hot

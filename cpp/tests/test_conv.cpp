@@ -1,0 +1,130 @@
+// col2im (SPEC §8) on the CPU backend against an independent scatter formulation: a zero fp32 map to which each
+// kernel offset's window of the columns is added in turn (i, then j), as a framework's fold would do it, so that
+// every pixel receives the same fp32 additions in the same order and the results are equal bit for bit; plus a
+// float64 bound and the argument checks.
+#include "test_util.h"
+
+#include <cmath>
+#include <vector>
+
+using namespace hot_test;
+
+namespace {
+
+struct Geom {
+  int64_t N, C, H, W;
+  int kh, kw, sh, sw, ph, pw, dh, dw;
+  bool patches;
+};
+
+hot::ConvGeometry to_core(const Geom& g) {
+  hot::ConvGeometry c;
+  c.N = g.N, c.C = g.C, c.H = g.H, c.W = g.W, c.kh = g.kh, c.kw = g.kw, c.sh = g.sh, c.sw = g.sw;
+  c.ph = g.ph, c.pw = g.pw, c.dh = g.dh, c.dw = g.dw, c.patches = g.patches;
+  return c;
+}
+
+int64_t row_of(const Geom& g, int64_t Ho, int64_t Wo, int64_t n, int64_t ho, int64_t wo) {
+  if (!g.patches) return (n * Ho + ho) * Wo + wo;
+  return (((n * (Ho / 4) + ho / 4) * (Wo / 4) + wo / 4) * 4 + ho % 4) * 4 + wo % 4;
+}
+
+// Scatter: padded fp32 map, window (i, j) added for every output pixel; the first add of a non-overlapping geometry
+// is a copy (as a fold that copies where windows do not overlap).
+std::vector<float> scatter_ref(const Geom& g, const HostTensor& cols, std::vector<double>* f64,
+                               std::vector<double>* abs_sum) {
+  const hot::ConvGeometry cg = to_core(g);
+  const int64_t Ho = cg.out_h(), Wo = cg.out_w(), Hp = g.H + 2 * g.ph, Wp = g.W + 2 * g.pw;
+  const bool overlap = cg.overlapping();
+  std::vector<float> map(static_cast<size_t>(g.N * g.C * Hp * Wp), 0.0f);
+  std::vector<double> m64(map.size(), 0.0), a64(map.size(), 0.0);
+  std::vector<int> seen(map.size(), 0);
+  for (int i = 0; i < g.kh; ++i)
+    for (int j = 0; j < g.kw; ++j)
+      for (int64_t n = 0; n < g.N; ++n)
+        for (int64_t c = 0; c < g.C; ++c)
+          for (int64_t ho = 0; ho < Ho; ++ho)
+            for (int64_t wo = 0; wo < Wo; ++wo) {
+              const int64_t hp = ho * g.sh + i * g.dh, wp = wo * g.sw + j * g.dw;
+              const size_t k = static_cast<size_t>(((n * g.C + c) * Hp + hp) * Wp + wp);
+              const float v = cols.getf(row_of(g, Ho, Wo, n, ho, wo), (c * g.kh + i) * g.kw + j);
+              map[k] = (seen[k] || overlap) ? map[k] + v : v;
+              seen[k] = 1;
+              m64[k] += v;
+              a64[k] += std::fabs(v);
+            }
+  std::vector<float> out(static_cast<size_t>(g.N * g.C * g.H * g.W));
+  f64->assign(out.size(), 0.0);
+  abs_sum->assign(out.size(), 0.0);
+  for (int64_t r = 0; r < g.N * g.C; ++r)
+    for (int64_t h = 0; h < g.H; ++h)
+      for (int64_t w = 0; w < g.W; ++w) {
+        const size_t src = static_cast<size_t>((r * Hp + h + g.ph) * Wp + w + g.pw);
+        out[static_cast<size_t>((r * g.H + h) * g.W + w)] = map[src];
+        (*f64)[static_cast<size_t>((r * g.H + h) * g.W + w)] = m64[src];
+        (*abs_sum)[static_cast<size_t>((r * g.H + h) * g.W + w)] = a64[src];
+      }
+  return out;
+}
+
+const std::vector<Geom> kGeoms = {
+    {2, 3, 7, 9, 3, 3, 1, 1, 1, 1, 1, 1, false},   // ResNet 3x3, padding 1
+    {2, 5, 9, 8, 3, 3, 2, 2, 1, 1, 1, 1, false},   // strided 3x3 (overlapping)
+    {1, 4, 8, 8, 2, 2, 2, 2, 0, 0, 1, 1, false},   // patch embedding: windows do not overlap
+    {2, 3, 9, 7, 1, 1, 2, 2, 0, 0, 1, 1, false},   // 1x1 stride 2: pixels no window reads
+    {1, 2, 11, 10, 3, 2, 1, 2, 2, 1, 2, 3, false},  // dilation, mixed sides
+    {2, 3, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1, true},    // 4 x 4 patch row order
+    {1, 2, 5, 5, 7, 7, 1, 1, 3, 3, 1, 1, false},   // kernel larger than half the map
+};
+
+}  // namespace
+
+TEST(Cpu_Col2im, EqualsScatterAndFloat64Bound) {
+  uint64_t seed = 900;
+  for (const Geom& g : kGeoms)
+    for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+      const hot::ConvGeometry cg = to_core(g);
+      const int64_t L = g.N * cg.out_h() * cg.out_w(), K = g.C * g.kh * g.kw;
+      HostTensor cols = host_from(dt, L, K, randn(static_cast<size_t>(L * K), seed++), K + 3);  // a row stride
+      HostTensor out = HostTensor::make2d(dt, g.N * g.C, g.H * g.W);
+      hot::col2im(cols, cg, out);
+      std::vector<double> f64, asum;
+      const std::vector<float> ref = scatter_ref(g, cols, &f64, &asum);
+      HostTensor ref_t = host_from(dt, g.N * g.C, g.H * g.W, ref);
+      const int terms = g.kh * g.kw;  // at most one contribution per kernel offset
+      for (int64_t r = 0; r < g.N * g.C; ++r)
+        for (int64_t p = 0; p < g.H * g.W; ++p) {
+          ASSERT_EQ(f32_bits(out.getf(r, p)), f32_bits(ref_t.getf(r, p)))
+              << dtype_name(dt) << " geometry " << (&g - kGeoms.data()) << " pixel " << r << "," << p;
+          // fp32 summation of at most kh*kw terms (error <= (terms - 1) 2^-24 sum |v|), then one rounding to the
+          // dtype (unit roundoff u of it, relative to the result)
+          const size_t i = static_cast<size_t>(r * g.H * g.W + p);
+          const double u = dt == DType::f32 ? 0x1p-24 : dt == DType::bf16 ? 0x1p-8 : 0x1p-11;
+          const double sum_err = (terms - 1) * 0x1p-24 * asum[i];
+          EXPECT_LE(std::fabs(out.getf(r, p) - f64[i]), sum_err + u * (std::fabs(f64[i]) + sum_err) + 1e-30);
+        }
+    }
+}
+
+TEST(Cpu_Col2im, RefusesBadArguments) {
+  hot::ConvGeometry g;
+  g.N = 1, g.C = 2, g.H = 4, g.W = 4, g.kh = 3, g.kw = 3, g.ph = 1, g.pw = 1;
+  HostTensor cols = HostTensor::make2d(DType::f32, 16, 18), out = HostTensor::make2d(DType::f32, 2, 16);
+  EXPECT_NO_THROW(hot::col2im(cols, g, out));
+  HostTensor bad_cols = HostTensor::make2d(DType::f32, 16, 17);
+  EXPECT_THROW(hot::col2im(bad_cols, g, out), hot::Error);
+  HostTensor bad_dtype = HostTensor::make2d(DType::bf16, 2, 16);
+  EXPECT_THROW(hot::col2im(cols, g, bad_dtype), hot::Error);
+  hot::ConvGeometry neg = g;
+  neg.ph = -1;
+  EXPECT_THROW(hot::col2im(cols, neg, out), hot::Error);
+  hot::ConvGeometry patches = g;
+  patches.H = 5, patches.W = 5, patches.patches = true;  // a 5 x 5 output map is not made of 4 x 4 patches
+  HostTensor c5 = HostTensor::make2d(DType::f32, 25, 18), o5 = HostTensor::make2d(DType::f32, 2, 25);
+  try {
+    hot::col2im(c5, patches, o5);
+    ADD_FAILURE() << "no error";
+  } catch (const hot::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiples of 4"), std::string::npos) << e.what();
+  }
+}

@@ -1,5 +1,5 @@
 // The col2im rule (SPEC §8), shared by the CPU backend and the CUDA kernel so that both add the same values in the
-// same order: pixel (n, c, h, w) of the input map receives column (c, i, j) of every im2col row (n, ho, wo) that read
+// same order: pixel (n, c, h, w) of the input map receives column (i, j, c) of every im2col row (n, ho, wo) that read
 // it, kernel offsets in (i, j) order, summed in fp32 from zero (or taken as it is where windows cannot overlap, so
 // a pixel has at most one contribution).
 #pragma once
@@ -40,7 +40,7 @@ HOT_HD float col2im_pixel(const Col2imParams& p, int64_t n, int64_t c, int64_t h
     for (int j = 0; j < p.kw; ++j) {
       const int64_t wp = w + p.pw - static_cast<int64_t>(j) * p.dw;
       if (wp < 0 || wp % p.sw != 0 || wp / p.sw >= p.Wo) continue;
-      const float v = get(im2col_row(p, n, hp / p.sh, wp / p.sw), (c * p.kh + i) * p.kw + j);
+      const float v = get(im2col_row(p, n, hp / p.sh, wp / p.sw), (static_cast<int64_t>(i) * p.kw + j) * p.C + c);
       acc = (any || p.overlap) ? acc + v : v;
       any = true;
     }

@@ -174,7 +174,7 @@ void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out
                   ": patch order needs an output map whose sides are multiples of 4, got ", Ho, " x ", Wo);
   check_float_matrix(op, "cols", cols);
   check_float_matrix(op, "out", out);
-  HOT_CHECK_SHAPE(op, "cols", cols, (std::vector<int64_t>{g.N * Ho * Wo, g.C * g.kh * g.kw}));
+  HOT_CHECK_SHAPE(op, "cols", cols, (std::vector<int64_t>{g.N * Ho * Wo, g.kh * g.kw * g.C}));
   HOT_CHECK_SHAPE(op, "out", out, (std::vector<int64_t>{g.N * g.C, g.H * g.W}));
   HOT_CHECK_DTYPE(op, "out", out, out.dtype == cols.dtype, dtype_name(cols.dtype));
   HOT_CHECK_VALUE(out.strides[0] == g.H * g.W, op, ": out must be a contiguous (N, C, H, W) map (row stride ",

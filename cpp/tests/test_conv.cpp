@@ -47,7 +47,7 @@ std::vector<float> scatter_ref(const Geom& g, const HostTensor& cols, std::vecto
             for (int64_t wo = 0; wo < Wo; ++wo) {
               const int64_t hp = ho * g.sh + i * g.dh, wp = wo * g.sw + j * g.dw;
               const size_t k = static_cast<size_t>(((n * g.C + c) * Hp + hp) * Wp + wp);
-              const float v = cols.getf(row_of(g, Ho, Wo, n, ho, wo), (c * g.kh + i) * g.kw + j);
+              const float v = cols.getf(row_of(g, Ho, Wo, n, ho, wo), (static_cast<int64_t>(i) * g.kw + j) * g.C + c);
               map[k] = (seen[k] || overlap) ? map[k] + v : v;
               seen[k] = 1;
               m64[k] += v;

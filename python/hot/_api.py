@@ -299,8 +299,8 @@ def _pair(op, name, v, lo):
 
 
 def col2im(cols, x_shape, kernel, stride=1, padding=0, dilation=1, patches: bool = False):
-    """The adjoint of im2col (SPEC §8): cols ((N*Ho*Wo) x (C*kh*kw), float; rows (n, ho, wo), or 4 x 4 patch order
-    (n, ho // 4, wo // 4, ho % 4, wo % 4) with ``patches``; columns (c, i, j), ``F.unfold``'s layout transposed)
+    """The adjoint of im2col (SPEC §8): cols ((N*Ho*Wo) x (kh*kw*C), float; rows (n, ho, wo), or 4 x 4 patch order
+    (n, ho // 4, wo // 4, ho % 4, wo % 4) with ``patches``; columns (i, j, c): each kernel offset's channels together)
     summed onto the (N, C, H, W) input map ``x_shape`` they were read from, in cols' dtype: each pixel's
     contributions added in float32 in kernel-offset order and rounded once (one contribution taken as it is where
     windows cannot overlap). Deterministic and the same bits on every backend."""

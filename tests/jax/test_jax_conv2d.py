@@ -37,9 +37,11 @@ def _reference(x, w, b, gy, seed, config, stride, padding, dilation):
     q, s = hot.quantize(x.reshape(N * C, H * W), bits=8, scale="tensor", rounding="nearest")
     xf = torch.from_numpy(hot.dequantize(q, s, dtype="float32").reshape(N, C, H, W))
     cols = tops.im2col(xf, (kh, kw), stride, padding, dilation, patches).numpy()
-    gcols, gw, gb = hot.backward_linear(g, w.reshape(O, -1), cols, bias=b is not None, config=config, seed=seed)
+    wc = tops.conv_weight_cols(torch.from_numpy(w)).numpy()  # (O, kh*kw*C): im2col's (i, j, c) column order
+    gcols, gw, gb = hot.backward_linear(g, wc, cols, bias=b is not None, config=config, seed=seed)
     gx = tops.col2im(torch.from_numpy(gcols), (N, C, H, W), (kh, kw), stride, padding, dilation, patches).numpy()
-    return [gx, gw.reshape(w.shape)] + ([gb] if b is not None else [])
+    gw = tops.conv_weight_from_cols(torch.from_numpy(gw), w.shape).numpy()
+    return [gx, gw] + ([gb] if b is not None else [])
 
 
 def _grads(x, w, b, gy, key, config, stride, padding, dilation, jit=True):

@@ -1,4 +1,5 @@
-"""hot.torch.ops.im2col / col2im against torch's F.unfold / F.fold over conv geometries: im2col is pure data
+"""hot.torch.ops.im2col / col2im against torch's F.unfold / F.fold over conv geometries (columns in hot's (i, j, c)
+order, F.unfold's (c, i, j) permuted): im2col is pure data
 movement (exactly equal); col2im equals F.fold exactly where windows do not overlap and within float32 summation
 error where they do (16-bit dtypes accumulate in float32, as F.fold does)."""
 import pytest
@@ -24,10 +25,19 @@ IDS = [f"N{g[0]}C{g[1]}_{g[2]}x{g[3]}_k{g[4]}x{g[5]}_s{g[6][0]}{g[6][1]}_p{g[7][
        for g in GEOMS]
 
 
+def _cij_to_ijc(cols, C, k):
+    """Columns in F.unfold's (c, i, j) order -> hot's (i, j, c) order."""
+    return cols.reshape(cols.shape[0], C, k[0], k[1]).permute(0, 2, 3, 1).reshape(cols.shape[0], -1)
+
+
+def _ijc_to_cij(cols, C, k):
+    return cols.reshape(cols.shape[0], k[0], k[1], C).permute(0, 3, 1, 2).reshape(cols.shape[0], -1)
+
+
 def _unfold_ref(x, k, s, p, d):
-    N = x.shape[0]
-    u = F.unfold(x, k, dilation=d, padding=p, stride=s)  # N x CKK x P
-    return u.transpose(1, 2).reshape(N * u.shape[2], u.shape[1])
+    N, C = x.shape[:2]
+    u = F.unfold(x, k, dilation=d, padding=p, stride=s)  # N x CKK x P, columns (c, i, j)
+    return _cij_to_ijc(u.transpose(1, 2).reshape(N * u.shape[2], u.shape[1]), C, k)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -57,9 +67,10 @@ def test_col2im_equals_fold(geom, dtype, device):
     g = torch.Generator().manual_seed(L + CKK)
     cols = torch.randn(L, CKK, generator=g).to(dtype).to(device)
     out = col2im(cols, (N, C, H, W), (kh, kw), s, p, d)
-    # reference in float64 from the same (rounded) inputs
+    # reference in float64 from the same (rounded) inputs, in F.fold's (c, i, j) column order
     P = L // N
-    ref = F.fold(cols.double().reshape(N, P, CKK).transpose(1, 2), (H, W), (kh, kw), dilation=d, padding=p, stride=s)
+    cf = _ijc_to_cij(cols.double(), C, (kh, kw))
+    ref = F.fold(cf.reshape(N, P, CKK).transpose(1, 2), (H, W), (kh, kw), dilation=d, padding=p, stride=s)
     assert out.dtype == dtype and out.shape == (N, C, H, W) and out.is_contiguous()
     overlap = s[0] < d[0] * (kh - 1) + 1 or s[1] < d[1] * (kw - 1) + 1
     if not overlap:
@@ -67,7 +78,7 @@ def test_col2im_equals_fold(geom, dtype, device):
     else:
         # float32 sums of at most kh*kw terms, then one rounding to dtype
         terms = kh * kw
-        mag = F.fold(cols.double().abs().reshape(N, P, CKK).transpose(1, 2), (H, W), (kh, kw), dilation=d,
+        mag = F.fold(cf.abs().reshape(N, P, CKK).transpose(1, 2), (H, W), (kh, kw), dilation=d,
                      padding=p, stride=s)
         eps_out = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}[dtype]
         bound = terms * 2.0 ** -24 * mag + eps_out * ref.abs() + 1e-30
@@ -137,3 +148,25 @@ def test_public_col2im_on_numpy_equals_the_torch_front_and_names_bad_arguments()
         hot.col2im(cols.numpy(), (N, C, H, W), (3, 3, 3))
     with pytest.raises(ValueError, match="col2im: x_shape must be"):
         hot.col2im(cols.numpy(), (N, C, H), 3)
+
+
+@pytest.mark.parametrize("config", ["default", "paper", "token"])
+def test_column_order_permutes_the_gradients_bit_for_bit(config):
+    """SPEC §8: hot's (i, j, c) column order and F.unfold's (c, i, j) give the same g_x columns, g_w and g_b, permuted,
+    bit for bit (a common column permutation changes no product, scale or random number)."""
+    import hot
+    from hot.torch import ops as tops
+
+    cfg = {"default": hot.Config(), "paper": hot.Config.paper(), "token": hot.Config(gx_scale="token")}[config]
+    g = torch.Generator().manual_seed(3)
+    N, C, H, W, O, k = 2, 5, 9, 7, 12, 3
+    x, w = torch.randn(N, C, H, W, generator=g), torch.randn(O, C, k, k, generator=g)
+    cols = im2col(x, (k, k), (1, 1), (1, 1), (1, 1))
+    L = cols.shape[0]
+    gy = torch.randn(L, O, generator=g).numpy()
+    a = hot.backward_linear(gy, w.reshape(O, -1).numpy(), _ijc_to_cij(cols, C, (k, k)).contiguous().numpy(),
+                            bias=True, config=cfg, seed=7)
+    b = hot.backward_linear(gy, tops.conv_weight_cols(w).numpy(), cols.numpy(), bias=True, config=cfg, seed=7)
+    assert torch.equal(torch.from_numpy(a[0]), _ijc_to_cij(torch.from_numpy(b[0]), C, (k, k)))
+    assert torch.equal(torch.from_numpy(a[1]), tops.conv_weight_from_cols(torch.from_numpy(b[1]), w.shape).reshape(O, -1))
+    assert torch.equal(torch.from_numpy(a[2]), torch.from_numpy(b[2]))

@@ -58,7 +58,7 @@ void gemm_s4s4s32(const TensorView& a, const TensorView& b, const TensorView& c,
 // Geometry of a 2-D convolution over an (N, C, H, W) input with a kh x kw kernel (SPEC §8): strides, zero padding and
 // dilation per side. The output map is Ho x Wo; the im2col matrix has N*Ho*Wo rows (n, ho, wo) in raster order, or
 // with `patches` in 4 x 4 spatial patch order (n, ho / 4, wo / 4, ho % 4, wo % 4; Ho and Wo multiples of 4), and
-// C*kh*kw columns (c, i, j).
+// kh*kw*C columns (i, j, c): each kernel offset's channels contiguous (the weight as an (O, kh, kw, C) matrix).
 struct ConvGeometry {
   int64_t N = 0, C = 0, H = 0, W = 0;
   int kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
@@ -69,7 +69,7 @@ struct ConvGeometry {
   bool overlapping() const;
 };
 // col2im, the adjoint of im2col: out (N*C x H*W, row-major: the (N, C, H, W) map) = the columns of `cols` (N*Ho*Wo x
-// C*kh*kw, float) summed onto the input pixels they were read from. Each pixel's contributions are added in fp32 in
+// kh*kw*C, float) summed onto the input pixels they were read from. Each pixel's contributions are added in fp32 in
 // kernel-offset order (i, then j) starting from zero and rounded once to out's dtype (cols' dtype); where windows do
 // not overlap a pixel takes its one contribution as it is. Deterministic: no atomics, the same bits on every backend.
 void col2im(const TensorView& cols, const ConvGeometry& geometry, const TensorView& out, Stream stream = {});

@@ -134,7 +134,7 @@ __global__ void dequantize_kernel(Mat<const int8_t> q, const float* scale, bool 
 }
 
 // col2im (conv_rules.h): one thread per input pixel and channel, the channel fastest, so that a warp's reads of one
-// kernel offset fall in one im2col row (columns c*kh*kw + i*kw + j, kh*kw elements apart) rather than in 32 rows.
+// kernel offset are consecutive columns (i*kw + j)*C + c of one im2col row: whole sectors, each read once.
 template <typename T>
 __global__ void col2im_kernel(const T* __restrict__ cols, int64_t ld, Col2imParams p, T* __restrict__ out) {
   const int64_t n_out = p.N * p.C * p.H * p.W;

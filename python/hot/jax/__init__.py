@@ -278,17 +278,17 @@ def _raster_rows(t, Ho, Wo):
 
 
 def im2col(x, kernel, stride, padding, dilation, patches=False):
-    """The im2col matrix of x (N, C, H, W): (N*Ho*Wo) x (C*kh*kw), rows (n, ho, wo) (or 4 x 4 patch order with
-    ``patches``), columns (c, i, j): the layout of ``hot.torch.ops.im2col``, from slices of x (exact in any dtype)."""
+    """The im2col matrix of x (N, C, H, W): (N*Ho*Wo) x (kh*kw*C), rows (n, ho, wo) (or 4 x 4 patch order with
+    ``patches``), columns (i, j, c): the layout of ``hot.torch.ops.im2col``, from slices of x (exact in any dtype)."""
     N, C, H, W = x.shape
     (kh, kw), (ph, pw) = kernel, padding
     Ho, Wo = _conv_out(H, kh, stride[0], ph, dilation[0]), _conv_out(W, kw, stride[1], pw, dilation[1])
     xp = jnp.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else x
     win = jnp.stack([xp[idx] for _, _, idx in _window_slices(H, W, Ho, Wo, kernel, stride, dilation)], axis=-1)
-    win = jnp.transpose(win.reshape(N, C, Ho, Wo, kh, kw), (0, 2, 3, 1, 4, 5))  # (N, Ho, Wo, C, kh, kw)
+    win = jnp.transpose(win.reshape(N, C, Ho, Wo, kh, kw), (0, 2, 3, 4, 5, 1))  # (N, Ho, Wo, kh, kw, C)
     if patches:
         win = _patch_rows(win, Ho, Wo)
-    return win.reshape(N * Ho * Wo, C * kh * kw)
+    return win.reshape(N * Ho * Wo, kh * kw * C)
 
 
 def col2im(cols, x_shape, kernel, stride, padding, dilation, patches=False):
@@ -298,10 +298,10 @@ def col2im(cols, x_shape, kernel, stride, padding, dilation, patches=False):
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
     Ho, Wo = _conv_out(H, kh, sh, ph, dh), _conv_out(W, kw, sw, pw, dw)
     if patches:
-        g6 = _raster_rows(cols.reshape(N, Ho // 4, Wo // 4, 4, 4, C, kh, kw), Ho, Wo)
+        g6 = _raster_rows(cols.reshape(N, Ho // 4, Wo // 4, 4, 4, kh, kw, C), Ho, Wo)
     else:
-        g6 = cols.reshape(N, Ho, Wo, C, kh, kw)
-    g6 = jnp.transpose(g6, (0, 3, 1, 2, 4, 5))  # (N, C, Ho, Wo, kh, kw)
+        g6 = cols.reshape(N, Ho, Wo, kh, kw, C)
+    g6 = jnp.transpose(g6, (0, 5, 1, 2, 3, 4))  # (N, C, Ho, Wo, kh, kw)
     overlap = sh < dh * (kh - 1) + 1 or sw < dw * (kw - 1) + 1
     acc = jnp.float32 if overlap and cols.dtype in (jnp.float16, jnp.bfloat16) else cols.dtype
     out = jnp.zeros((N, C, H + 2 * ph, W + 2 * pw), acc)
@@ -388,14 +388,14 @@ def _conv2d_fn(code: int, stride, padding, dilation, x_hw, x_dtype, w_dtype, b_d
         xf = q.astype(jnp.float32) * scale[0]  # hot.dequantize
         xf = xf.reshape(N, C, H, W)
         cols = im2col(xf, (kh, kw), stride, padding, dilation, patches)
-        outs = [jax.ShapeDtypeStruct(cols.shape, x_dtype), jax.ShapeDtypeStruct((O, C * kh * kw), w_dtype)]
+        outs = [jax.ShapeDtypeStruct(cols.shape, x_dtype), jax.ShapeDtypeStruct((O, kh * kw * C), w_dtype)]
         if bias:
             outs.append(jax.ShapeDtypeStruct((O,), b_dtype))
         call = jax.ffi.ffi_call("hot_backward_linear_x_bias" if bias else "hot_backward_linear_x", tuple(outs),
                                 vmap_method="sequential")
-        res = call(g, w.reshape(O, C * kh * kw), cols, seed, **attrs)
+        res = call(g, jnp.transpose(w, (0, 2, 3, 1)).reshape(O, kh * kw * C), cols, seed, **attrs)
         gx = col2im(res[0], (N, C, H, W), (kh, kw), stride, padding, dilation, patches)
-        gw = res[1].reshape(w.shape)
+        gw = jnp.transpose(res[1].reshape(O, kh, kw, C), (0, 3, 1, 2))
         return (gx, gw, res[2] if bias else None, None)
 
     @jax.custom_vjp

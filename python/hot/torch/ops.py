@@ -489,11 +489,12 @@ def _conv2d_fake(x, weight, bias, seed, stride, padding, dilation, keep, config)
 
 
 def _windows(t: Tensor, Ho: int, Wo: int, kernel, stride, dilation) -> Tensor:
-    """The (N, Ho, Wo, C, kh, kw) strided view of the conv windows of a (padded) (N, C, H, W) tensor."""
-    N, C = t.shape[:2]
+    """The (N, Ho, Wo, kh, kw, C) strided view of the conv windows of a (padded) map t indexed (N, H, W, C) (any
+    strides: a channels-last map makes the channels of each window contiguous)."""
+    N, C = t.shape[0], t.shape[3]
     (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
-    sN, sC, sH, sW = t.stride()
-    return t.as_strided((N, Ho, Wo, C, kh, kw), (sN, sH * sh, sW * sw, sC, sH * dh, sW * dw), t.storage_offset())
+    sN, sH, sW, sC = t.stride()
+    return t.as_strided((N, Ho, Wo, kh, kw, C), (sN, sH * sh, sW * sw, sH * dh, sW * dw, sC), t.storage_offset())
 
 
 def _patch_split(t: Tensor, dim: int) -> Tensor:
@@ -512,26 +513,39 @@ def conv_patch_rows(Ho: int, Wo: int, config) -> bool:
 
 
 def im2col(x: Tensor, kernel, stride, padding, dilation, patches: bool = False) -> Tensor:
-    """The im2col matrix of a conv2d input x (N, C, H, W): (N*Ho*Wo) x (C*kh*kw), row-major, rows in (n, ho, wo)
-    order and columns in (c, i, j) order (``F.unfold``'s layout, transposed): one strided view and one copy
-    (the pad, if any, is a second); a 1x1 stride-1 conv of a channels-last x needs no copy. patches: rows in 4 x 4
-    patch order instead, (n, ho // 4, wo // 4, ho % 4, wo % 4) (Ho and Wo multiples of 4; the same one copy)."""
+    """The im2col matrix of a conv2d input x (N, C, H, W): (N*Ho*Wo) x (kh*kw*C), row-major, rows in (n, ho, wo)
+    order and columns in (i, j, c) order (SPEC §8: each kernel offset's channels contiguous; the weight as
+    (O, kh, kw, C)): one strided view and one copy (the pad, if any, is a second); contiguous reads from a
+    channels-last x. patches: rows in 4 x 4 patch order instead, (n, ho // 4, wo // 4, ho % 4, wo % 4) (Ho and Wo
+    multiples of 4; the same one copy)."""
     N, C, H, W = x.shape
     (kh, kw), (ph, pw) = kernel, padding
     Ho = _conv_out(H, kh, stride[0], ph, dilation[0])
     Wo = _conv_out(W, kw, stride[1], pw, dilation[1])
     if patches and (Ho % 4 or Wo % 4):
         raise ValueError(f"im2col: patch order needs an output map whose sides are multiples of 4, got {Ho} x {Wo}")
+    xh = x.permute(0, 2, 3, 1)  # (N, H, W, C), a view
     if ph or pw:
-        x = F.pad(x, (pw, pw, ph, ph))
-    win = _windows(x, Ho, Wo, kernel, stride, dilation)
+        xh = F.pad(xh, (0, 0, pw, pw, ph, ph))
+    win = _windows(xh, Ho, Wo, kernel, stride, dilation)
     if patches:
         win = _patch_split(win, 1)
-    return win.reshape(N * Ho * Wo, C * kh * kw).contiguous()
+    return win.reshape(N * Ho * Wo, kh * kw * C).contiguous()
+
+
+def conv_weight_cols(weight: Tensor) -> Tensor:
+    """A conv weight (O, C, kh, kw) as the (O, kh*kw*C) matrix of :func:`im2col`'s column order."""
+    return weight.permute(0, 2, 3, 1).reshape(weight.shape[0], -1).contiguous()
+
+
+def conv_weight_from_cols(gw: Tensor, shape) -> Tensor:
+    """The inverse of :func:`conv_weight_cols`: an (O, kh*kw*C) matrix as an (O, C, kh, kw) tensor."""
+    O, C, kh, kw = shape
+    return gw.reshape(O, kh, kw, C).permute(0, 3, 1, 2).contiguous()
 
 
 def col2im(cols: Tensor, x_shape, kernel, stride, padding, dilation, patches: bool = False) -> Tensor:
-    """The adjoint of :func:`im2col` (``F.fold``): the (N*Ho*Wo) x (C*kh*kw) matrix summed back onto an (N, C, H, W)
+    """The adjoint of :func:`im2col`: the (N*Ho*Wo) x (kh*kw*C) matrix summed back onto an (N, C, H, W)
     tensor by the engine (``hot.col2im``: each pixel's contributions in float32, kernel-offset order, rounded once;
     one gather pass on the GPU). patches: cols' rows are in :func:`im2col`'s patch order."""
     N, C, H, W = x_shape
@@ -568,16 +582,18 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
             x = None
         if x is not None:
             xf = x
-        else:
-            xf = hot.dequantize(q.detach(), scale.detach(), dtype=torch.float32).reshape(N, C, H, W)
-        cols = im2col(xf, (kh, kw), stride, padding, dilation, patches)  # N*P x CKK
-    gcols, gw, gb = _backward_linear(g, weight.reshape(O, CKK).contiguous(), cols, None, None, seed, cfg, need_gx,
+        else:  # dequantised channels-last (the int8 map permuted first: a quarter of the bytes), so that
+            qh = q.detach().reshape(N, C, H, W).permute(0, 2, 3, 1).reshape(N * H * W, C)  # im2col reads
+            xf = hot.dequantize(qh.contiguous(), scale.detach(), dtype=torch.float32)    # whole channel runs
+            xf = xf.reshape(N, H, W, C).permute(0, 3, 1, 2)
+        cols = im2col(xf, (kh, kw), stride, padding, dilation, patches)  # N*P x CKK, columns (i, j, c)
+    gcols, gw, gb = _backward_linear(g, conv_weight_cols(weight), cols, None, None, seed, cfg, need_gx,
                                      need_gw, need_gb, (N * P, CKK), reuse)
     gx = None
     if need_gx:
         gx = col2im(gcols, (N, C, H, W), (kh, kw), stride, padding, dilation, patches)
     if gw is not None:
-        gw = gw.reshape(weight.shape)
+        gw = conv_weight_from_cols(gw, weight.shape)
     return gx, gw, gb
 
 

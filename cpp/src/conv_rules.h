@@ -29,18 +29,31 @@ HOT_HD int64_t im2col_row(const Col2imParams& p, int64_t n, int64_t ho, int64_t 
   return (((n * (p.Ho / 4) + ho / 4) * (p.Wo / 4) + wo / 4) * 4 + ho % 4) * 4 + wo % 4;
 }
 
-// The value of input pixel (n, c, h, w); get(row, col) reads cols as fp32.
+// The value of input pixel (n, c, h, w); get(row, col) reads cols as fp32. The per-offset index arithmetic is 32-bit
+// (sizes of one map side; checked by hot::col2im) with a division-free path for unit strides: integer division,
+// 64-bit above all, costs tens of instructions on a GPU, and this runs kh*kw times per pixel.
 template <class Get>
-HOT_HD float col2im_pixel(const Col2imParams& p, int64_t n, int64_t c, int64_t h, int64_t w, const Get& get) {
+HOT_HD float col2im_pixel(const Col2imParams& p, int64_t n, int64_t c, int h, int w, const Get& get) {
   float acc = 0.0f;
   bool any = false;
+  const int Ho = static_cast<int>(p.Ho), Wo = static_cast<int>(p.Wo);
   for (int i = 0; i < p.kh; ++i) {
-    const int64_t hp = h + p.ph - static_cast<int64_t>(i) * p.dh;
-    if (hp < 0 || hp % p.sh != 0 || hp / p.sh >= p.Ho) continue;
+    int ho = h + p.ph - i * p.dh;
+    if (ho < 0) continue;
+    if (p.sh != 1) {
+      if (ho % p.sh != 0) continue;
+      ho /= p.sh;
+    }
+    if (ho >= Ho) continue;
     for (int j = 0; j < p.kw; ++j) {
-      const int64_t wp = w + p.pw - static_cast<int64_t>(j) * p.dw;
-      if (wp < 0 || wp % p.sw != 0 || wp / p.sw >= p.Wo) continue;
-      const float v = get(im2col_row(p, n, hp / p.sh, wp / p.sw), (static_cast<int64_t>(i) * p.kw + j) * p.C + c);
+      int wo = w + p.pw - j * p.dw;
+      if (wo < 0) continue;
+      if (p.sw != 1) {
+        if (wo % p.sw != 0) continue;
+        wo /= p.sw;
+      }
+      if (wo >= Wo) continue;
+      const float v = get(im2col_row(p, n, ho, wo), (static_cast<int64_t>(i) * p.kw + j) * p.C + c);
       acc = (any || p.overlap) ? acc + v : v;
       any = true;
     }

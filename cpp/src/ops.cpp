@@ -167,6 +167,12 @@ void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out
   HOT_CHECK_VALUE(g.kh >= 1 && g.kw >= 1 && g.sh >= 1 && g.sw >= 1 && g.dh >= 1 && g.dw >= 1 && g.ph >= 0 && g.pw >= 0,
                   op, ": kernel (", g.kh, ", ", g.kw, "), stride (", g.sh, ", ", g.sw, ") and dilation (", g.dh, ", ",
                   g.dw, ") must be >= 1 and padding (", g.ph, ", ", g.pw, ") >= 0");
+  constexpr int64_t kMax32 = 0x3fffffff;  // the per-pixel index arithmetic is 32-bit (conv_rules.h)
+  HOT_CHECK_VALUE(g.H + 2 * g.ph <= kMax32 && g.W + 2 * g.pw <= kMax32 && g.C * g.W <= kMax32 &&
+                      static_cast<int64_t>(g.kh) * g.kw * g.C <= kMax32 &&
+                      static_cast<int64_t>(g.dh) * g.kh <= kMax32 && static_cast<int64_t>(g.dw) * g.kw <= kMax32,
+                  op, ": map sides, C * W, kh * kw * C and dilated kernel sides must stay below 2^30, got (N, C, H, W) = (",
+                  g.N, ", ", g.C, ", ", g.H, ", ", g.W, ") and kernel (", g.kh, ", ", g.kw, ")");
   const int64_t Ho = g.out_h(), Wo = g.out_w();
   HOT_CHECK_VALUE(Ho >= 1 && Wo >= 1, op, ": an input of ", g.H, " x ", g.W, " with kernel (", g.kh, ", ", g.kw,
                   "), padding (", g.ph, ", ", g.pw, ") and dilation (", g.dh, ", ", g.dw, ") has no output pixel");

@@ -185,8 +185,8 @@ void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out
     std::vector<float> buf(static_cast<size_t>(g.H * g.W));
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t n = r / g.C, c = r % g.C;
-      for (int64_t h = 0; h < g.H; ++h)
-        for (int64_t w = 0; w < g.W; ++w) buf[h * g.W + w] = col2im_pixel(p, n, c, h, w, get);
+      for (int h = 0; h < static_cast<int>(g.H); ++h)
+        for (int w = 0; w < static_cast<int>(g.W); ++w) buf[h * g.W + w] = col2im_pixel(p, n, c, h, w, get);
       store_row(out, r, buf.data());
     }
   });

@@ -139,13 +139,13 @@ template <typename T>
 __global__ void col2im_kernel(const T* __restrict__ cols, int64_t ld, Col2imParams p, T* __restrict__ out) {
   const int64_t n_out = p.N * p.C * p.H * p.W;
   const auto get = [&](int64_t r, int64_t c) { return load_f(cols + r * ld + c); };
+  const int64_t cw = p.C * p.W;  // one row (n, h) of the channels-last order
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n_out;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t c = e % p.C;
-    int64_t t = e / p.C;
-    const int64_t w = t % p.W;
-    t /= p.W;
-    const int64_t h = t % p.H, n = t / p.H;
+    const int64_t nh = e / cw;  // the one 64-bit division; the rest in 32 bits (hot::col2im checks the sizes)
+    const int r = static_cast<int>(e - nh * cw), w = r / static_cast<int>(p.C), c = r - w * static_cast<int>(p.C);
+    const int h = static_cast<int>(nh % p.H);
+    const int64_t n = nh / p.H;
     store_f(out + ((n * p.C + c) * p.H + h) * p.W + w, col2im_pixel(p, n, c, h, w, get));
   }
 }

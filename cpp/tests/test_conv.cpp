@@ -128,3 +128,68 @@ TEST(Cpu_Col2im, RefusesBadArguments) {
     EXPECT_NE(std::string(e.what()).find("multiples of 4"), std::string::npos) << e.what();
   }
 }
+
+// backward_linear from an im2col source (an int8 map kept channels-last and its scale) against the raw-x overload
+// with the float32 im2col matrix formed here independently: equal bit for bit, in one call and chunked (L past
+// gw_chunk_rows at rank 16: each chunk's rows compressed on their own in both), raster and patch row order.
+TEST(Cpu_BackwardLinear, Im2colSourceEqualsTheFormedMatrix) {
+  struct Case {
+    Geom g;
+    int rank;
+  };
+  const std::vector<Case> cases = {{{2, 3, 7, 9, 3, 3, 1, 1, 1, 1, 1, 1, false}, 16},
+                                   {{2, 5, 9, 8, 3, 3, 2, 2, 1, 1, 1, 1, false}, 8},
+                                   {{2, 3, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1, true}, 8},
+                                   {{1, 1, 366, 366, 3, 3, 1, 1, 1, 1, 1, 1, false}, 16}};  // 133,956 rows: chunked
+  uint64_t seed = 990;
+  for (const Case& cs : cases) {
+    const Geom& g = cs.g;
+    const hot::ConvGeometry cg = to_core(g);
+    const int64_t Ho = cg.out_h(), Wo = cg.out_w(), L = g.N * Ho * Wo, I = int64_t{g.kh} * g.kw * g.C, O = 4;
+    std::vector<int64_t> qv(static_cast<size_t>(g.N * g.H * g.W * g.C));
+    std::mt19937_64 rng(seed++);
+    for (auto& v : qv) v = static_cast<int64_t>(rng() % 255) - 127;
+    HostTensor q = host_from_int(DType::s8, g.N * g.H * g.W, g.C, qv);
+    HostTensor s = HostTensor::make1d(DType::f32, 1);
+    s.setf(0, 0.0311f);
+    // the im2col matrix, columns (i, j, c), rows raster or 4 x 4 patch order
+    HostTensor x = HostTensor::make2d(DType::f32, L, I);
+    for (int64_t n = 0; n < g.N; ++n)
+      for (int64_t ho = 0; ho < Ho; ++ho)
+        for (int64_t wo = 0; wo < Wo; ++wo)
+          for (int i = 0; i < g.kh; ++i)
+            for (int j = 0; j < g.kw; ++j)
+              for (int64_t c = 0; c < g.C; ++c) {
+                const int64_t h = ho * g.sh - g.ph + i * g.dh, w = wo * g.sw - g.pw + j * g.dw;
+                float v = 0.0f;
+                if (h >= 0 && h < g.H && w >= 0 && w < g.W)
+                  v = static_cast<float>(qv[static_cast<size_t>(((n * g.H + h) * g.W + w) * g.C + c)]) * 0.0311f;
+                x.setf(row_of(g, Ho, Wo, n, ho, wo), (i * g.kw + j) * g.C + c, v);
+              }
+    HostTensor gy = host_from(DType::f32, L, O, randn(static_cast<size_t>(L * O), seed++));
+    HostTensor w = host_from(DType::f32, O, I, randn(static_cast<size_t>(O * I), seed++, 0.1f));
+    hot::Config cfg;
+    cfg.rank = cs.rank;
+    HostTensor gx1 = HostTensor::make2d(DType::f32, L, I), gx2 = gx1, gw1 = HostTensor::make2d(DType::f32, O, I),
+               gw2 = gw1, gb1 = HostTensor::make1d(DType::f32, O), gb2 = gb1;
+    hot::backward_linear(gy, w, x.view(), cfg, 77, {gx1, gw1, gb1});
+    hot::backward_linear(gy, w, hot::Im2colSource{q, s, cg}, cfg, 77, {gx2, gw2, gb2});
+    for (int64_t o = 0; o < O; ++o) {
+      EXPECT_EQ(f32_bits(gb1.getf(o)), f32_bits(gb2.getf(o)));
+      for (int64_t c = 0; c < I; ++c) ASSERT_EQ(f32_bits(gw1.getf(o, c)), f32_bits(gw2.getf(o, c))) << o << "," << c;
+    }
+    for (int64_t r = 0; r < L; r += 97)
+      for (int64_t c = 0; c < I; ++c) ASSERT_EQ(f32_bits(gx1.getf(r, c)), f32_bits(gx2.getf(r, c)));
+  }
+  // a source that does not match the operands is refused, naming it
+  const Geom g{1, 2, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, false};
+  HostTensor q = HostTensor::make2d(DType::s8, 16, 2), s = HostTensor::make1d(DType::f32, 1);
+  HostTensor gy = HostTensor::make2d(DType::f32, 16, 4), w = HostTensor::make2d(DType::f32, 4, 17);
+  HostTensor gw = HostTensor::make2d(DType::f32, 4, 17);
+  try {
+    hot::backward_linear(gy, w, hot::Im2colSource{q, s, to_core(g)}, hot::Config{}, 1, {TensorView{}, gw, TensorView{}});
+    ADD_FAILURE() << "no error";
+  } catch (const hot::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("im2col matrix of x is 16 x 18"), std::string::npos) << e.what();
+  }
+}

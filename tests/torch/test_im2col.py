@@ -170,3 +170,43 @@ def test_column_order_permutes_the_gradients_bit_for_bit(config):
     assert torch.equal(torch.from_numpy(a[0]), _ijc_to_cij(torch.from_numpy(b[0]), C, (k, k)))
     assert torch.equal(torch.from_numpy(a[1]), tops.conv_weight_from_cols(torch.from_numpy(b[1]), w.shape).reshape(O, -1))
     assert torch.equal(torch.from_numpy(a[2]), torch.from_numpy(b[2]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("config", ["default", "paper"])
+@pytest.mark.parametrize("geom", [(2, 3, 9, 8, 3, 1, 1), (2, 4, 8, 8, 3, 2, 1), (1, 2, 8, 8, 3, 1, 1)],
+                         ids=["3x3", "3x3s2", "patches"])
+def test_conv_backward_from_the_int8_map_equals_the_float_columns(geom, config, device):
+    """A converted Conv2d's g_w operand is its int8 map handed to the core (the columns formed inside the compression
+    kernel): its gradients equal, bit for bit, hot.backward_linear on the float32 im2col matrix of the dequantised
+    map (hot.torch.ops.im2col), with col2im of the column gradient."""
+    import hot
+    import hot.torch as ht
+    from hot.torch import ops as tops
+
+    N, C, H, W, k, s, p = geom
+    cfg = hot.Config() if config == "default" else hot.Config.paper()
+    g = torch.Generator().manual_seed(11)
+    layer = ht.Conv2d(C, 6, k, stride=s, padding=p, bias=True, config=cfg).to(device)
+    x = torch.randn(N, C, H, W, generator=g).to(device).requires_grad_()
+    torch.manual_seed(123)  # the layer draws its stochastic-rounding seed from torch's generator
+    y = layer(x)
+    torch.manual_seed(123)
+    seed = int(tops.draw_seed().item())
+    gy = torch.randn(y.shape, generator=g).to(device)
+    y.backward(gy)
+    q, sc = hot.quantize(x.detach().reshape(N * C, H * W), bits=8, scale="tensor", rounding="nearest")
+    xf = hot.dequantize(q, sc, dtype="float32").reshape(N, C, H, W)
+    Ho, Wo = y.shape[2:]
+    patches = tops.conv_patch_rows(Ho, Wo, cfg)
+    assert patches == (config == "paper" and Ho % 4 == 0 and Wo % 4 == 0)
+    cols = im2col(xf, (k, k), (s, s), (p, p), (1, 1), patches)
+    grows = gy.permute(0, 2, 3, 1)
+    if patches:
+        grows = tops._patch_split(grows, 1)
+    grows = grows.reshape(-1, 6).contiguous()
+    gc, gw, gb = tops._backward_linear(grows, tops.conv_weight_cols(layer.weight.detach()), cols, None, None, seed,
+                                       cfg, True, True, True, (N * Ho * Wo, k * k * C))
+    assert torch.equal(col2im(gc, (N, C, H, W), (k, k), (s, s), (p, p), (1, 1), patches), x.grad)
+    assert torch.equal(tops.conv_weight_from_cols(gw, layer.weight.shape), layer.weight.grad)
+    assert torch.equal(gb, layer.bias.grad)

@@ -37,6 +37,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "conv_rules.h"
 #include "fwht.cuh"
 #include "hot/quant_rules.h"
 #include "hot/rng.h"
@@ -535,6 +536,56 @@ __global__ void __launch_bounds__(kThreads, qgo_min_ctas(PASS, R)) qgo_kernel(co
   if (PASS == 1) qgo_publish_amax(p, amax_gx, amax_gw, smem);
 }
 
+// The ABC pass (compress_activation's plan) over rows [r0, r0 + p.L) of the im2col matrix of an int8 map kept
+// channels-last (conv_rules.h, SPEC §8): the fp32 tile is gathered as q * scale instead of read from a matrix, the
+// rest is qgo_kernel's. A thread loads one column (i, j, c) of all 64 rows, walking the rows' output pixels without
+// divisions; consecutive threads read consecutive channels of one map pixel.
+struct Im2colS8Src {
+  const int8_t* q_map;
+  const float* scale;
+  ConvParams conv;
+  int64_t r0;
+};
+
+template <int PASS, int R>
+__global__ void __launch_bounds__(kThreads, qgo_min_ctas(PASS, R)) qgo_im2col_kernel(Im2colS8Src src, QgoParams p) {
+  HOT_DYNAMIC_SMEM(smem);
+  float(*tile)[kTileCols] = reinterpret_cast<float(*)[kTileCols]>(smem);
+  const TileF32 tf{tile};
+  const int tid = threadIdx.x;
+  const int64_t n_ct = (std::max<int64_t>(p.O_pad, p.O) + kTileCols - 1) / kTileCols;
+  const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
+  int64_t lin = blockIdx.x;
+  if (PASS == 2) lin = n_ct * n_rt - 1 - lin;  // reverse order: reuse what pass 1 left in L2
+  const int64_t rt = lin / n_ct, ct = lin % n_ct;
+  const int64_t r0 = rt * kTileRows, c0 = ct * kTileCols;
+  static_assert(kThreads == kTileCols, "one column of the tile per thread");
+  {
+    const int64_t col = c0 + tid;
+    const bool in_col = col < p.O;
+    const int C = static_cast<int>(src.conv.C);
+    int i = 0, j = 0, c = 0;
+    if (in_col) {
+      const int ij = static_cast<int>(col / C);
+      c = static_cast<int>(col - static_cast<int64_t>(ij) * C);
+      i = ij / src.conv.kw, j = ij - i * src.conv.kw;
+    }
+    const float sc = src.scale[0];
+    Im2colRowWalker w(src.conv, src.r0 + r0);
+    for (int row = 0; row < kTileRows; ++row, w.next(src.conv)) {
+      float v = 0.0f;
+      if (in_col && r0 + row < p.L) v = im2col_s8_value(src.conv, src.q_map, sc, w, i, j, c);
+      tile[row][tf.phys(tid)] = v;
+    }
+  }
+  __syncthreads();
+
+  uint32_t amax_gx = 0, amax_gw = 0;
+  qgo_tile<PASS, R>(p, tf, rt, ct, smem, amax_gx, amax_gw);
+
+  if (PASS == 1) qgo_publish_amax(p, amax_gx, amax_gw, smem);
+}
+
 // ---- 16-bit tiles (qgo16_kernel) -------------------------------------------------------------------------
 // For bf16/fp16 g_y whose rows load as aligned 16-byte vectors (p.vec_load: O % 8 == 0), one CTA per tile: the tile
 // stays in the input's 16 bits (32 KB), filled by cp.async; a row is 512 bytes, 32 chunks of 16 B, chunk c stored
@@ -714,8 +765,9 @@ QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradO
 // partials), the scales, pass 2 (quantisation), g_b. `launch(kernel, grid, threads, smem_bytes, args...)`
 // runs a kernel and `launch.zero(ptr, bytes)` clears memory, both in stream order (the CUDA backend's
 // launcher, or the emulation's).
-template <typename T, class Launch>
-void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutputQuant& out, const T* src,
+// `src`: the matrix g_y (or x) of element type T, or an Im2colS8Src (the ABC pass over an im2col matrix).
+template <typename T, class Src, class Launch>
+void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutputQuant& out, const Src& src,
                 Launch&& launch) {
   const QgoParams& p = su.p;
   const dim3 grid(static_cast<unsigned>(su.n_ct * su.n_rt));  // one CTA per tile
@@ -724,13 +776,17 @@ void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutput
     constexpr int P = decltype(pass_tag)::value;
     const auto run = [&](auto r_tag) {
       constexpr int R = decltype(r_tag)::value;
-      if constexpr (sizeof(T) == 2) {
-        if (su.raw16) {
-          launch(qgo16_kernel<T, P, R>, grid, kThreads, qgo16_smem_bytes(P), src, pp);
-          return;
+      if constexpr (std::is_same_v<Src, Im2colS8Src>) {
+        launch(qgo_im2col_kernel<P, R>, grid, kThreads, qgo_smem_bytes(), src, pp);
+      } else {
+        if constexpr (sizeof(T) == 2) {
+          if (su.raw16) {
+            launch(qgo16_kernel<T, P, R>, grid, kThreads, qgo16_smem_bytes(P), src, pp);
+            return;
+          }
         }
+        launch(qgo_kernel<T, P, R>, grid, kThreads, qgo_smem_bytes(), src, pp);
       }
-      launch(qgo_kernel<T, P, R>, grid, kThreads, qgo_smem_bytes(), src, pp);
     };
     if (su.fixed_rank == 8) {
       run(std::integral_constant<int, 8>{});

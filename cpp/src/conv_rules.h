@@ -109,11 +109,17 @@ struct Im2colRowWalker {
 
 // Element (row at walker w, column (i, j, c)) of the im2col matrix of an int8 map kept channels-last (q_map: (N*H*W) x
 // C) with one scale: the dequantised value q * scale (hot::dequantize's fp32 product), zero in the padding.
+// im2col_s8_offset: the map index of that element, or false where it lies in the padding.
+HOT_HD bool im2col_s8_offset(const ConvParams& p, const Im2colRowWalker& w, int i, int j, int c, int64_t& off) {
+  const int h = w.ho * p.sh - p.ph + i * p.dh, x = w.wo * p.sw - p.pw + j * p.dw;
+  if (h < 0 || h >= static_cast<int>(p.H) || x < 0 || x >= static_cast<int>(p.W)) return false;
+  off = ((w.n * p.H + h) * p.W + x) * p.C + c;
+  return true;
+}
 HOT_HD float im2col_s8_value(const ConvParams& p, const int8_t* q_map, float scale, const Im2colRowWalker& w, int i,
                              int j, int c) {
-  const int h = w.ho * p.sh - p.ph + i * p.dh, x = w.wo * p.sw - p.pw + j * p.dw;
-  if (h < 0 || h >= static_cast<int>(p.H) || x < 0 || x >= static_cast<int>(p.W)) return 0.0f;
-  return static_cast<float>(q_map[((w.n * p.H + h) * p.W + x) * p.C + c]) * scale;
+  int64_t off = 0;
+  return im2col_s8_offset(p, w, i, j, c, off) ? static_cast<float>(q_map[off]) * scale : 0.0f;
 }
 
 }  // namespace hot

@@ -177,9 +177,9 @@ def test_column_order_permutes_the_gradients_bit_for_bit(config):
 @pytest.mark.parametrize("geom", [(2, 3, 9, 8, 3, 1, 1), (2, 4, 8, 8, 3, 2, 1), (1, 2, 8, 8, 3, 1, 1)],
                          ids=["3x3", "3x3s2", "patches"])
 def test_conv_backward_from_the_int8_map_equals_the_float_columns(geom, config, device):
-    """A converted Conv2d's g_w operand is its int8 map handed to the core (the columns formed inside the compression
-    kernel): its gradients equal, bit for bit, hot.backward_linear on the float32 im2col matrix of the dequantised
-    map (hot.torch.ops.im2col), with col2im of the column gradient."""
+    """The core's im2col source (the int8 map, channels-last, handed to hot.backward_linear; the columns formed inside
+    the compression kernel) gives, bit for bit, a converted Conv2d's gradients (which come from the float32 im2col
+    matrix of the dequantised map, hot.torch.ops.im2col), with col2im of the column gradient."""
     import hot
     import hot.torch as ht
     from hot.torch import ops as tops
@@ -196,11 +196,11 @@ def test_conv_backward_from_the_int8_map_equals_the_float_columns(geom, config, 
     gy = torch.randn(y.shape, generator=g).to(device)
     y.backward(gy)
     q, sc = hot.quantize(x.detach().reshape(N * C, H * W), bits=8, scale="tensor", rounding="nearest")
-    xf = hot.dequantize(q, sc, dtype="float32").reshape(N, C, H, W)
     Ho, Wo = y.shape[2:]
     patches = tops.conv_patch_rows(Ho, Wo, cfg)
     assert patches == (config == "paper" and Ho % 4 == 0 and Wo % 4 == 0)
-    cols = im2col(xf, (k, k), (s, s), (p, p), (1, 1), patches)
+    qh = q.reshape(N, C, H, W).permute(0, 2, 3, 1).reshape(N * H * W, C).contiguous()
+    cols = hot._api._im2col_source(qh, sc, (N, C, H, W), (k, k), (s, s), (p, p), (1, 1), patches)
     grows = gy.permute(0, 2, 3, 1)
     if patches:
         grows = tops._patch_split(grows, 1)

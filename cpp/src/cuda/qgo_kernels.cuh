@@ -572,10 +572,24 @@ __global__ void __launch_bounds__(kThreads, qgo_min_ctas(PASS, R)) qgo_im2col_ke
     }
     const float sc = src.scale[0];
     Im2colRowWalker w(src.conv, src.r0 + r0);
-    for (int row = 0; row < kTileRows; ++row, w.next(src.conv)) {
-      float v = 0.0f;
-      if (in_col && r0 + row < p.L) v = im2col_s8_value(src.conv, src.q_map, sc, w, i, j, c);
-      tile[row][tf.phys(tid)] = v;
+    // 8 rows at a time: their map offsets first, then 8 independent loads in flight, then the fp32 values (one load
+    // per row in sequence left each thread waiting on the memory latency 64 times per tile)
+    constexpr int kBatch = 8;
+    for (int row0 = 0; row0 < kTileRows; row0 += kBatch) {
+      int64_t off[kBatch];
+      bool ok[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        off[b] = 0;
+        ok[b] = in_col && r0 + row0 + b < p.L && im2col_s8_offset(src.conv, w, i, j, c, off[b]);
+        w.next(src.conv);
+      }
+      int8_t q[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) q[b] = ok[b] ? src.q_map[off[b]] : int8_t{0};
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b)
+        tile[row0 + b][tf.phys(tid)] = ok[b] ? __fmul_rn(static_cast<float>(q[b]), sc) : 0.0f;
     }
   }
   __syncthreads();

@@ -18,11 +18,10 @@ Ops (namespace ``hot``):
     padding, :func:`pointwise`) keeps the ABC buffer of the pixel rows it reads instead, as a linear layer would.
 ``hot::conv2d_backward(...) -> (g_x, g_w, g_b)``
     Pointwise: ``hot.backward_linear`` over the pixel rows from their ABC buffer (no columns, no feature map), g_x
-    put back onto the pixels read. Otherwise: passes the int8 feature map (channels-last) with its scale and the
-    geometry to ``hot.backward_linear`` as the g_w operand (``Im2colSource``): the core forms the im2col columns
-    ((i, j, c) order, :func:`im2col`'s matrix of the dequantised map) tile by tile inside its compression kernel and
-    compresses them (HLA + Q8, the same compression a linear layer applies in its forward pass), bit for bit the
-    raw-x call on the float columns. The column gradient is folded back by :func:`col2im` (the core's). Choice:
+    put back onto the pixels read. Otherwise: dequantises the feature map (channels-last), forms the im2col columns
+    ((i, j, c) order, :func:`im2col`) and passes them to ``hot.backward_linear`` as the raw x, which compresses them on
+    the fly (HLA + Q8, the same compression a linear layer applies in its forward pass). The column gradient is
+    folded back by :func:`col2im` (the core's). Choice:
     compressing the columns on the fly costs one HLA pass over the ``L x kh*kw*C`` columns in backward, but keeps
     the stored buffer at one byte per input element
     (instead of ``r/16 * kh*kw`` bytes per element for an ABC buffer of the columns), which is what
@@ -582,12 +581,16 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
         if x is not None and not cfg.exact:  # kept as it is because its producer keeps it: the same int8 feature
             q, scale = _quantize_fmap(x)     # map the forward would have kept, formed now (deterministic)
             x = None
-        if x is not None:  # exact mode: the float columns
-            cols = im2col(x, (kh, kw), stride, padding, dilation, patches)  # N*P x CKK, columns (i, j, c)
-        else:  # the int8 map channels-last; the core forms and compresses its columns tile by tile (SPEC §8)
-            qh = q.detach().reshape(N, C, H, W).permute(0, 2, 3, 1).reshape(N * H * W, C).contiguous()
-            cols = _api._im2col_source(qh, scale.detach(), (N, C, H, W), (kh, kw), stride, padding, dilation,
-                                       patches)
+        if x is not None:
+            xf = x
+        else:  # dequantised channels-last (the int8 map permuted first: a quarter of the bytes), so that
+            qh = q.detach().reshape(N, C, H, W).permute(0, 2, 3, 1).reshape(N * H * W, C)  # im2col reads
+            xf = hot.dequantize(qh.contiguous(), scale.detach(), dtype=torch.float32)    # whole channel runs
+            xf = xf.reshape(N, H, W, C).permute(0, 3, 1, 2)
+        # The float columns. The core can also form them from the int8 map inside its compression kernel
+        # (_api._im2col_source, bit for bit the same gradients), but on an H100 that kernel was measured slower than
+        # this copy (benchmarks/NOTES.md, 2026-11-25): it stays off here until it is faster.
+        cols = im2col(xf, (kh, kw), stride, padding, dilation, patches)  # N*P x CKK, columns (i, j, c)
     gcols, gw, gb = _backward_linear(g, conv_weight_cols(weight), cols, None, None, seed, cfg, need_gx,
                                      need_gw, need_gb, (N * P, CKK), reuse)
     gx = None

@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <atomic>
 #include <type_traits>
+#include <utility>
 
 #include "common.cuh"
 #include "conv_rules.h"
@@ -487,17 +488,24 @@ __device__ __forceinline__ void qgo_publish_amax(const QgoParams& p, uint32_t am
   }
 }
 
+// The tile (row tile rt, column tile ct) of this block: a 1-D grid of n_ct * n_rt tiles (grid.y would cap L at 65535
+// tiles), walked in reverse in pass 2 so that it starts with what pass 1 left in L2.
+template <int PASS>
+__device__ __forceinline__ std::pair<int64_t, int64_t> block_tile(const QgoParams& p) {
+  const int64_t n_ct = (std::max<int64_t>(p.O_pad, p.O) + kTileCols - 1) / kTileCols;
+  const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
+  int64_t lin = blockIdx.x;
+  if (PASS == 2) lin = n_ct * n_rt - 1 - lin;
+  return {lin / n_ct, lin % n_ct};
+}
+
 template <typename T, int PASS, int R>
 __global__ void __launch_bounds__(kThreads, qgo_min_ctas(PASS, R)) qgo_kernel(const T* __restrict__ gy, QgoParams p) {
   HOT_DYNAMIC_SMEM(smem);
   float(*tile)[kTileCols] = reinterpret_cast<float(*)[kTileCols]>(smem);
   const TileF32 tf{tile};
   const int tid = threadIdx.x;
-  const int64_t n_ct = (std::max<int64_t>(p.O_pad, p.O) + kTileCols - 1) / kTileCols;
-  const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
-  int64_t lin = blockIdx.x;  // a 1-D grid of n_ct * n_rt tiles (grid.y would cap L at 65535 tiles)
-  if (PASS == 2) lin = n_ct * n_rt - 1 - lin;  // reverse order: reuse what pass 1 left in L2
-  const int64_t rt = lin / n_ct, ct = lin % n_ct;
+  const auto [rt, ct] = block_tile<PASS>(p);
   const int64_t r0 = rt * kTileRows, c0 = ct * kTileCols;
 
   // ---- load the tile as fp32 (zeros outside L x O) ------------------------------------------------
@@ -553,11 +561,7 @@ __global__ void __launch_bounds__(kThreads, qgo_min_ctas(PASS, R)) qgo_im2col_ke
   float(*tile)[kTileCols] = reinterpret_cast<float(*)[kTileCols]>(smem);
   const TileF32 tf{tile};
   const int tid = threadIdx.x;
-  const int64_t n_ct = (std::max<int64_t>(p.O_pad, p.O) + kTileCols - 1) / kTileCols;
-  const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
-  int64_t lin = blockIdx.x;
-  if (PASS == 2) lin = n_ct * n_rt - 1 - lin;  // reverse order: reuse what pass 1 left in L2
-  const int64_t rt = lin / n_ct, ct = lin % n_ct;
+  const auto [rt, ct] = block_tile<PASS>(p);
   const int64_t r0 = rt * kTileRows, c0 = ct * kTileCols;
   static_assert(kThreads == kTileCols, "one column of the tile per thread");
   {
@@ -645,11 +649,7 @@ __global__ void __launch_bounds__(kThreads, qgo16_min_ctas(PASS, R)) qgo16_kerne
   static_assert(sizeof(T) == 2, "16-bit inputs only");
   HOT_DYNAMIC_SMEM(smem);
   const int tid = threadIdx.x;
-  const int64_t n_ct = (std::max<int64_t>(p.O_pad, p.O) + kTileCols - 1) / kTileCols;
-  const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
-  int64_t lin = blockIdx.x;  // a 1-D grid of n_ct * n_rt tiles
-  if (PASS == 2) lin = n_ct * n_rt - 1 - lin;  // reverse order: reuse what pass 1 left in L2
-  const int64_t rt = lin / n_ct, ct = lin % n_ct;
+  const auto [rt, ct] = block_tile<PASS>(p);
   const int64_t r0 = rt * kTileRows, c0 = ct * kTileCols;
 
   // ---- load the tile by cp.async (zeros outside L x O) ------------------------------------------------

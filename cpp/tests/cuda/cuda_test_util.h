@@ -201,4 +201,26 @@ inline hot::GradOutputPlan qgo_plan(const QgoCase& c, uint64_t seed) {
   return plan;
 }
 
+// Convolution geometries of the col2im tests (Cuda_ and Emu_): ResNet 3x3, strided, non-overlapping, 1x1 stride 2,
+// dilated, patch order, and a map of more pixels than one grid-stride pass of a small grid.
+inline std::vector<hot::ConvGeometry> col2im_geometries() {
+  struct G {
+    int64_t N, C, H, W;
+    int kh, kw, sh, sw, ph, pw, dh, dw;
+    bool patches;
+  };
+  const G cases[] = {{2, 3, 7, 9, 3, 3, 1, 1, 1, 1, 1, 1, false},  {2, 5, 9, 8, 3, 3, 2, 2, 1, 1, 1, 1, false},
+                     {1, 4, 8, 8, 2, 2, 2, 2, 0, 0, 1, 1, false},  {2, 3, 9, 7, 1, 1, 2, 2, 0, 0, 1, 1, false},
+                     {1, 2, 11, 10, 3, 2, 1, 2, 2, 1, 2, 3, false}, {2, 3, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1, true},
+                     {3, 17, 20, 19, 3, 3, 1, 1, 1, 1, 1, 1, false}};
+  std::vector<hot::ConvGeometry> out;
+  for (const G& c : cases) {
+    hot::ConvGeometry g;
+    g.N = c.N, g.C = c.C, g.H = c.H, g.W = c.W, g.kh = c.kh, g.kw = c.kw, g.sh = c.sh, g.sw = c.sw;
+    g.ph = c.ph, g.pw = c.pw, g.dh = c.dh, g.dw = c.dw, g.patches = c.patches;
+    out.push_back(g);
+  }
+  return out;
+}
+
 }  // namespace hot_cuda_test

@@ -1,7 +1,6 @@
 // CUDA backend vs the CPU backend (the reference): every integer result bit for bit, on a
 // non-default stream, over odd and large shapes and the three float dtypes. Outputs start poisoned and
 // are compared byte for byte including row padding, so unwritten or overwritten elements show.
-#include <array>
 #include <cmath>
 #include <tuple>
 #include <vector>
@@ -176,20 +175,9 @@ TEST_F(Cuda_Dequantize, BitExactVsCpu) {
 
 class Cuda_Col2im : public CudaTest {};
 TEST_F(Cuda_Col2im, BitExactVsCpu) {
-  // (N, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, patches): ResNet 3x3, strided, non-overlapping, 1x1 stride 2,
-  // dilated, patch order, and a map of more pixels than one grid-stride pass of a small grid
-  const std::vector<std::tuple<std::array<int64_t, 4>, std::array<int, 8>, bool>> cases = {
-      {{2, 3, 7, 9}, {3, 3, 1, 1, 1, 1, 1, 1}, false}, {{2, 5, 9, 8}, {3, 3, 2, 2, 1, 1, 1, 1}, false},
-      {{1, 4, 8, 8}, {2, 2, 2, 2, 0, 0, 1, 1}, false}, {{2, 3, 9, 7}, {1, 1, 2, 2, 0, 0, 1, 1}, false},
-      {{1, 2, 11, 10}, {3, 2, 1, 2, 2, 1, 2, 3}, false}, {{2, 3, 8, 8}, {3, 3, 1, 1, 1, 1, 1, 1}, true},
-      {{3, 17, 20, 19}, {3, 3, 1, 1, 1, 1, 1, 1}, false}};
   uint64_t seed = 950;
   for (DType dt : kFloatTypes)
-    for (const auto& [s, k, patches] : cases) {
-      hot::ConvGeometry g;
-      g.N = s[0], g.C = s[1], g.H = s[2], g.W = s[3];
-      g.kh = k[0], g.kw = k[1], g.sh = k[2], g.sw = k[3], g.ph = k[4], g.pw = k[5], g.dh = k[6], g.dw = k[7];
-      g.patches = patches;
+    for (const hot::ConvGeometry& g : col2im_geometries()) {
       const int64_t L = g.N * g.out_h() * g.out_w(), K = g.C * g.kh * g.kw;
       HostTensor cols = rand_float(dt, L, K, seed++, K + 3);
       HostTensor oc = out2d(dt, g.N * g.C, g.H * g.W), o2 = oc;

@@ -9,7 +9,6 @@
 
 #include <gtest/gtest.h>
 
-#include <array>
 #include <cmath>
 #include <tuple>
 #include <utility>
@@ -149,20 +148,9 @@ TEST(Emu_Dequantize, BitExactVsCpu) {
 }
 
 TEST(Emu_Col2im, BitExactVsCpu) {
-  // (N, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, patches): ResNet 3x3, strided, non-overlapping, 1x1 stride 2,
-  // dilated, patch order, and a map of more pixels than one grid-stride pass of a small grid
-  const std::vector<std::tuple<std::array<int64_t, 4>, std::array<int, 8>, bool>> cases = {
-      {{2, 3, 7, 9}, {3, 3, 1, 1, 1, 1, 1, 1}, false}, {{2, 5, 9, 8}, {3, 3, 2, 2, 1, 1, 1, 1}, false},
-      {{1, 4, 8, 8}, {2, 2, 2, 2, 0, 0, 1, 1}, false}, {{2, 3, 9, 7}, {1, 1, 2, 2, 0, 0, 1, 1}, false},
-      {{1, 2, 11, 10}, {3, 2, 1, 2, 2, 1, 2, 3}, false}, {{2, 3, 8, 8}, {3, 3, 1, 1, 1, 1, 1, 1}, true},
-      {{3, 17, 20, 19}, {3, 3, 1, 1, 1, 1, 1, 1}, false}};
   uint64_t seed = 950;
   for (DType dt : kDtypes)
-    for (const auto& [s, k, patches] : cases) {
-      hot::ConvGeometry g;
-      g.N = s[0], g.C = s[1], g.H = s[2], g.W = s[3];
-      g.kh = k[0], g.kw = k[1], g.sh = k[2], g.sw = k[3], g.ph = k[4], g.pw = k[5], g.dh = k[6], g.dw = k[7];
-      g.patches = patches;
+    for (const hot::ConvGeometry& g : hot_cuda_test::col2im_geometries()) {
       const int64_t L = g.N * g.out_h() * g.out_w(), K = g.C * g.kh * g.kw;
       HostTensor cols = rand_float(dt, L, K, seed++, K + 3);
       HostTensor oc = out2d(dt, g.N * g.C, g.H * g.W), o2 = oc;

@@ -24,13 +24,6 @@ struct PySaved {
   bool q_read_only = false, scale_read_only = false;  // wrapped arrays their producers flagged read-only
 };
 
-// The g_w operand of a convolution as its int8 map and geometry (hot::Im2colSource): the arrays stay Python objects
-// until a backward_linear call reads them through its own DLPack context.
-struct PyIm2col {
-  py::object q_map, scale;
-  hot::ConvGeometry geometry;
-};
-
 // The core's QuantizedWeight, shared with the Python object that wraps it.
 struct PyQuantizedWeight {
   std::shared_ptr<hot::QuantizedWeight> w;
@@ -40,27 +33,6 @@ struct PyQuantizedWeight {
 }  // namespace
 
 void register_layers(py::module_& m) {
-  py::class_<PyIm2col>(m, "Im2colSource",
-                       "A convolution's g_w operand for backward_linear (hot::Im2colSource, SPEC §8): the im2col matrix "
-                       "(columns (i, j, c)) of an int8 map kept channels-last ((N*H*W) x C) with one float32 scale.")
-      .def(py::init([](py::object q_map, py::object scale, std::vector<int64_t> nchw, std::vector<int> kernel,
-                       std::vector<int> stride, std::vector<int> padding, std::vector<int> dilation, bool patches) {
-             const char* op = "Im2colSource";
-             const auto pair = [op](const std::vector<int>& v, const char* name) {
-               HOT_CHECK_VALUE(v.size() == 2, op, ": ", name, " needs 2 values (height, width), got ", v.size());
-             };
-             HOT_CHECK_VALUE(nchw.size() == 4, op, ": x_shape needs 4 values (N, C, H, W), got ", nchw.size());
-             pair(kernel, "kernel"), pair(stride, "stride"), pair(padding, "padding"), pair(dilation, "dilation");
-             hot::ConvGeometry g;
-             g.N = nchw[0], g.C = nchw[1], g.H = nchw[2], g.W = nchw[3];
-             g.kh = kernel[0], g.kw = kernel[1], g.sh = stride[0], g.sw = stride[1];
-             g.ph = padding[0], g.pw = padding[1], g.dh = dilation[0], g.dw = dilation[1];
-             g.patches = patches;
-             return PyIm2col{std::move(q_map), std::move(scale), g};
-           }),
-           py::arg("q_map"), py::arg("scale"), py::arg("x_shape"), py::arg("kernel"), py::arg("stride"),
-           py::arg("padding"), py::arg("dilation"), py::arg("patches"));
-
   py::class_<PySaved>(m, "SavedActivation", "The core's ABC buffer (q: I x K_pad int8, scale: [1] float32).")
       .def_property_readonly("q", [](const PySaved& s) { return Array(s.s->q, s.stream_handle, s.q_read_only); })
       .def_property_readonly("scale",
@@ -174,18 +146,10 @@ void register_layers(py::module_& m) {
         // saved: the core's SavedActivation, or the raw x (compressed by the core, or used as it is in exact mode)
         hot::TensorView xv;
         const hot::SavedActivation* sp = nullptr;
-        std::unique_ptr<hot::Im2colSource> src;
         if (need_grad_weight) {
           HOT_CHECK_VALUE(!saved.is_none(), op, ": need_grad_weight=True needs `saved` (",
                           config.exact ? "the raw x in exact mode" : "a SavedActivation or the raw x", "), got None");
-          if (py::isinstance<PyIm2col>(saved)) {
-            HOT_CHECK_VALUE(!config.exact, op, ": config.exact needs the raw input x as `saved`, got an Im2colSource");
-            const PyIm2col& pc = saved.cast<const PyIm2col&>();
-            src = std::make_unique<hot::Im2colSource>();
-            src->q_map = nonempty(ctx.input(pc.q_map, "saved.q_map", hotpy::kS8), op, "saved.q_map");
-            src->scale = ctx.input(pc.scale, "saved.scale", hotpy::kF32, -2);
-            src->geometry = pc.geometry;
-          } else if (py::isinstance<PySaved>(saved)) {
+          if (py::isinstance<PySaved>(saved)) {
             HOT_CHECK_VALUE(!config.exact, op,
                             ": config.exact needs the raw input x as `saved`, got a SavedActivation");
             sp = saved.cast<const PySaved&>().s.get();
@@ -210,7 +174,6 @@ void register_layers(py::module_& m) {
         {
           py::gil_scoped_release nogil;
           if (sp != nullptr) hot::backward_linear(gy, wv, sp, config, seed, outs, ctx.stream(), wq);
-          else if (src) hot::backward_linear(gy, wv, *src, config, seed, outs, ctx.stream(), wq);
           else hot::backward_linear(gy, wv, xv, config, seed, outs, ctx.stream(), wq);
         }
         return py::make_tuple(rx, rw, rb);
@@ -219,7 +182,7 @@ void register_layers(py::module_& m) {
       py::arg("grad_bias"), py::arg("need_grad_input"), py::arg("need_grad_weight"), py::arg("bias"),
       py::arg("config"), py::arg("seed"), py::arg("stream"), py::arg("weight_q") = py::none(),
       "hot::backward_linear: (grad_input, grad_weight, grad_bias), each None where the caller gave the array or did "
-      "not ask for it. saved: a SavedActivation, the raw x, an Im2colSource, or None without g_w.");
+      "not ask for it. saved: a SavedActivation, the raw x, or None without g_w.");
 }
 
 }  // namespace hotpy

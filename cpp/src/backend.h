@@ -47,9 +47,6 @@ struct GradOutputQuant {
   /* ABC: q_t is I x K_pad s8 (zero past K), scale [1] f32 */                                              \
   void compress_activation(const TensorView& x, const TensorView& q_t, const TensorView& scale, int rank,   \
                            Stream s);                                                                      \
-  /* compress_activation of rows [r0, r1) of the im2col matrix of src (float32 values, ops.h Im2colSource) */ \
-  void compress_im2col(const Im2colSource& src, int64_t r0, int64_t r1, const TensorView& q_t,              \
-                       const TensorView& scale, int rank, Stream s);                                        \
   void quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out,   \
                             Stream s);                                                                     \
   /* W~ = blockdiag(H_b) W quantised to `bits` round-to-nearest per tensor, written transposed: q_wt is  \

@@ -160,9 +160,8 @@ bool ConvGeometry::overlapping() const {
   return sh < static_cast<int64_t>(dh) * (kh - 1) + 1 || sw < static_cast<int64_t>(dw) * (kw - 1) + 1;
 }
 
-namespace {
-// The checks of a convolution's geometry (SPEC §8) shared by col2im and the im2col source of backward_linear.
-void check_geometry(const char* op, const ConvGeometry& g) {
+void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out, Stream stream) {
+  const char* op = "col2im";
   HOT_CHECK_VALUE(g.N >= 0 && g.C >= 0 && g.H >= 0 && g.W >= 0, op, ": input shape (", g.N, ", ", g.C, ", ", g.H,
                   ", ", g.W, ") has a negative size");
   HOT_CHECK_VALUE(g.kh >= 1 && g.kw >= 1 && g.sh >= 1 && g.sw >= 1 && g.dh >= 1 && g.dw >= 1 && g.ph >= 0 && g.pw >= 0,
@@ -179,13 +178,6 @@ void check_geometry(const char* op, const ConvGeometry& g) {
                   "), padding (", g.ph, ", ", g.pw, ") and dilation (", g.dh, ", ", g.dw, ") has no output pixel");
   HOT_CHECK_VALUE(!g.patches || (Ho % 4 == 0 && Wo % 4 == 0), op,
                   ": patch order needs an output map whose sides are multiples of 4, got ", Ho, " x ", Wo);
-}
-}  // namespace
-
-void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out, Stream stream) {
-  const char* op = "col2im";
-  check_geometry(op, g);
-  const int64_t Ho = g.out_h(), Wo = g.out_w();
   check_float_matrix(op, "cols", cols);
   check_float_matrix(op, "out", out);
   HOT_CHECK_SHAPE(op, "cols", cols, (std::vector<int64_t>{g.N * Ho * Wo, g.kh * g.kw * g.C}));
@@ -381,8 +373,8 @@ void backward_rows(const TensorView& gy, const QuantizedWeight& wq, const Tensor
 
 // backward_linear from the ABC buffer (saved) or the raw x: validation, then one GEMM per path, or row chunks.
 void backward_linear_impl(const TensorView& gy, const TensorView& w, const SavedActivation* saved,
-                          const TensorView* raw_x, const Im2colSource* im2col, const Config& config, uint64_t seed,
-                          const BackwardOutputs& out, Stream stream, const QuantizedWeight* weight_q) {
+                          const TensorView* raw_x, const Config& config, uint64_t seed, const BackwardOutputs& out,
+                          Stream stream, const QuantizedWeight* weight_q) {
   const char* op = "backward_linear";
   config.validate();
   HOT_CHECK_VALUE(!config.exact, op, ": config.exact is set; use backward_linear_exact with the raw x");
@@ -393,8 +385,7 @@ void backward_linear_impl(const TensorView& gy, const TensorView& w, const Saved
   const int rank = config.rank;
   const int qmax_gx = qmax_for_bits(config.gx_bits);
   const int64_t step = gw_chunk_rows(rank);
-  const bool from_rows = raw_x != nullptr || im2col != nullptr;  // x given whole: compressed here, chunk by chunk
-  if (gw && !from_rows) {
+  if (gw && raw_x == nullptr) {
     HOT_CHECK_VALUE(saved != nullptr, op, ": grad_weight requested but no saved activation was given");
     HOT_CHECK_VALUE(saved->rows == L, op, ": saved activation has ", saved->rows, " rows (L) but grad_output has ",
                     L);
@@ -413,22 +404,6 @@ void backward_linear_impl(const TensorView& gy, const TensorView& w, const Saved
     const Shape want{L, I};
     HOT_CHECK_SHAPE(op, "x", *raw_x, want);
     HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "x", *raw_x);
-  }
-  if (gw && im2col != nullptr) {
-    const ConvGeometry& g = im2col->geometry;
-    check_geometry(op, g);
-    check_typed_matrix(op, "x.q_map", im2col->q_map, DType::s8);
-    HOT_CHECK_SHAPE(op, "x.q_map", im2col->q_map, (Shape{g.N * g.H * g.W, g.C}));
-    HOT_CHECK_VALUE(im2col->q_map.strides[0] == g.C, op, ": x.q_map must be contiguous (row stride ", g.C, "), got ",
-                    im2col->q_map.strides[0]);
-    check_vector(op, "x.scale", im2col->scale, 1, false, DType::f32);
-    HOT_CHECK_VALUE(g.N * g.out_h() * g.out_w() == L && static_cast<int64_t>(g.kh) * g.kw * g.C == I, op,
-                    ": the im2col matrix of x is ", g.N * g.out_h() * g.out_w(), " x ",
-                    static_cast<int64_t>(g.kh) * g.kw * g.C, " but grad_output and weight need ", L, " x ", I);
-    HOT_CHECK_VALUE(L < (int64_t{1} << 31) && g.N * g.H * g.W < (int64_t{1} << 31), op,
-                    ": an im2col source needs fewer than 2^31 rows and map pixels, got ", L, " and ", g.N * g.H * g.W);
-    HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "x.q_map", im2col->q_map);
-    HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "x.scale", im2col->scale);
   }
   if (gw) check_k_fits(op, "the g_w contraction of one chunk", padded_k(hla_rows(std::min(L, step), rank)), 127, 127,
                        "a bug: gw_chunk_rows must keep it in range");
@@ -453,11 +428,10 @@ void backward_linear_impl(const TensorView& gy, const TensorView& w, const Saved
 
   if (!gw || L <= step) {  // one GEMM per path
     SavedActivation own;
-    if (gw && from_rows) {
+    if (gw && raw_x != nullptr) {
       own.q = Tensor::empty(DType::s8, {I, padded_k(hla_rows(L, rank))}, dev, stream);
       own.scale = Tensor::empty(DType::f32, {1}, dev, stream);
-      if (raw_x != nullptr) HOT_DISPATCH(dev, compress_activation, *raw_x, own.q.view(), own.scale.view(), rank, stream);
-      else HOT_DISPATCH(dev, compress_im2col, *im2col, 0, L, own.q.view(), own.scale.view(), rank, stream);
+      HOT_DISPATCH(dev, compress_activation, *raw_x, own.q.view(), own.scale.view(), rank, stream);
       saved = &own;
     }
     backward_rows(gy, wq, gw ? saved->q.view() : TensorView{}, gw ? saved->scale.view() : TensorView{}, config,
@@ -480,13 +454,12 @@ void backward_linear_impl(const TensorView& gy, const TensorView& w, const Saved
     const int64_t r1 = std::min(L, r0 + step);
     const int64_t k_pad = padded_k(hla_rows(r1 - r0, rank));
     TensorView q, scale;
-    if (from_rows) {
+    if (raw_x != nullptr) {
       chunk_q = Tensor::empty(DType::s8, {I, k_pad}, dev, stream);
       chunk_scale = Tensor::empty(DType::f32, {1}, dev, stream);
       q = chunk_q.view();
       scale = chunk_scale.view();
-      if (raw_x != nullptr) HOT_DISPATCH(dev, compress_activation, row_range(*raw_x, r0, r1), q, scale, rank, stream);
-      else HOT_DISPATCH(dev, compress_im2col, *im2col, r0, r1, q, scale, rank, stream);
+      HOT_DISPATCH(dev, compress_activation, row_range(*raw_x, r0, r1), q, scale, rank, stream);
     } else {
       const int64_t k0 = hla_rows(r0, rank);  // r0 is a multiple of 256: whole blocks, no padding before k0
       q = col_range(saved->q.view(), k0, k0 + k_pad);
@@ -524,7 +497,7 @@ QuantizedWeight quantize_weight(const TensorView& w, int gx_bits, Stream stream)
 
 void backward_linear(const TensorView& gy, const TensorView& w, const SavedActivation* saved, const Config& config,
                      uint64_t seed, const BackwardOutputs& out, Stream stream, const QuantizedWeight* weight_q) {
-  backward_linear_impl(gy, w, saved, nullptr, nullptr, config, seed, out, stream, weight_q);
+  backward_linear_impl(gy, w, saved, nullptr, config, seed, out, stream, weight_q);
 }
 
 void backward_linear(const TensorView& gy, const TensorView& w, const TensorView& x, const Config& config,
@@ -534,14 +507,7 @@ void backward_linear(const TensorView& gy, const TensorView& w, const TensorView
     backward_linear_exact(gy, w, requested(out.grad_weight) ? &x : nullptr, out, stream);
     return;
   }
-  backward_linear_impl(gy, w, nullptr, &x, nullptr, config, seed, out, stream, weight_q);
-}
-
-void backward_linear(const TensorView& gy, const TensorView& w, const Im2colSource& x, const Config& config,
-                     uint64_t seed, const BackwardOutputs& out, Stream stream, const QuantizedWeight* weight_q) {
-  config.validate();
-  HOT_CHECK_VALUE(!config.exact, "backward_linear: config.exact takes the raw x (the im2col matrix), not an int8 map");
-  backward_linear_impl(gy, w, nullptr, nullptr, &x, config, seed, out, stream, weight_q);
+  backward_linear_impl(gy, w, nullptr, &x, config, seed, out, stream, weight_q);
 }
 
 void backward_linear_exact(const TensorView& gy, const TensorView& w, const TensorView* x,

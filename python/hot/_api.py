@@ -550,14 +550,6 @@ def _col2im(c: _Call, cols, x_shape, kernel, stride, padding, dilation, patches:
     return c.fw.reshape(c.result(out, r), (N, C, H, W))
 
 
-def _im2col_source(q_map, scale, x_shape, kernel, stride, padding, dilation, patches: bool):
-    """The g_w operand of a convolution for _backward_linear's `saved` (SPEC §8): the im2col matrix (columns
-    (i, j, c)) of the int8 map q_map ((N*H*W) x C, channels-last, contiguous) times scale, formed inside the core's
-    compression kernel; bit for bit the raw-x call on that matrix in float32."""
-    return _C.Im2colSource(q_map, scale, list(x_shape), list(kernel), list(stride), list(padding), list(dilation),
-                           bool(patches))
-
-
 def _quantize_weight(c: _Call, w, ws, config) -> QuantizedWeight:
     """quantize_weight of w (shape ws, O x I, non-empty) at config.gx_bits."""
     core = c.call(_C.quantize_weight, w, config, c.stream)

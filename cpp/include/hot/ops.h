@@ -147,20 +147,6 @@ void backward_linear(const TensorView& grad_output, const TensorView& weight, co
                      const Config& config, uint64_t seed, const BackwardOutputs& out, Stream stream = {},
                      const QuantizedWeight* weight_q = nullptr);
 
-// The g_w operand of a convolution given as what it is made of (SPEC §8): the im2col matrix (N*Ho*Wo rows, kh*kw*C
-// columns (i, j, c)) of an int8 feature map kept channels-last with one scale, formed tile by tile inside the
-// compression kernel instead of as a float matrix in memory.
-struct Im2colSource {
-  TensorView q_map;  // s8, (N*H*W) x C: the map in (n, h, w) x c order
-  TensorView scale;  // f32, [1]: the map's values are q_map * scale (hot::dequantize)
-  ConvGeometry geometry;
-};
-// The same as the raw-x overload with x = im2col(dequantize(q_map, scale)) in float32, bit for bit (chunked as the
-// raw x would be: each chunk's rows compressed on their own).
-void backward_linear(const TensorView& grad_output, const TensorView& weight, const Im2colSource& x,
-                     const Config& config, uint64_t seed, const BackwardOutputs& out, Stream stream = {},
-                     const QuantizedWeight* weight_q = nullptr);
-
 // Exact (unquantised) backward from the raw x (L x I): fp32 accumulation (cuBLAS on CUDA).
 void backward_linear_exact(const TensorView& grad_output, const TensorView& weight, const TensorView* x,
                            const BackwardOutputs& out, Stream stream = {});

@@ -178,7 +178,7 @@ void dequantize(const TensorView& q, const TensorView& scale, const TensorView& 
 }
 
 void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out, Stream) {
-  const ConvParams p = conv_params(g);
+  const Col2imParams p = col2im_params(g);
   const int64_t ld = cols.strides[0];
   const auto get = [&](int64_t r, int64_t c) { return load_float(cols.data, cols.dtype, r * ld + c); };
   parallel_for(g.N * g.C, row_grain(g.H * g.W), [&](int64_t r0, int64_t r1) {
@@ -228,27 +228,6 @@ void compress_activation(const TensorView& x, const TensorView& q_t, const Tenso
   Mat m(hla_rows(x.shape[0], rank), x.shape[1]);
   hla_dense(x, rank, m);
   quantize_transposed(m, 127, Rounding::nearest, 0, 0, q_t, scale.ptr<float>());
-}
-
-void compress_im2col(const Im2colSource& src, int64_t r0, int64_t r1, const TensorView& q_t, const TensorView& scale,
-                     int rank, Stream s) {
-  // The reference: rows [r0, r1) of the float32 im2col matrix, formed here, then compress_activation of them.
-  const ConvParams p = conv_params(src.geometry);
-  const int64_t I = static_cast<int64_t>(p.kh) * p.kw * p.C, rows = r1 - r0;
-  std::vector<float> cols(static_cast<size_t>(rows * I));
-  const int8_t* q = src.q_map.ptr<int8_t>();
-  const float sc = src.scale.ptr<float>()[0];
-  parallel_for(rows, row_grain(I), [&](int64_t a, int64_t b) {
-    Im2colRowWalker w(p, r0 + a);
-    for (int64_t r = a; r < b; ++r, w.next(p)) {
-      float* dst = cols.data() + r * I;
-      for (int i = 0; i < p.kh; ++i)
-        for (int j = 0; j < p.kw; ++j)
-          for (int c = 0; c < static_cast<int>(p.C); ++c) *dst++ = im2col_s8_value(p, q, sc, w, i, j, c);
-    }
-  });
-  const TensorView x = make_view(cols.data(), DType::f32, src.q_map.device, {rows, I});
-  cpu::compress_activation(x, q_t, scale, rank, s);
 }
 
 void bias_grad(const TensorView& gy, const TensorView& out, Stream) {

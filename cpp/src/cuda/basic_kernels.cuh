@@ -136,7 +136,7 @@ __global__ void dequantize_kernel(Mat<const int8_t> q, const float* scale, bool 
 // col2im (conv_rules.h): one thread per input pixel and channel, the channel fastest, so that a warp's reads of one
 // kernel offset are consecutive columns (i*kw + j)*C + c of one im2col row: whole sectors, each read once.
 template <typename T>
-__global__ void col2im_kernel(const T* __restrict__ cols, int64_t ld, ConvParams p, T* __restrict__ out) {
+__global__ void col2im_kernel(const T* __restrict__ cols, int64_t ld, Col2imParams p, T* __restrict__ out) {
   const int64_t n_out = p.N * p.C * p.H * p.W;
   const auto get = [&](int64_t r, int64_t c) { return load_f(cols + r * ld + c); };
   const int64_t cw = p.C * p.W;  // one row (n, h) of the channels-last order
@@ -259,7 +259,7 @@ void dequantize_launch(const TensorView& q, const TensorView& scale, const Tenso
 template <typename T, typename Launch>
 void col2im_launch(const TensorView& cols, const ConvGeometry& g, const TensorView& out, const Launch& launch) {
   launch(col2im_kernel<T>, dim3(grid_1d(out.numel(), kBasicThreads)), kBasicThreads, 0,
-         static_cast<const T*>(cols.data), cols.strides[0], conv_params(g), static_cast<T*>(out.data));
+         static_cast<const T*>(cols.data), cols.strides[0], col2im_params(g), static_cast<T*>(out.data));
 }
 
 template <typename Launch>

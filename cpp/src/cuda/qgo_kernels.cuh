@@ -35,10 +35,8 @@
 #include <algorithm>
 #include <atomic>
 #include <type_traits>
-#include <utility>
 
 #include "common.cuh"
-#include "conv_rules.h"
 #include "fwht.cuh"
 #include "hot/quant_rules.h"
 #include "hot/rng.h"
@@ -488,24 +486,17 @@ __device__ __forceinline__ void qgo_publish_amax(const QgoParams& p, uint32_t am
   }
 }
 
-// The tile (row tile rt, column tile ct) of this block: a 1-D grid of n_ct * n_rt tiles (grid.y would cap L at 65535
-// tiles), walked in reverse in pass 2 so that it starts with what pass 1 left in L2.
-template <int PASS>
-__device__ __forceinline__ std::pair<int64_t, int64_t> block_tile(const QgoParams& p) {
-  const int64_t n_ct = (std::max<int64_t>(p.O_pad, p.O) + kTileCols - 1) / kTileCols;
-  const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
-  int64_t lin = blockIdx.x;
-  if (PASS == 2) lin = n_ct * n_rt - 1 - lin;
-  return {lin / n_ct, lin % n_ct};
-}
-
 template <typename T, int PASS, int R>
 __global__ void __launch_bounds__(kThreads, qgo_min_ctas(PASS, R)) qgo_kernel(const T* __restrict__ gy, QgoParams p) {
   HOT_DYNAMIC_SMEM(smem);
   float(*tile)[kTileCols] = reinterpret_cast<float(*)[kTileCols]>(smem);
   const TileF32 tf{tile};
   const int tid = threadIdx.x;
-  const auto [rt, ct] = block_tile<PASS>(p);
+  const int64_t n_ct = (std::max<int64_t>(p.O_pad, p.O) + kTileCols - 1) / kTileCols;
+  const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
+  int64_t lin = blockIdx.x;  // a 1-D grid of n_ct * n_rt tiles (grid.y would cap L at 65535 tiles)
+  if (PASS == 2) lin = n_ct * n_rt - 1 - lin;  // reverse order: reuse what pass 1 left in L2
+  const int64_t rt = lin / n_ct, ct = lin % n_ct;
   const int64_t r0 = rt * kTileRows, c0 = ct * kTileCols;
 
   // ---- load the tile as fp32 (zeros outside L x O) ------------------------------------------------
@@ -534,66 +525,6 @@ __global__ void __launch_bounds__(kThreads, qgo_min_ctas(PASS, R)) qgo_kernel(co
         const int64_t r = r0 + row, c = c0 + cc;
         tile[row][tf.phys(cc)] = (r < p.L && c < p.O) ? load_f(gy + r * p.ld_in + c) : 0.0f;
       }
-    }
-  }
-  __syncthreads();
-
-  uint32_t amax_gx = 0, amax_gw = 0;
-  qgo_tile<PASS, R>(p, tf, rt, ct, smem, amax_gx, amax_gw);
-
-  if (PASS == 1) qgo_publish_amax(p, amax_gx, amax_gw, smem);
-}
-
-// The ABC pass (compress_activation's plan) over rows [r0, r0 + p.L) of the im2col matrix of an int8 map kept
-// channels-last (conv_rules.h, SPEC §8): the fp32 tile is gathered as q * scale instead of read from a matrix, the
-// rest is qgo_kernel's. A thread loads one column (i, j, c) of all 64 rows, walking the rows' output pixels without
-// divisions; consecutive threads read consecutive channels of one map pixel.
-struct Im2colS8Src {
-  const int8_t* q_map;
-  const float* scale;
-  ConvParams conv;
-  int64_t r0;
-};
-
-template <int PASS, int R>
-__global__ void __launch_bounds__(kThreads, qgo_min_ctas(PASS, R)) qgo_im2col_kernel(Im2colS8Src src, QgoParams p) {
-  HOT_DYNAMIC_SMEM(smem);
-  float(*tile)[kTileCols] = reinterpret_cast<float(*)[kTileCols]>(smem);
-  const TileF32 tf{tile};
-  const int tid = threadIdx.x;
-  const auto [rt, ct] = block_tile<PASS>(p);
-  const int64_t r0 = rt * kTileRows, c0 = ct * kTileCols;
-  static_assert(kThreads == kTileCols, "one column of the tile per thread");
-  {
-    const int64_t col = c0 + tid;
-    const bool in_col = col < p.O;
-    const int C = static_cast<int>(src.conv.C);
-    int i = 0, j = 0, c = 0;
-    if (in_col) {
-      const int ij = static_cast<int>(col / C);
-      c = static_cast<int>(col - static_cast<int64_t>(ij) * C);
-      i = ij / src.conv.kw, j = ij - i * src.conv.kw;
-    }
-    const float sc = src.scale[0];
-    Im2colRowWalker w(src.conv, src.r0 + r0);
-    // 8 rows at a time: their map offsets first, then 8 independent loads in flight, then the fp32 values (one load
-    // per row in sequence left each thread waiting on the memory latency 64 times per tile)
-    constexpr int kBatch = 8;
-    for (int row0 = 0; row0 < kTileRows; row0 += kBatch) {
-      int64_t off[kBatch];
-      bool ok[kBatch];
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        off[b] = 0;
-        ok[b] = in_col && r0 + row0 + b < p.L && im2col_s8_offset(src.conv, w, i, j, c, off[b]);
-        w.next(src.conv);
-      }
-      int8_t q[kBatch];
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) q[b] = ok[b] ? src.q_map[off[b]] : int8_t{0};
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b)
-        tile[row0 + b][tf.phys(tid)] = ok[b] ? __fmul_rn(static_cast<float>(q[b]), sc) : 0.0f;
     }
   }
   __syncthreads();
@@ -649,7 +580,11 @@ __global__ void __launch_bounds__(kThreads, qgo16_min_ctas(PASS, R)) qgo16_kerne
   static_assert(sizeof(T) == 2, "16-bit inputs only");
   HOT_DYNAMIC_SMEM(smem);
   const int tid = threadIdx.x;
-  const auto [rt, ct] = block_tile<PASS>(p);
+  const int64_t n_ct = (std::max<int64_t>(p.O_pad, p.O) + kTileCols - 1) / kTileCols;
+  const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
+  int64_t lin = blockIdx.x;  // a 1-D grid of n_ct * n_rt tiles
+  if (PASS == 2) lin = n_ct * n_rt - 1 - lin;  // reverse order: reuse what pass 1 left in L2
+  const int64_t rt = lin / n_ct, ct = lin % n_ct;
   const int64_t r0 = rt * kTileRows, c0 = ct * kTileCols;
 
   // ---- load the tile by cp.async (zeros outside L x O) ------------------------------------------------
@@ -779,9 +714,8 @@ QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradO
 // partials), the scales, pass 2 (quantisation), g_b. `launch(kernel, grid, threads, smem_bytes, args...)`
 // runs a kernel and `launch.zero(ptr, bytes)` clears memory, both in stream order (the CUDA backend's
 // launcher, or the emulation's).
-// `src`: the matrix g_y (or x) of element type T, or an Im2colS8Src (the ABC pass over an im2col matrix).
-template <typename T, class Src, class Launch>
-void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutputQuant& out, const Src& src,
+template <typename T, class Launch>
+void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutputQuant& out, const T* src,
                 Launch&& launch) {
   const QgoParams& p = su.p;
   const dim3 grid(static_cast<unsigned>(su.n_ct * su.n_rt));  // one CTA per tile
@@ -790,17 +724,13 @@ void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutput
     constexpr int P = decltype(pass_tag)::value;
     const auto run = [&](auto r_tag) {
       constexpr int R = decltype(r_tag)::value;
-      if constexpr (std::is_same_v<Src, Im2colS8Src>) {
-        launch(qgo_im2col_kernel<P, R>, grid, kThreads, qgo_smem_bytes(), src, pp);
-      } else {
-        if constexpr (sizeof(T) == 2) {
-          if (su.raw16) {
-            launch(qgo16_kernel<T, P, R>, grid, kThreads, qgo16_smem_bytes(P), src, pp);
-            return;
-          }
+      if constexpr (sizeof(T) == 2) {
+        if (su.raw16) {
+          launch(qgo16_kernel<T, P, R>, grid, kThreads, qgo16_smem_bytes(P), src, pp);
+          return;
         }
-        launch(qgo_kernel<T, P, R>, grid, kThreads, qgo_smem_bytes(), src, pp);
       }
+      launch(qgo_kernel<T, P, R>, grid, kThreads, qgo_smem_bytes(), src, pp);
     };
     if (su.fixed_rank == 8) {
       run(std::integral_constant<int, 8>{});

@@ -28,9 +28,6 @@ void hla_project(const TensorView&, const TensorView&, int, Stream) { missing();
 void quantize(const TensorView&, const TensorView&, const TensorView&, const QuantizeParams&, Stream) { missing(); }
 void dequantize(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
 void col2im(const TensorView&, const ConvGeometry&, const TensorView&, Stream) { missing(); }
-void compress_im2col(const Im2colSource&, int64_t, int64_t, const TensorView&, const TensorView&, int, Stream) {
-  missing();
-}
 void pack_int4(const TensorView&, const TensorView&, Stream) { missing(); }
 void unpack_int4(const TensorView&, const TensorView&, Stream) { missing(); }
 void gemm_s8s8s32(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }

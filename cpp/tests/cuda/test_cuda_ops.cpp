@@ -567,41 +567,6 @@ TEST_F(Cuda_BackwardLinear, BitExactVsCpu) {
         }
 }
 
-// A convolution's g_w operand as its int8 map (hot::Im2colSource): the GPU's gathering ABC pass against the CPU's
-// formed matrix, end to end through backward_linear (ResNet-like 3x3 geometries, a strided one, patch order).
-TEST_F(Cuda_BackwardLinear, Im2colSourceBitExactVsCpu) {
-  struct G {
-    int64_t N, C, H, W;
-    int k, s, rank;
-    bool patches;
-  };
-  uint64_t seed = 1500;
-  for (const G& g : {G{2, 16, 14, 14, 3, 1, 16, false}, G{4, 24, 15, 13, 3, 2, 16, false}, G{2, 8, 16, 16, 3, 1, 8, true},
-                     G{8, 64, 28, 28, 3, 1, 16, false}}) {
-    hot::ConvGeometry cg;
-    cg.N = g.N, cg.C = g.C, cg.H = g.H, cg.W = g.W, cg.kh = cg.kw = g.k, cg.sh = cg.sw = g.s, cg.ph = cg.pw = 1;
-    cg.patches = g.patches;
-    const int64_t L = g.N * cg.out_h() * cg.out_w(), I = int64_t{g.k} * g.k * g.C, O = 32;
-    SCOPED_TRACE(testing::Message() << "L " << L << " I " << I << " rank " << g.rank);
-    hot::Config cfg;
-    cfg.rank = g.rank;
-    HostTensor q = rand_int(DType::s8, g.N * g.H * g.W, g.C, -127, 127, seed++);
-    HostTensor sc = out1d(DType::f32, 1);
-    sc.setf(0, 0.021f);
-    HostTensor w = rand_float(DType::bf16, O, I, seed++, -1, 0.05f), gy = rand_float(DType::bf16, L, O, seed++);
-    DevTensor dq(q), dsc(sc), dw(w), dgy(gy);
-    HostTensor gxc = out2d(DType::bf16, L, I), gwc = out2d(DType::bf16, O, I), gbc = out1d(DType::bf16, O);
-    HostTensor gxg = gxc, gwg = gwc, gbg = gbc;
-    DevTensor dgx(gxg), dgw(gwg), dgb(gbg);
-    hot::backward_linear(gy, w, hot::Im2colSource{q, sc, cg}, cfg, 42, {gxc, gwc, gbc});
-    hot::backward_linear(dgy, dw, hot::Im2colSource{dq, dsc, cg}, cfg, 42, {dgx, dgw, dgb}, st());
-    sync();
-    EXPECT_TRUE(all_bytes_equal(gxc, dgx.to_host())) << "grad_input";
-    EXPECT_TRUE(all_bytes_equal(gwc, dgw.to_host())) << "grad_weight";
-    EXPECT_TRUE(all_bytes_equal(gbc, dgb.to_host())) << "grad_bias";
-  }
-}
-
 // ---- sm_90a: the wgmma kernels themselves -------------------------------------------------------------
 
 class Cuda_Sm90_GemmS8 : public CudaTest {};

@@ -186,55 +186,6 @@ TEST_P(Emu_CompressActivation, BitExactVsCpu) {
         }
 }
 
-// The ABC pass over the im2col matrix of an int8 map (compress_im2col): the gathering kernel against the CPU reference
-// (the float32 matrix formed, then compressed), over conv geometries, row ranges (r0 > 0, a chunk's), patch order,
-// ranks.
-TEST(Emu_CompressIm2col, BitExactVsCpu) {
-  struct G {
-    int64_t N, C, H, W;
-    int kh, kw, sh, sw, ph, pw, dh, dw;
-    bool patches;
-  };
-  const std::vector<G> geoms = {{2, 3, 7, 9, 3, 3, 1, 1, 1, 1, 1, 1, false}, {2, 5, 9, 8, 3, 3, 2, 2, 1, 1, 1, 1, false},
-                                {1, 2, 11, 10, 3, 2, 1, 2, 2, 1, 2, 3, false}, {2, 3, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1, true},
-                                {3, 40, 6, 6, 3, 3, 1, 1, 1, 1, 1, 1, false}};  // I = 360: two column tiles
-  uint64_t seed = 7700;
-  for (const G& gg : geoms)
-    for (int rank : {3, 8, 16}) {
-      hot::ConvGeometry g;
-      g.N = gg.N, g.C = gg.C, g.H = gg.H, g.W = gg.W, g.kh = gg.kh, g.kw = gg.kw, g.sh = gg.sh, g.sw = gg.sw;
-      g.ph = gg.ph, g.pw = gg.pw, g.dh = gg.dh, g.dw = gg.dw, g.patches = gg.patches;
-      const int64_t L = g.N * g.out_h() * g.out_w(), I = int64_t{g.kh} * g.kw * g.C;
-      HostTensor q = hot_cuda_test::rand_int(DType::s8, g.N * g.H * g.W, g.C, -127, 127, seed++);
-      HostTensor s = out1d(DType::f32, 1);
-      s.setf(0, 0.0173f);
-      for (auto [r0, r1] : {std::pair<int64_t, int64_t>{0, L}, {16, L}, {32, std::min<int64_t>(L, 32 + 70)}}) {
-        if (r0 >= r1) continue;
-        SCOPED_TRACE(testing::Message() << "geometry " << (&gg - geoms.data()) << " rank " << rank << " rows " << r0
-                                        << ".." << r1);
-        const hot::Im2colSource src{q, s, g};
-        const int64_t Kp = hot::padded_k(hot::hla_rows(r1 - r0, rank));
-        HostTensor qc = out2d(DType::s8, I, Kp), qe = qc, sc = out1d(DType::f32, 1), se = sc;
-        hot::cpu::compress_im2col(src, r0, r1, qc, sc, rank, {});
-        GradOutputQuant out;
-        out.q_gh_t = qe;
-        out.s_gh = se;
-        const GradOutputPlan plan = hot::cuda::abc_plan(rank);
-        hot::cuda::QgoSetup su =
-            hot::cuda::qgo_setup(hot::make_view(nullptr, DType::f32, q.view().device, {r1 - r0, I}), plan, out);
-        su.p.vec_load = false;
-        su.raw16 = false;
-        std::vector<uint32_t> scratch(su.scratch_bytes() / 4 + 1, 0xdeadbeefu);
-        su.bind_scratch(scratch.data());
-        const hot::cuda::Im2colS8Src es{static_cast<const int8_t*>(q.view().data),
-                                        static_cast<const float*>(s.view().data), hot::conv_params(g), r0};
-        hot::cuda::qgo_launch<float>(su, plan, out, es, hot_emu::Launch{});
-        EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qc, qe));
-        EXPECT_TRUE(hot_cuda_test::all_bytes_equal(sc, se));
-      }
-    }
-}
-
 // Inputs with millions of rows (a convolution's L = batch x H x W): every launch of the pass fits the GPU's grid
 // limits, for g_y and for ABC, 16-bit (qgo16_kernel) and fp32 (qgo_kernel). The launches are recorded, not run (the
 // data is never touched).

@@ -282,12 +282,16 @@ def _run(model: nn.Module, input: Any):
     return model(input)
 
 
-def _x_bytes(call: Call) -> int:
-    """Bytes of the layer's input in the dtype it computes in."""
+def _x_elems(call: Call) -> int:
     n = 1
     for s in call.x_shape:
         n *= s
-    return n * torch.empty((), dtype=call.dtype).element_size()
+    return n
+
+
+def _x_bytes(call: Call) -> int:
+    """Bytes of the layer's input in the dtype it computes in."""
+    return _x_elems(call) * torch.empty((), dtype=call.dtype).element_size()
 
 
 def kept_bytes(call: Call, config) -> Tuple[int, int]:
@@ -298,9 +302,6 @@ def kept_bytes(call: Call, config) -> Tuple[int, int]:
     weight's cast copy: an exact Linear when its input needs a gradient, an exact conv and a HOT layer always."""
     if not call.need_gw:  # a frozen weight: only the weight's cast copy under autocast, for g_x
         return (call.w_cast, call.w_cast) if call.need_gx else (0, 0)
-    n = 1
-    for s in call.x_shape:
-        n *= s
     exact = _x_bytes(call)
     wc_hot = call.w_cast
     wc_exact = call.w_cast if (call.kind != "Linear" or call.need_gx) else 0
@@ -310,7 +311,7 @@ def kept_bytes(call: Call, config) -> Tuple[int, int]:
         return wc_hot, exact + wc_exact
     if call.kind == "Linear" or call.pointwise:
         return call.I * ops.padded_k(call.L, config.rank) + 4 + wc_hot, exact + wc_exact
-    return n + 4 + wc_hot, exact + wc_exact
+    return _x_elems(call) + 4 + wc_hot, exact + wc_exact
 
 
 def ops_of(call: Call, config) -> Tuple[OpCount, OpCount]:

@@ -587,9 +587,6 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
             qh = q.detach().reshape(N, C, H, W).permute(0, 2, 3, 1).reshape(N * H * W, C)  # im2col reads
             xf = hot.dequantize(qh.contiguous(), scale.detach(), dtype=torch.float32)    # whole channel runs
             xf = xf.reshape(N, H, W, C).permute(0, 3, 1, 2)
-        # The float columns. The core can also form them from the int8 map inside its compression kernel
-        # (_api._im2col_source, bit for bit the same gradients), but on an H100 that kernel was measured slower than
-        # this copy (benchmarks/NOTES.md, 2026-11-25): it stays off here until it is faster.
         cols = im2col(xf, (kh, kw), stride, padding, dilation, patches)  # N*P x CKK, columns (i, j, c)
     gcols, gw, gb = _backward_linear(g, conv_weight_cols(weight), cols, None, None, seed, cfg, need_gx,
                                      need_gw, need_gb, (N * P, CKK), reuse)

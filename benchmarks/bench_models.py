@@ -3,11 +3,12 @@
 layer) and step time with a breakdown, for ViT-B/16, ResNet-50 and one LLaMA-style block.
 
 Models: vit_b16 (timm ``vit_base_patch16_224`` when timm imports, else the same network built here: 12 blocks,
-dim 768, 12 heads, MLP 3072, 196 + 1 tokens, timm's module names), resnet50 (torchvision; skipped with a note
-when torchvision is absent), llama_block (one LLaMA-3-8B-style block: hidden 4096, 32 query heads, 8 key/value
+dim 768, 12 heads, MLP 3072, 196 + 1 tokens, timm's module names), resnet50 (torchvision,
+when torchvision is absent: the same network built here), llama_block (one LLaMA-3-8B-style block: hidden 4096, 32 query heads, 8 key/value
 heads, SwiGLU MLP 14336, RMSNorm, RoPE, causal SDPA, sequence 2048; its input requires a gradient as inside a
 network). All randomly initialised, parameters fp32, AdamW.
-Modes: exact; hot (``hot.torch.convert`` with the default ``hot.Config()``); hot-paper (with ``hot.Config.paper()``,
+Modes: exact; hot (``hot.torch.convert`` with the default ``hot.Config()``); hot-relu (the same with
+``relu_masks=False``: the model's nn.ReLU modules keep their outputs, as in exact training); hot-paper (with ``hot.Config.paper()``,
 the paper's 4-bit g_x and rank-8 HLA); lora (LoRA r=16 on every Linear
 and groups=1 Conv2d, base frozen, exact; the baseline of the next); hot+lora (the same, then ``convert``: HOT
 runs on the frozen base layers, the adapters stay exact, SPEC §8). LoRA through peft when it imports, else a
@@ -65,12 +66,11 @@ import torch.nn.functional as F
 
 import hot
 import hot.torch as ht
-from hot.experiments import models
 from hot.experiments.models import Attention  # qkv / proj nn.Linear, as timm names them
 from hot.torch.summary import kept_bytes as _analytic_kept_bytes
 
 GB = 1e9
-MODES = ("exact", "hot", "hot-paper", "lora", "hot+lora")
+MODES = ("exact", "hot", "hot-relu", "hot-paper", "lora", "hot+lora")
 # The paper's analytic activation-memory figure for ViT-B at batch 256 (FP32 training vs HOT), from the issue.
 PAPER = {("vit_b16", 256): {"exact": 33.2e9, "hot": 5.8e9}}
 
@@ -165,6 +165,57 @@ class VisionTransformer(nn.Module):
         x = self.norm(x)
         x = x[:, 0] if self.global_pool == "token" else x.mean(1)
         return self.head(x)
+
+
+class _Bottleneck(nn.Module):
+    """torchvision's ResNet-50 block (v1.5: the stride on the 3x3 conv; one in-place ReLU module called three times)."""
+
+    def __init__(self, cin: int, planes: int, stride: int) -> None:
+        super().__init__()
+        cout = planes * 4
+        self.conv1 = nn.Conv2d(cin, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, cout, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + (x if self.downsample is None else self.downsample(x)))
+
+
+class ResNet50(nn.Module):
+    """ResNet-50 with torchvision's layout and module names (used when torchvision is not importable); ``width`` and
+    ``blocks`` make the smoke stand-in (8, (1, 1, 1, 1))."""
+
+    def __init__(self, num_classes: int = 1000, width: int = 64, blocks=(3, 4, 6, 3)) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, width, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        cin = width
+        for i, (n, stride) in enumerate(zip(blocks, (1, 2, 2, 2))):
+            planes = width * 2 ** i
+            layer = []
+            for j in range(n):
+                layer.append(_Bottleneck(cin, planes, stride if j == 0 else 1))
+                cin = planes * 4
+            setattr(self, f"layer{i + 1}", nn.Sequential(*layer))
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
 class LlamaRMSNorm(nn.Module):
@@ -287,18 +338,20 @@ def make_task(name: str, smoke: bool, args) -> (Optional[Task], str):
     if name == "resnet50":
         if smoke:
             def build():
-                return models.ResNet(channels=3, classes=10, width=16)
-            desc = "tiny built-in ResNet (hot.experiments.models.ResNet, smoke stand-in for ResNet-50)"
-            img, classes = 8, 10
+                return ResNet50(num_classes=10, width=8, blocks=(1, 1, 1, 1))
+            desc = "ResNet-50's layout with one block per stage at width 8 (smoke stand-in for ResNet-50)"
+            img, classes = 32, 10
         else:
             try:
                 import torchvision
-            except ImportError:
-                return None, "torchvision not importable: ResNet-50 skipped"
 
-            def build():
-                return torchvision.models.resnet50(weights=None)
-            desc = f"torchvision {torchvision.__version__} resnet50"
+                def build():
+                    return torchvision.models.resnet50(weights=None)
+                desc = f"torchvision {torchvision.__version__} resnet50"
+            except ImportError:
+                def build():
+                    return ResNet50()
+                desc = "ResNet-50 built in this script (torchvision not importable; torchvision's layout and names)"
             img, classes = 224, 1000
 
         def batch(b, dev):
@@ -725,7 +778,9 @@ def run_config(task: Task, model, opt, cands: set, device, dtype: str, batch: in
     res["layer_info"] = {short_name(n): {"type": type(m).__name__, "rows": m._hot_seen[0] if m._hot_seen else None,
                                          "in": m.in_features if isinstance(m, nn.Linear) else m.in_channels,
                                          "trainable": m.weight.requires_grad, "rank": m.hot_config.rank,
-                                         "keeps_input": bool(m._hot_keeps_input)}
+                                         "keeps_input": bool(m._hot_keeps_input),
+                                         "pointwise": isinstance(m, nn.Conv2d)
+                                         and ht.ops.pointwise(m.kernel_size, ht.layers.conv_padding(m))}
                          for n, m in hot_layers}
     res["abc_analytic"] = int(sum(_analytic_kept_bytes(m)[0] for _, m in hot_layers if m._hot_seen is not None)) \
         if hot_layers else 0
@@ -945,7 +1000,8 @@ def write_report(path_md, path_json, env, results, notes, titles, args):
     L += [f"Steps: {args.warmup} warm-up, memory step, attribution pass (forward only), median of {args.steps} timed "
           f"steps, median of {args.hooked_steps} hooked steps. AdamW; parameters fp32; bf16 = torch.autocast. "
           f"HOT = `hot.torch.convert(model)` with `hot.Config()` ({hot.Config().describe()}); hot-paper = with "
-          f"`hot.Config.paper()` ({hot.Config.paper().describe()}); every Linear and groups=1 Conv2d is converted "
+          f"`hot.Config.paper()` ({hot.Config.paper().describe()}); hot-relu = HOT with `relu_masks=False` (nn.ReLU modules keep "
+          f"their outputs); every Linear and groups=1 Conv2d is converted "
           "(patch embedding / stem included). "
           "LoRA r=16 on every Linear and groups=1 Conv2d, everything else frozen. GB = 1e9 bytes.", ""]
     for n in notes:
@@ -981,7 +1037,7 @@ def write_report(path_md, path_json, env, results, notes, titles, args):
     L += ["## Speed: HOT against exact in the same run", ""]
     srows = []
     for r in results:
-        if r["mode"] not in ("hot", "hot-paper", "hot+lora") or not _ok(r):
+        if r["mode"] not in ("hot", "hot-relu", "hot-paper", "hot+lora") or not _ok(r):
             continue
         base = find(results, r["model"], "lora" if r["mode"] == "hot+lora" else "exact", r["dtype"], r["batch"])
         if not _ok(base):
@@ -1204,7 +1260,8 @@ def _main(a) -> int:
                     notes.append(f"LoRA: {lnote}")
             cands = set(candidate_names(model))
             if mode.startswith("hot"):
-                rep = ht.convert(model, hot.Config.paper() if mode == "hot-paper" else None)
+                rep = ht.convert(model, hot.Config.paper() if mode == "hot-paper" else None,
+                                 relu_masks=mode != "hot-relu")
                 assert {n for n, _, _ in rep.converted} == cands
             model = model.to(device)
             model.train()

@@ -16,7 +16,7 @@ from hot.torch.ops import padded_k  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench_models.py")
 MODELS = ("vit_b16", "resnet50", "llama_block")
-MODES = ("exact", "hot", "hot-paper", "lora", "hot+lora")
+MODES = ("exact", "hot", "hot-relu", "hot-paper", "lora", "hot+lora")
 DTYPES = ("fp32", "bf16")
 
 
@@ -84,11 +84,12 @@ def test_hot_layers_keep_the_abc_buffer(report, model, dtype):
             assert hb == 0, name
             checked += 1
             continue
-        if info["type"] == "Linear":
+        if info["type"] == "Linear" or info["pointwise"]:  # a pointwise conv: the ABC buffer of its pixel rows
             assert hb == i * padded_k(rows, info["rank"]) + 4, name
             if rows % 32 == 0:  # no padding: r/16 of the rows at 1 byte for elt (r = 16: 1/4 of fp32, 1/2 of bf16)
-                assert xb == rows * i * elt, name
-                assert hb - 4 == xb * info["rank"] // (16 * elt), name
+                read = rows * i * elt  # the rows the layer reads (a stride-s pointwise conv: 1/s^2 of its input)
+                assert xb == read if info["type"] == "Linear" else xb % read == 0, name
+                assert hb - 4 == read * info["rank"] // (16 * elt), name
                 checked += 1
         else:  # Conv2d: the int8 input feature map + the scale
             assert hb - 4 == xb // elt, name
@@ -123,3 +124,16 @@ def test_explanation_paragraphs(report):
     _, md = report
     assert md.count("Saved-tensor hooks count") == len(MODELS)
     assert "What HOT leaves in place" in md and "Under LoRA (base frozen)" in md
+
+
+def test_relu_masks_make_resnet_lighter_than_exact(report):
+    """convert's ReLU masks (SPEC §2): the convs after ReLUs keep int8 copies in place of the ReLUs' outputs, so the
+    model keeps less than exact training; without masks (hot-relu) the convs keep the ReLUs' outputs: no more than
+    exact, and more than with masks."""
+    data, _ = report
+    for dt in DTYPES:
+        ex, ho, hr = (_get(data, "resnet50", m, dt) for m in ("exact", "hot", "hot-relu"))
+        assert ho["saved"]["total"] < hr["saved"]["total"] <= ex["saved"]["total"], dt
+        act = [k for k in ex["saved"]["categories"] if k.startswith("activation")]
+        assert act and all(ho["saved"]["categories"].get(k, 0) < ex["saved"]["categories"][k] for k in act), dt
+        assert ho["saved"]["layers_hot"] > hr["saved"]["layers_hot"], dt  # the int8 copies the masks make room for

@@ -11,6 +11,11 @@ and the adapters stay exact (SPEC §8).
 Converting a model in which nothing is eligible raises ``ValueError`` (with the report), because a run
 that silently trains without HOT is worse than a stopped one; a model whose eligible layers are all
 already HOT layers only warns.
+
+With ``relu_masks`` (the default) the model's ``nn.ReLU`` modules become ``hot.torch.ReLU`` (same class swap), which
+keeps a 1-bit mask for its backward instead of its output: then the converted layer after a ReLU keeps its own int8
+copy in place of the ReLU's output, and the model keeps less than exact training (SPEC §2). The gradients are
+unchanged bit for bit.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import torch.nn as nn
 import hot
 
 from .layers import Conv2d, Linear, HOT_LAYERS, conv_padding
+from .relu import ReLU
 
 Matcher = Union[None, str, Iterable[str], Callable[[str, nn.Module], bool]]
 
@@ -57,6 +63,7 @@ class ConvertReport:
         self.config = config
         self.converted: List[Tuple[str, str, str]] = []
         self.skipped: List[Tuple[str, str, str]] = []
+        self.relus: List[str] = []  # names of the nn.ReLU modules swapped for hot.torch.ReLU
 
     def __len__(self) -> int:
         return len(self.converted)
@@ -72,6 +79,9 @@ class ConvertReport:
         w2 = max(len(r[2]) for r in rows)
         for mark, n, t, d in rows:
             lines.append(f"  {mark:1} {n:<{w1}}  {t:<{w2}}  {d}")
+        if self.relus:
+            lines.append(f"  {len(self.relus)} nn.ReLU module(s) keep a 1-bit mask for their backward instead of their "
+                         f"output (hot.torch.ReLU; relu_masks=False keeps them as they are)")
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -143,7 +153,8 @@ def _lora_adapter(name: str) -> bool:
     return any(p in _LORA_ADAPTER_NAMES for p in parts)
 
 
-def convert(model: nn.Module, config=None, include: Matcher = None, exclude: Matcher = None) -> ConvertReport:
+def convert(model: nn.Module, config=None, include: Matcher = None, exclude: Matcher = None,
+            relu_masks: Union[bool, Matcher] = True) -> ConvertReport:
     """Swap eligible layers of ``model`` for HOT layers in place; returns a printable ConvertReport.
 
     config: a ``hot.Config`` given to every converted layer; default ``hot.Config()``, the accurate configuration
@@ -153,6 +164,10 @@ def convert(model: nn.Module, config=None, include: Matcher = None, exclude: Mat
     also matches everything below the named module), a list of patterns, or a predicate
     ``f(name, module) -> bool``. With ``include`` only matching layers are candidates; ``exclude``
     removes layers. Layers left alone are listed in the report with the reason.
+    relu_masks: swap the model's ``nn.ReLU`` modules for ``hot.torch.ReLU``, which keeps one bit per element for its
+    backward instead of its output (exact gradients; SPEC §2): True (all of them), False (none), or a pattern, list of
+    patterns or predicate selecting them by name, as for ``include`` (include / exclude select layers only). The
+    report counts them.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"hot.torch.convert: model must be a torch.nn.Module, got {type(model).__name__}")
@@ -160,6 +175,13 @@ def convert(model: nn.Module, config=None, include: Matcher = None, exclude: Mat
         config = hot.Config()
     elif not isinstance(config, hot.Config):
         raise TypeError(f"hot.torch.convert: config must be a hot.Config, got {type(config).__name__}")
+    if isinstance(relu_masks, bool):
+        relu_match = (lambda name, module: True) if relu_masks else None
+    elif relu_masks is None or isinstance(relu_masks, (str, list, tuple)) or callable(relu_masks):
+        relu_match = _matcher(relu_masks, "relu_masks")
+    else:
+        raise TypeError(f"hot.torch.convert: relu_masks must be a bool, a name pattern, a list of them or a predicate "
+                        f"(name, module) -> bool; got {type(relu_masks).__name__}")
     inc = _matcher(include, "include")
     exc = _matcher(exclude, "exclude")
     report = ConvertReport(config)
@@ -206,6 +228,11 @@ def convert(model: nn.Module, config=None, include: Matcher = None, exclude: Mat
         else:
             raise ValueError("hot.torch.convert: no eligible layer (Linear, or Conv2d with groups=1 and zero "
                              "padding) in the model\n" + str(report))
+    if relu_match is not None:
+        for name, m in model.named_modules():
+            if type(m) is nn.ReLU and relu_match(name, m):
+                m.__class__ = ReLU
+                report.relus.append(name)
     return report
 
 

@@ -1,0 +1,194 @@
+"""hot.torch.ReLU (SPEC §2): the exact ReLU gradient from a 1-bit mask, what it keeps, and what it lets a converted
+layer after it save; convert's relu_masks switch."""
+import pytest
+import torch
+import torch.nn as nn
+
+import hot.torch as ht
+from hot.torch.relu import pack_bits, relu, unpack_bits
+from conftest import DEVICES
+
+
+def _saved(fn):
+    """(every tensor autograd saved while fn ran, fn's result)."""
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return saved, out
+
+
+def _storage_bytes(tensors):
+    seen = {}
+    for t in tensors:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 63, 64, 1001])
+def test_pack_bits_round_trip(n):
+    g = torch.Generator().manual_seed(n)
+    m = torch.rand(n, generator=g) > 0.5
+    b = pack_bits(m)
+    assert b.dtype == torch.uint8 and b.numel() == (n + 7) // 8
+    assert torch.equal(unpack_bits(b, (n,)), m)
+    # bit j of byte k is element 8k + j
+    k = (n - 1) // 8  # the last byte, padded with zeros when n % 8 != 0
+    expect = sum(int(m[8 * k + j]) << j for j in range(min(8, n - 8 * k)))
+    assert int(b[k]) == expect
+
+
+def test_unpack_bits_checks_its_input():
+    with pytest.raises(ValueError, match="bits must be a uint8 vector of 2 bytes for shape \\(3, 3\\)"):
+        unpack_bits(torch.zeros(3, dtype=torch.uint8), (3, 3))
+    with pytest.raises(TypeError, match="mask has dtype torch.float32, expected torch.bool"):
+        pack_bits(torch.zeros(3))
+
+
+def _special_input(shape, dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g)
+    flat = x.view(-1)
+    flat[:6] = torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e-30])
+    return x.to(dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "transposed"])
+def test_gradient_equals_nn_relu_bit_for_bit(device, dtype, inplace, layout):
+    """Outputs and input gradients equal nn.ReLU's exactly, non-finite values included: a NaN input passes its g_y
+    (torch's threshold_backward), a NaN or inf g_y where the output is 0 gives 0."""
+    x = _special_input((3, 5, 6, 7), dtype, device, seed=1)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    elif layout == "transposed":
+        x = x.transpose(1, 3)
+    gy = _special_input(tuple(x.shape), dtype, device, seed=2)
+    gy.view(-1)[6:9] = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=dtype)
+    res = {}
+    for name, mod in (("exact", nn.ReLU(inplace)), ("hot", ht.ReLU(inplace))):
+        a = x.detach().clone().requires_grad_(True)
+        y = mod(a * 1)  # a non-leaf input, as in a network (in-place needs one)
+        y.backward(gy)
+        res[name] = (y.detach(), a.grad)
+    for e, h in zip(res["exact"], res["hot"]):
+        assert torch.equal(torch.isnan(e), torch.isnan(h))
+        assert torch.equal(e.nan_to_num(0.0), h.nan_to_num(0.0))
+
+
+@pytest.mark.parametrize("shape", [(5,), (4, 9), (2, 3, 5, 5)])
+def test_keeps_one_bit_per_element(shape):
+    x = torch.randn(shape, requires_grad=True)
+    saved, y = _saved(lambda: ht.ReLU()(x * 1))
+    n = x.numel()
+    assert [(t.dtype, t.numel()) for t in saved if t.dtype == torch.uint8] == [(torch.uint8, (n + 7) // 8)]
+    assert not any(t.is_floating_point() and t.numel() == n for t in saved[1:]), "the output was kept"
+    saved_exact, _ = _saved(lambda: nn.ReLU()(x * 1))
+    assert any(t.is_floating_point() and t.numel() == n for t in saved_exact)
+
+
+def test_second_order_gradients():
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(relu, (x,))
+    assert torch.autograd.gradgradcheck(relu, (x,))
+
+
+def test_no_mask_without_a_graph():
+    x = torch.randn(8)
+    saved, y = _saved(lambda: ht.ReLU()(x))
+    assert saved == [] and y.grad_fn is None
+    with torch.no_grad():
+        xi = torch.randn(8, requires_grad=True)
+        assert ht.ReLU()(xi).grad_fn is None
+    assert torch.equal(ht.ReLU()(torch.tensor([-2, 0, 3])), torch.tensor([0, 0, 3]))  # integer input, as nn.ReLU
+
+
+class _Block(nn.Module):
+    """conv -> BN -> ReLU (in place, as torchvision's) -> conv -> ReLU -> 1x1 conv -> pooled linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU(inplace=True)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.act = nn.ReLU()
+        self.c3 = nn.Conv2d(8, 16, 1)
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.relu(self.bn(self.c1(x)))
+        h = self.act(self.c2(h))
+        h = self.relu(self.c3(h))  # the same module called twice
+        return self.fc(h.mean((2, 3)))
+
+
+def _step(model, x, seed):
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)  # the layers' stochastic-rounding seeds
+    saved, y = _saved(lambda: model(x))
+    y.square().sum().backward()
+    kept = _storage_bytes([t for t in saved if not isinstance(t, nn.Parameter)])
+    return kept, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_convert_swaps_relus_same_gradients_less_kept(device):
+    """convert's ReLUs keep masks; each conv after one keeps its int8 copy instead of the ReLU's output: the same
+    gradients bit for bit as the converted model with nn.ReLU, and fewer bytes kept than exact training."""
+    torch.manual_seed(0)
+    base = _Block().to(device)
+    x = torch.randn(4, 3, 12, 12, device=device)
+    models = {}
+    for masks in (False, True):
+        m = _Block().to(device)
+        m.load_state_dict(base.state_dict())
+        rep = ht.convert(m, relu_masks=masks)
+        assert rep.relus == (["relu", "act"] if masks else [])
+        assert isinstance(m.relu, ht.ReLU) == masks and isinstance(m.act, ht.ReLU) == masks
+        models[masks] = m
+    assert "2 nn.ReLU module(s) keep a 1-bit mask" in str(ht.convert(_Block()))
+    kept_exact, _ = _step(base, x, 3)
+    kept_plain, g_plain = _step(models[False], x, 3)
+    kept_masks, g_masks = _step(models[True], x, 3)
+    for n in g_plain:
+        assert torch.equal(g_plain[n], g_masks[n]), n
+    assert kept_plain <= kept_exact  # never more than exact (SPEC §2)
+    assert kept_masks < 0.8 * kept_exact, (kept_masks, kept_exact)
+
+
+def test_convert_relu_masks_selects_by_name_and_checks_its_type():
+    m = _Block()
+    rep = ht.convert(m, exclude="c2", relu_masks="act")  # include / exclude select layers, relu_masks the ReLUs
+    assert rep.relus == ["act"] and type(m.relu) is nn.ReLU and isinstance(m.act, ht.ReLU)
+    assert type(m.c2) is nn.Conv2d
+    m = _Block()
+    assert ht.convert(m, relu_masks=lambda name, mod: not mod.inplace).relus == ["act"]
+    with pytest.raises(TypeError, match="relu_masks must be a bool, a name pattern, a list of them or a predicate "
+                                        "\\(name, module\\) -> bool; got int"):
+        ht.convert(_Block(), relu_masks=1)
+    m = nn.Sequential(nn.ReLU(), nn.Flatten())
+    with pytest.raises(ValueError, match="no eligible layer"):
+        ht.convert(m)
+    assert type(m[0]) is nn.ReLU  # nothing changed when convert refuses
+
+
+def test_masked_relu_model_survives_state_dict_and_deepcopy():
+    import copy
+    m = _Block()
+    ht.convert(m)
+    m2 = copy.deepcopy(m)
+    assert isinstance(m2.relu, ht.ReLU) and m2.relu.inplace
+    assert set(m.state_dict()) == set(_Block().state_dict()) | {k for k in m.state_dict() if k.endswith("_extra_state")}
+    x = torch.randn(2, 3, 8, 8)
+    torch.manual_seed(1)
+    a = m(x)
+    torch.manual_seed(1)
+    b = m2(x)
+    assert torch.equal(a, b)

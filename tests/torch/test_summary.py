@@ -315,3 +315,19 @@ def test_verdict_gives_no_memory_credit_for_an_input_its_producer_keeps():
     assert v == "keep exact: 0.10x backward time, no memory change (its producer keeps the input either way)"
     assert cost._verdict(dict(base, kept_hot=1024, shared=False)).startswith("convert for memory: 0.10x")
     assert cost._verdict(dict(base, kept_hot=1024, ms_hot=0.2)).startswith("convert: 2.00x faster")
+
+
+def test_report_counts_the_relu_masks():
+    """A converted model's hot.torch.ReLU keeps a 1-bit mask instead of its output (SPEC §2): the report names the
+    masks' bytes and the outputs' in a note, and the conv after it keeps its own int8 map (not the ReLU's output)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, padding=1))
+    ht.convert(model)
+    x = torch.randn(2, 3, 5, 5)
+    rep = cost.report(model, x)
+    rows = {r["name"]: r for r in rep.rows}
+    n = 2 * 8 * 5 * 5  # the ReLU's output elements
+    assert rows["2"]["kept_hot"] == n + 4 and rows["2"]["kept_exact"] == n * 4
+    note = [t for t in rep.notes if "hot.torch.ReLU" in t]
+    assert len(note) == 1 and note[0].startswith(f"1 hot.torch.ReLU module(s) keep 1-bit masks, {(n + 7) // 8} B")
+    assert f"in place of their outputs, {cost._fmt_bytes(n * 4)} in exact training" in note[0]

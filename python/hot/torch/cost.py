@@ -32,6 +32,7 @@ import hot
 from . import ops
 from .convert import hot_layers
 from .layers import Linear, conv_padding
+from .relu import ReLU
 
 #: Hadamard block of the HLA projection (SPEC §4): 16 rows.
 HLA_BLOCK = 16
@@ -567,7 +568,20 @@ def report(model: nn.Module, input: Any, config=None, time: Optional[bool] = Non
     configuration (default, calibrated, LQS, warm-up target, given); "default"; "paper"; or a hot.Config for every
     layer. ``time``: measure each distinct layer shape's backward, HOT against exact (default: when the model's
     parameters are on a CUDA device); on other devices the report says it was not measured."""
-    traced, _ = trace(model, input)
+    relus = [m for m in model.modules() if isinstance(m, ReLU)]
+    masks = [0, 0]  # (bytes of the 1-bit masks the ReLUs keep, bytes of the outputs exact training keeps there)
+
+    def relu_post(m, args, out):
+        if isinstance(out, torch.Tensor) and out.grad_fn is not None and out.is_floating_point():
+            masks[0] += (out.numel() + 7) // 8
+            masks[1] += out.numel() * out.element_size()
+
+    handles = [m.register_forward_hook(relu_post) for m in relus]
+    try:
+        traced, _ = trace(model, input)
+    finally:
+        for h in handles:
+            h.remove()
     dev = next((p.device for p in model.parameters()), torch.device("cpu"))
     if time is None:
         time = dev.type == "cuda"
@@ -629,6 +643,11 @@ def report(model: nn.Module, input: Any, config=None, time: Optional[bool] = Non
         notes.append(f"{_fmt_bytes(shared_exact)} of the exact total are inputs their producer keeps anyway (a ReLU's "
                      f"output, an attention output): neither the exact nor the HOT layer adds memory for them (SPEC "
                      f"§2). What the layers add: exact {_fmt_bytes(own)}, HOT {_fmt_bytes(tot['kept_hot'])}")
+    if masks[0]:
+        notes.append(f"{len(relus)} hot.torch.ReLU module(s) keep 1-bit masks, {_fmt_bytes(masks[0])}, in place of "
+                     f"their outputs, {_fmt_bytes(masks[1])} in exact training (SPEC §2): the layers after them keep "
+                     f"their own buffers (HOT column) where exact training keeps the ReLU's output (exact column); "
+                     f"the masks are not in the totals")
     dtypes = {c.dtype for _, _, cs in traced for c in cs}
     notes.append("FLOPs/OPs count 2 per multiply-accumulate; exact backward = 4*L*I*O (g_x and g_w GEMMs); HOT "
                  "overhead = Hadamard transforms, quantisation, dequantisation (fp32); GBOPs = MACs x bits x bits "

@@ -93,6 +93,16 @@ def test_keeps_one_bit_per_element(shape):
     assert any(t.is_floating_point() and t.numel() == n for t in saved_exact)
 
 
+def test_a_channels_last_map_is_packed_in_memory_order():
+    """The mask of a channels-last output is packed in its memory order (N, H, W, C): forming it needs no copy in
+    logical order; the gradient test above checks it is unpacked back to the right positions."""
+    x = torch.randn(2, 5, 3, 4).to(memory_format=torch.channels_last).requires_grad_(True)
+    saved, y = _saved(lambda: ht.ReLU()(x * 1))
+    (bits,) = [t for t in saved if t.dtype == torch.uint8]
+    assert torch.equal(bits, pack_bits((y <= 0).permute(0, 2, 3, 1).contiguous()))
+    assert not torch.equal(bits, pack_bits((y <= 0).contiguous()))
+
+
 def test_second_order_gradients():
     x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(relu, (x,))

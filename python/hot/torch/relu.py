@@ -50,6 +50,14 @@ def unpack_bits(bits: Tensor, shape) -> Tensor:
     return flat[:n].view(torch.bool).view(shape)
 
 
+def _memory_order(t: Tensor):
+    """The permutation of t's dims that lists them from the largest stride to the smallest (t.permute(perm) is then
+    contiguous for a dense t, e.g. a channels-last map), or None when t is contiguous already."""
+    if t.is_contiguous():
+        return None
+    return sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.shape[d]))
+
+
 class _MaskedReLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, inplace: bool) -> Tensor:
@@ -58,14 +66,24 @@ class _MaskedReLU(torch.autograd.Function):
             ctx.mark_dirty(x)
         else:
             y = torch.relu(x)
-        ctx.save_for_backward(pack_bits(y <= 0))  # where the gradient is 0 (threshold_backward's rule)
-        ctx.shape = y.shape
+        zero = y <= 0  # where the gradient is 0 (threshold_backward's rule); laid out as y
+        perm = _memory_order(zero)
+        if perm is not None:  # pack in memory order (no copy for a dense layout such as channels-last)
+            zero = zero.permute(perm)
+        ctx.save_for_backward(pack_bits(zero))
+        ctx.packed_shape, ctx.perm = zero.shape, perm
         return y
 
     @staticmethod
     def backward(ctx, grad_y: Tensor):
         (bits,) = ctx.saved_tensors
-        return torch.where(unpack_bits(bits, ctx.shape), 0, grad_y), None
+        zero = unpack_bits(bits, ctx.packed_shape)
+        if ctx.perm is not None:
+            inverse = [0] * len(ctx.perm)
+            for i, d in enumerate(ctx.perm):
+                inverse[d] = i
+            zero = zero.permute(inverse)
+        return torch.where(zero, 0, grad_y), None
 
 
 def relu(x: Tensor, inplace: bool = False) -> Tensor:

@@ -62,8 +62,9 @@ class _MaskedReLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, inplace: bool) -> Tensor:
         if inplace:
-            y = torch.relu_(x)
+            torch.relu_(x)
             ctx.mark_dirty(x)
+            y = x  # the dirty input itself is returned (torch.compile requires it)
         else:
             y = torch.relu(x)
         zero = y <= 0  # where the gradient is 0 (threshold_backward's rule); laid out as y

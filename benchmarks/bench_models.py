@@ -7,8 +7,8 @@ dim 768, 12 heads, MLP 3072, 196 + 1 tokens, timm's module names), resnet50 (tor
 when torchvision is absent: the same network built here), llama_block (one LLaMA-3-8B-style block: hidden 4096, 32 query heads, 8 key/value
 heads, SwiGLU MLP 14336, RMSNorm, RoPE, causal SDPA, sequence 2048; its input requires a gradient as inside a
 network). All randomly initialised, parameters fp32, AdamW.
-Modes: exact; hot (``hot.torch.convert`` with the default ``hot.Config()``); hot-relu (the same with
-``relu_masks=False``: the model's nn.ReLU modules keep their outputs, as in exact training); hot-paper (with ``hot.Config.paper()``,
+Modes: exact; hot (``hot.torch.convert`` with the default ``hot.Config()``); hot-plain (the same with
+``keep_less=False``: the model's nn.ReLU / nn.MaxPool2d modules keep what torch's keep); hot-paper (with ``hot.Config.paper()``,
 the paper's 4-bit g_x and rank-8 HLA); lora (LoRA r=16 on every Linear
 and groups=1 Conv2d, base frozen, exact; the baseline of the next); hot+lora (the same, then ``convert``: HOT
 runs on the frozen base layers, the adapters stay exact, SPEC §8). LoRA through peft when it imports, else a
@@ -70,7 +70,7 @@ from hot.experiments.models import Attention  # qkv / proj nn.Linear, as timm na
 from hot.torch.summary import kept_bytes as _analytic_kept_bytes
 
 GB = 1e9
-MODES = ("exact", "hot", "hot-relu", "hot-paper", "lora", "hot+lora")
+MODES = ("exact", "hot", "hot-plain", "hot-paper", "lora", "hot+lora")
 # The paper's analytic activation-memory figure for ViT-B at batch 256 (FP32 training vs HOT), from the issue.
 PAPER = {("vit_b16", 256): {"exact": 33.2e9, "hot": 5.8e9}}
 
@@ -1000,8 +1000,8 @@ def write_report(path_md, path_json, env, results, notes, titles, args):
     L += [f"Steps: {args.warmup} warm-up, memory step, attribution pass (forward only), median of {args.steps} timed "
           f"steps, median of {args.hooked_steps} hooked steps. AdamW; parameters fp32; bf16 = torch.autocast. "
           f"HOT = `hot.torch.convert(model)` with `hot.Config()` ({hot.Config().describe()}); hot-paper = with "
-          f"`hot.Config.paper()` ({hot.Config.paper().describe()}); hot-relu = HOT with `relu_masks=False` (nn.ReLU modules keep "
-          f"their outputs); every Linear and groups=1 Conv2d is converted "
+          f"`hot.Config.paper()` ({hot.Config.paper().describe()}); hot-plain = HOT with `keep_less=False` (nn.ReLU / "
+          f"nn.MaxPool2d keep what torch's keep); every Linear and groups=1 Conv2d is converted "
           "(patch embedding / stem included). "
           "LoRA r=16 on every Linear and groups=1 Conv2d, everything else frozen. GB = 1e9 bytes.", ""]
     for n in notes:
@@ -1037,7 +1037,7 @@ def write_report(path_md, path_json, env, results, notes, titles, args):
     L += ["## Speed: HOT against exact in the same run", ""]
     srows = []
     for r in results:
-        if r["mode"] not in ("hot", "hot-relu", "hot-paper", "hot+lora") or not _ok(r):
+        if r["mode"] not in ("hot", "hot-plain", "hot-paper", "hot+lora") or not _ok(r):
             continue
         base = find(results, r["model"], "lora" if r["mode"] == "hot+lora" else "exact", r["dtype"], r["batch"])
         if not _ok(base):
@@ -1261,7 +1261,7 @@ def _main(a) -> int:
             cands = set(candidate_names(model))
             if mode.startswith("hot"):
                 rep = ht.convert(model, hot.Config.paper() if mode == "hot-paper" else None,
-                                 relu_masks=mode != "hot-relu")
+                                 keep_less=mode != "hot-plain")
                 assert {n for n, _, _ in rep.converted} == cands
             model = model.to(device)
             model.train()

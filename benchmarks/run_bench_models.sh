@@ -22,7 +22,7 @@ default_batches() {
     *) echo "" ;;
   esac
 }
-for entry in ${BENCH_PLAN:-vit_b16:exact,hot,lora,hot+lora resnet50:exact,hot,hot-relu llama_block:exact,hot}; do
+for entry in ${BENCH_PLAN:-vit_b16:exact,hot,lora,hot+lora resnet50:exact,hot,hot-plain llama_block:exact,hot}; do
   IFS=: read -r model modes batches <<< "$entry"
   batches=${batches:-$(default_batches "$model")}
   for dtype in ${BENCH_DTYPES:-fp32 bf16}; do

@@ -16,7 +16,7 @@ from hot.torch.ops import padded_k  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench_models.py")
 MODELS = ("vit_b16", "resnet50", "llama_block")
-MODES = ("exact", "hot", "hot-relu", "hot-paper", "lora", "hot+lora")
+MODES = ("exact", "hot", "hot-plain", "hot-paper", "lora", "hot+lora")
 DTYPES = ("fp32", "bf16")
 
 
@@ -126,13 +126,13 @@ def test_explanation_paragraphs(report):
     assert "What HOT leaves in place" in md and "Under LoRA (base frozen)" in md
 
 
-def test_relu_masks_make_resnet_lighter_than_exact(report):
-    """convert's ReLU masks (SPEC §2): the convs after ReLUs keep int8 copies in place of the ReLUs' outputs, so the
-    model keeps less than exact training; without masks (hot-relu) the convs keep the ReLUs' outputs: no more than
-    exact, and more than with masks."""
+def test_keep_less_makes_resnet_lighter_than_exact(report):
+    """convert's keep_less (SPEC §2): the convs after ReLUs keep int8 copies in place of the ReLUs' outputs, which the
+    ReLUs replace by 1-bit masks, and the max-pool keeps window offsets, so the model keeps less than exact training;
+    without (hot-plain) the convs keep the ReLUs' outputs: no more than exact, and more than with keep_less."""
     data, _ = report
     for dt in DTYPES:
-        ex, ho, hr = (_get(data, "resnet50", m, dt) for m in ("exact", "hot", "hot-relu"))
+        ex, ho, hr = (_get(data, "resnet50", m, dt) for m in ("exact", "hot", "hot-plain"))
         assert ho["saved"]["total"] < hr["saved"]["total"] <= ex["saved"]["total"], dt
         act = [k for k in ex["saved"]["categories"] if k.startswith("activation")]
         assert act and all(ho["saved"]["categories"].get(k, 0) < ex["saved"]["categories"][k] for k in act), dt

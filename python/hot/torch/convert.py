@@ -12,10 +12,10 @@ Converting a model in which nothing is eligible raises ``ValueError`` (with the 
 that silently trains without HOT is worse than a stopped one; a model whose eligible layers are all
 already HOT layers only warns.
 
-With ``relu_masks`` (the default) the model's ``nn.ReLU`` modules become ``hot.torch.ReLU`` (same class swap), which
-keeps a 1-bit mask for its backward instead of its output: then the converted layer after a ReLU keeps its own int8
-copy in place of the ReLU's output, and the model keeps less than exact training (SPEC §2). The gradients are
-unchanged bit for bit.
+With ``keep_less`` (the default) the model's ``nn.ReLU`` and ``nn.MaxPool2d`` modules become ``hot.torch.ReLU`` and
+``hot.torch.MaxPool2d`` (same class swap), which keep a 1-bit mask (ReLU) or 1-byte window offsets (max-pool) for their
+backward instead of their outputs / inputs: then the converted layer after a ReLU keeps its own int8 copy in place of
+the ReLU's output, and the model keeps less than exact training (SPEC §2). The gradients are unchanged bit for bit.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import torch.nn as nn
 import hot
 
 from .layers import Conv2d, Linear, HOT_LAYERS, conv_padding
-from .relu import ReLU
+from .lean import MaxPool2d, ReLU
 
 Matcher = Union[None, str, Iterable[str], Callable[[str, nn.Module], bool]]
 
@@ -63,7 +63,7 @@ class ConvertReport:
         self.config = config
         self.converted: List[Tuple[str, str, str]] = []
         self.skipped: List[Tuple[str, str, str]] = []
-        self.relus: List[str] = []  # names of the nn.ReLU modules swapped for hot.torch.ReLU
+        self.lean: List[Tuple[str, str]] = []  # (name, type) of the nn.ReLU / nn.MaxPool2d modules swapped (keep_less)
 
     def __len__(self) -> int:
         return len(self.converted)
@@ -79,9 +79,12 @@ class ConvertReport:
         w2 = max(len(r[2]) for r in rows)
         for mark, n, t, d in rows:
             lines.append(f"  {mark:1} {n:<{w1}}  {t:<{w2}}  {d}")
-        if self.relus:
-            lines.append(f"  {len(self.relus)} nn.ReLU module(s) keep a 1-bit mask for their backward instead of their "
-                         f"output (hot.torch.ReLU; relu_masks=False keeps them as they are)")
+        if self.lean:
+            n_relu = sum(t == "ReLU" for _, t in self.lean)
+            n_pool = len(self.lean) - n_relu
+            lines.append(f"  keep_less: {n_relu} nn.ReLU module(s) keep a 1-bit mask for their backward instead of their "
+                         f"output, {n_pool} nn.MaxPool2d module(s) 1-byte window offsets instead of their input and "
+                         f"indices (exact gradients; keep_less=False keeps them as they are)")
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -154,7 +157,7 @@ def _lora_adapter(name: str) -> bool:
 
 
 def convert(model: nn.Module, config=None, include: Matcher = None, exclude: Matcher = None,
-            relu_masks: Union[bool, Matcher] = True) -> ConvertReport:
+            keep_less: Union[bool, Matcher] = True) -> ConvertReport:
     """Swap eligible layers of ``model`` for HOT layers in place; returns a printable ConvertReport.
 
     config: a ``hot.Config`` given to every converted layer; default ``hot.Config()``, the accurate configuration
@@ -164,10 +167,11 @@ def convert(model: nn.Module, config=None, include: Matcher = None, exclude: Mat
     also matches everything below the named module), a list of patterns, or a predicate
     ``f(name, module) -> bool``. With ``include`` only matching layers are candidates; ``exclude``
     removes layers. Layers left alone are listed in the report with the reason.
-    relu_masks: swap the model's ``nn.ReLU`` modules for ``hot.torch.ReLU``, which keeps one bit per element for its
-    backward instead of its output (exact gradients; SPEC §2): True (all of them), False (none), or a pattern, list of
-    patterns or predicate selecting them by name, as for ``include`` (include / exclude select layers only). The
-    report counts them.
+    keep_less: swap the model's ``nn.ReLU`` and ``nn.MaxPool2d`` modules (not those with ``return_indices=True``) for
+    ``hot.torch.ReLU`` (keeps one bit per element for its backward instead of its output) and ``hot.torch.MaxPool2d``
+    (one byte per output element instead of its input and int64 indices), with the exact gradients (SPEC §2): True (all
+    of them), False (none), or a pattern, list of patterns or predicate selecting them by name, as for ``include``
+    (include / exclude select layers only). The report counts them.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"hot.torch.convert: model must be a torch.nn.Module, got {type(model).__name__}")
@@ -175,13 +179,13 @@ def convert(model: nn.Module, config=None, include: Matcher = None, exclude: Mat
         config = hot.Config()
     elif not isinstance(config, hot.Config):
         raise TypeError(f"hot.torch.convert: config must be a hot.Config, got {type(config).__name__}")
-    if isinstance(relu_masks, bool):
-        relu_match = (lambda name, module: True) if relu_masks else None
-    elif relu_masks is None or isinstance(relu_masks, (str, list, tuple)) or callable(relu_masks):
-        relu_match = _matcher(relu_masks, "relu_masks")
+    if isinstance(keep_less, bool):
+        lean_match = (lambda name, module: True) if keep_less else None
+    elif keep_less is None or isinstance(keep_less, (str, list, tuple)) or callable(keep_less):
+        lean_match = _matcher(keep_less, "keep_less")
     else:
-        raise TypeError(f"hot.torch.convert: relu_masks must be a bool, a name pattern, a list of them or a predicate "
-                        f"(name, module) -> bool; got {type(relu_masks).__name__}")
+        raise TypeError(f"hot.torch.convert: keep_less must be a bool, a name pattern, a list of them or a predicate "
+                        f"(name, module) -> bool; got {type(keep_less).__name__}")
     inc = _matcher(include, "include")
     exc = _matcher(exclude, "exclude")
     report = ConvertReport(config)
@@ -228,11 +232,14 @@ def convert(model: nn.Module, config=None, include: Matcher = None, exclude: Mat
         else:
             raise ValueError("hot.torch.convert: no eligible layer (Linear, or Conv2d with groups=1 and zero "
                              "padding) in the model\n" + str(report))
-    if relu_match is not None:
+    if lean_match is not None:
         for name, m in model.named_modules():
-            if type(m) is nn.ReLU and relu_match(name, m):
+            if type(m) is nn.ReLU and lean_match(name, m):
                 m.__class__ = ReLU
-                report.relus.append(name)
+                report.lean.append((name, "ReLU"))
+            elif type(m) is nn.MaxPool2d and not m.return_indices and lean_match(name, m):
+                m.__class__ = MaxPool2d
+                report.lean.append((name, "MaxPool2d"))
     return report
 
 

@@ -32,7 +32,7 @@ import hot
 from . import ops
 from .convert import hot_layers
 from .layers import Linear, conv_padding
-from .relu import ReLU
+from .lean import ReLU
 
 #: Hadamard block of the HLA projection (SPEC §4): 16 rows.
 HLA_BLOCK = 16

@@ -1,11 +1,11 @@
-"""hot.torch.ReLU (SPEC §2): the exact ReLU gradient from a 1-bit mask, what it keeps, and what it lets a converted
-layer after it save; convert's relu_masks switch."""
+"""hot.torch.ReLU and hot.torch.MaxPool2d (SPEC §2): the exact gradients from a 1-bit mask and 1-byte window offsets,
+what they keep, and what they let a converted layer after them save; convert's keep_less switch."""
 import pytest
 import torch
 import torch.nn as nn
 
 import hot.torch as ht
-from hot.torch.relu import pack_bits, relu, unpack_bits
+from hot.torch.lean import max_pool2d, pack_bits, relu, unpack_bits
 from conftest import DEVICES
 
 
@@ -159,11 +159,11 @@ def test_convert_swaps_relus_same_gradients_less_kept(device):
     for masks in (False, True):
         m = _Block().to(device)
         m.load_state_dict(base.state_dict())
-        rep = ht.convert(m, relu_masks=masks)
-        assert rep.relus == (["relu", "act"] if masks else [])
+        rep = ht.convert(m, keep_less=masks)
+        assert rep.lean == ([("relu", "ReLU"), ("act", "ReLU")] if masks else [])
         assert isinstance(m.relu, ht.ReLU) == masks and isinstance(m.act, ht.ReLU) == masks
         models[masks] = m
-    assert "2 nn.ReLU module(s) keep a 1-bit mask" in str(ht.convert(_Block()))
+    assert "keep_less: 2 nn.ReLU module(s) keep a 1-bit mask" in str(ht.convert(_Block()))
     kept_exact, _ = _step(base, x, 3)
     kept_plain, g_plain = _step(models[False], x, 3)
     kept_masks, g_masks = _step(models[True], x, 3)
@@ -173,16 +173,18 @@ def test_convert_swaps_relus_same_gradients_less_kept(device):
     assert kept_masks < 0.8 * kept_exact, (kept_masks, kept_exact)
 
 
-def test_convert_relu_masks_selects_by_name_and_checks_its_type():
+def test_convert_keep_less_selects_by_name_and_checks_its_type():
     m = _Block()
-    rep = ht.convert(m, exclude="c2", relu_masks="act")  # include / exclude select layers, relu_masks the ReLUs
-    assert rep.relus == ["act"] and type(m.relu) is nn.ReLU and isinstance(m.act, ht.ReLU)
+    rep = ht.convert(m, exclude="c2", keep_less="act")  # include / exclude select layers, keep_less the ReLUs / pools
+    assert rep.lean == [("act", "ReLU")] and type(m.relu) is nn.ReLU and isinstance(m.act, ht.ReLU)
     assert type(m.c2) is nn.Conv2d
     m = _Block()
-    assert ht.convert(m, relu_masks=lambda name, mod: not mod.inplace).relus == ["act"]
-    with pytest.raises(TypeError, match="relu_masks must be a bool, a name pattern, a list of them or a predicate "
+    assert ht.convert(m, keep_less=lambda name, mod: not mod.inplace).lean == [("act", "ReLU")]
+    with pytest.raises(TypeError, match="keep_less must be a bool, a name pattern, a list of them or a predicate "
                                         "\\(name, module\\) -> bool; got int"):
-        ht.convert(_Block(), relu_masks=1)
+        ht.convert(_Block(), keep_less=1)
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.MaxPool2d(2), nn.MaxPool2d(2, return_indices=True))
+    assert ht.convert(m).lean == [("1", "MaxPool2d")] and type(m[2]) is nn.MaxPool2d
     m = nn.Sequential(nn.ReLU(), nn.Flatten())
     with pytest.raises(ValueError, match="no eligible layer"):
         ht.convert(m)
@@ -209,11 +211,11 @@ def test_compiles_fullgraph_with_the_same_gradient(backend):
     import torch._dynamo as dynamo
 
     torch.manual_seed(0)
-    conv, relu = nn.Conv2d(3, 4, 3, padding=1), ht.ReLU(inplace=True)
+    conv, relu, pool = nn.Conv2d(3, 4, 3, padding=1), ht.ReLU(inplace=True), ht.MaxPool2d(3, 2, 1)
     x = torch.randn(2, 3, 6, 6).to(memory_format=torch.channels_last)
 
     def f(x):
-        return relu(conv(x)).square().sum()
+        return pool(relu(conv(x))).square().sum()
 
     dynamo.reset()
     assert dynamo.explain(f)(x).graph_break_count == 0
@@ -223,7 +225,95 @@ def test_compiles_fullgraph_with_the_same_gradient(backend):
         xi = x.clone().requires_grad_(True)
         fn(xi).backward()
         grads.append((xi.grad, conv.weight.grad))
-    # the ReLU's selection is exact in both; the conv's own fp32 sums may be ordered differently by inductor
+    # the ReLU's and the max-pool's selections are exact in both; the conv's fp32 sums may be ordered otherwise
     assert torch.equal(grads[0][0] == 0, grads[1][0] == 0)
     torch.testing.assert_close(grads[1][0], grads[0][0])
     torch.testing.assert_close(grads[1][1], grads[0][1])
+
+
+POOLS = [dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=2), dict(kernel_size=(3, 2), stride=(1, 2)),
+         dict(kernel_size=3, stride=2, dilation=2, padding=1), dict(kernel_size=3, stride=2, ceil_mode=True),
+         dict(kernel_size=16, stride=16)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "unbatched"])
+@pytest.mark.parametrize("args", POOLS, ids=[str(i) for i in range(len(POOLS))])
+def test_max_pool_gradient_equals_nn_max_pool_bit_for_bit(args, layout, dtype, device):
+    """Outputs and input gradients equal nn.MaxPool2d's exactly (overlapping windows, dilation, ceil mode, ties of
+    ReLU zeros, NaN), from one byte per output element."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 17, 16, generator=g).relu()  # many ties at 0, as after a ReLU
+    x.view(-1)[5] = float("nan")
+    x = x.to(dtype=dtype, device=device)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    elif layout == "unbatched":
+        x = x[0]
+    gy = torch.randn(nn.MaxPool2d(**args)(x.float().cpu()).shape, generator=g).to(dtype=dtype, device=device)
+    res = {}
+    for name, mod in (("exact", nn.MaxPool2d(**args)), ("hot", ht.MaxPool2d(**args))):
+        a = x.detach().clone().requires_grad_(True)
+        y = mod(a * 1)
+        y.backward(gy)
+        res[name] = (y.detach(), a.grad)
+    assert res["hot"][1].is_contiguous(memory_format=torch.channels_last) == (layout == "channels_last")
+    for e, h in zip(res["exact"], res["hot"]):
+        assert torch.equal(torch.isnan(e), torch.isnan(h))
+        assert torch.equal(e.nan_to_num(0.0), h.nan_to_num(0.0))
+
+
+def test_max_pool_keeps_one_byte_per_output_element():
+    x = torch.randn(2, 4, 9, 9, requires_grad=True)
+    saved, y = _saved(lambda: ht.MaxPool2d(3, 2, 1)(x * 1))
+    assert [(t.dtype, tuple(t.shape)) for t in saved] == [(torch.uint8, tuple(y.shape))]
+    saved_exact, y_exact = _saved(lambda: nn.MaxPool2d(3, 2, 1)(x * 1))
+    assert _storage_bytes(saved_exact) == x.numel() * 4 + y.numel() * 8  # torch: the input and int64 indices
+
+
+def test_max_pool_falls_back_where_offsets_do_not_fit_or_no_graph():
+    x = torch.randn(1, 1, 20, 20, requires_grad=True)
+    saved, y = _saved(lambda: max_pool2d(x * 1, 17))  # 289 > 256 positions in a window: torch's max-pool
+    assert any(t.dtype == torch.int64 for t in saved)
+    with torch.no_grad():
+        assert ht.MaxPool2d(2)(x).grad_fn is None
+    with pytest.raises(ValueError, match="return_indices=True is not supported"):
+        ht.MaxPool2d(2, return_indices=True)
+
+
+class _Stem(nn.Module):
+    """ResNet's stem and a first conv: conv -> BN -> ReLU (in place) -> max-pool -> 1x1 conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        self.conv2 = nn.Conv2d(8, 16, 1, bias=False)
+
+    def forward(self, x):
+        return self.conv2(self.maxpool(self.relu(self.bn1(self.conv1(x)))))
+
+
+def test_resnet_stem_keeps_masks_and_offsets_instead_of_the_relu_output():
+    torch.manual_seed(0)
+    base = _Stem()
+    x = torch.randn(2, 3, 32, 32)
+    lean, plain = _Stem(), _Stem()
+    lean.load_state_dict(base.state_dict())
+    plain.load_state_dict(base.state_dict())
+    assert ht.convert(lean).lean == [("relu", "ReLU"), ("maxpool", "MaxPool2d")]
+    ht.convert(plain, keep_less=False)
+    kept = {}
+    grads = {}
+    for name, m in (("exact", base), ("lean", lean), ("plain", plain)):
+        kept[name], grads[name] = _step(m, x, 4)
+    for n in grads["plain"]:
+        assert torch.equal(grads["plain"][n], grads["lean"][n]), n
+    relu_out = 2 * 8 * 16 * 16 * 4  # fp32 bytes the ReLU (and the max-pool) keep in exact training
+    pool_out = 2 * 8 * 8 * 8
+    # exact: the ReLU's output (shared with the max-pool) and the max-pool's int64 indices; lean: the ReLU's mask and
+    # the max-pool's offsets; the rest (conv1's input, BN's input and statistics, conv2's input) as before or smaller
+    assert kept["exact"] - kept["lean"] >= relu_out + pool_out * 8 - (relu_out // 32 + pool_out), kept

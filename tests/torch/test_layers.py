@@ -8,7 +8,7 @@ import hot
 import hot.torch as ht
 from hot.torch import ops
 from conftest import DEVICES
-from torch_reference import check_bound, gw_reference, gx_reference
+from torch_reference import check_bound, gw_reference, gx_reference, saved_during
 
 NEAREST = hot.Config(rounding="nearest")
 
@@ -301,9 +301,9 @@ def test_pointwise_conv_is_the_linear_layer_over_its_pixels(stride, HW, rank, ch
     seed = torch.tensor(424242, dtype=torch.int64)
     geom = ([stride, stride], [0, 0], [1, 1])
     if route == "eager":
-        saved, y = _saved_during(lambda: ops.conv2d(x, w, b, seed, *geom, ops.KEEP_COMPRESSED, cfg))
+        saved, y = saved_during(lambda: ops.conv2d(x, w, b, seed, *geom, ops.KEEP_COMPRESSED, cfg))
     else:
-        saved, y = _saved_during(lambda: torch.ops.hot.conv2d(x, w, b, seed, *geom, ops.KEEP_COMPRESSED, cfg.code)[0])
+        saved, y = saved_during(lambda: torch.ops.hot.conv2d(x, w, b, seed, *geom, ops.KEEP_COMPRESSED, cfg.code)[0])
     Ho, Wo = y.shape[2:]
     L = N * Ho * Wo
     int8 = [t for t in saved if t.dtype == torch.int8 and t.numel() > 0]
@@ -460,19 +460,6 @@ def test_functional_bad_geometry_or_weight_is_refused_up_front():
         ht.hot_linear(torch.randn(4, 5, requires_grad=True), torch.randn(5, requires_grad=True))
 
 
-def _saved_during(fn):
-    """The tensors autograd saves while fn() runs (saved_tensors_hooks), and fn's result."""
-    saved = []
-
-    def pack(t):
-        saved.append(t)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return saved, out
-
-
 @pytest.mark.parametrize("kind", ["linear", "conv"])
 def test_input_its_producer_keeps_is_kept_as_it_is_not_copied(kind):
     """SPEC §2: after a ReLU (which keeps its output), a converted layer keeps that same tensor and no int8 copy, and
@@ -489,7 +476,7 @@ def test_input_its_producer_keeps_is_kept_as_it_is_not_copied(kind):
         h = torch.relu(pre(x0))
         src = h if mode == "kept" else h.clone()  # CloneBackward keeps nothing
         torch.manual_seed(9)  # the layer's stochastic-rounding seed
-        saved, y = _saved_during(lambda: layer(src))
+        saved, y = saved_during(lambda: layer(src))
         int8 = [t for t in saved if t.dtype == torch.int8 and t.numel() > 0]
         if mode == "kept":
             assert not int8, "an int8 copy was kept although the ReLU keeps the input"

@@ -7,19 +7,7 @@ import torch.nn as nn
 import hot.torch as ht
 from hot.torch.lean import max_pool2d, pack_bits, relu, unpack_bits
 from conftest import DEVICES
-
-
-def _saved(fn):
-    """(every tensor autograd saved while fn ran, fn's result)."""
-    saved = []
-
-    def pack(t):
-        saved.append(t)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return saved, out
+from torch_reference import saved_during
 
 
 def _storage_bytes(tensors):
@@ -85,11 +73,11 @@ def test_gradient_equals_nn_relu_bit_for_bit(device, dtype, inplace, layout):
 @pytest.mark.parametrize("shape", [(5,), (4, 9), (2, 3, 5, 5)])
 def test_keeps_one_bit_per_element(shape):
     x = torch.randn(shape, requires_grad=True)
-    saved, y = _saved(lambda: ht.ReLU()(x * 1))
+    saved, y = saved_during(lambda: ht.ReLU()(x * 1))
     n = x.numel()
     assert [(t.dtype, t.numel()) for t in saved if t.dtype == torch.uint8] == [(torch.uint8, (n + 7) // 8)]
     assert not any(t.is_floating_point() and t.numel() == n for t in saved[1:]), "the output was kept"
-    saved_exact, _ = _saved(lambda: nn.ReLU()(x * 1))
+    saved_exact, _ = saved_during(lambda: nn.ReLU()(x * 1))
     assert any(t.is_floating_point() and t.numel() == n for t in saved_exact)
 
 
@@ -97,7 +85,7 @@ def test_a_channels_last_map_is_packed_in_memory_order():
     """The mask of a channels-last output is packed in its memory order (N, H, W, C): forming it needs no copy in
     logical order; the gradient test above checks it is unpacked back to the right positions."""
     x = torch.randn(2, 5, 3, 4).to(memory_format=torch.channels_last).requires_grad_(True)
-    saved, y = _saved(lambda: ht.ReLU()(x * 1))
+    saved, y = saved_during(lambda: ht.ReLU()(x * 1))
     (bits,) = [t for t in saved if t.dtype == torch.uint8]
     assert torch.equal(bits, pack_bits((y <= 0).permute(0, 2, 3, 1).contiguous()))
     assert not torch.equal(bits, pack_bits((y <= 0).contiguous()))
@@ -111,7 +99,7 @@ def test_second_order_gradients():
 
 def test_no_mask_without_a_graph():
     x = torch.randn(8)
-    saved, y = _saved(lambda: ht.ReLU()(x))
+    saved, y = saved_during(lambda: ht.ReLU()(x))
     assert saved == [] and y.grad_fn is None
     with torch.no_grad():
         xi = torch.randn(8, requires_grad=True)
@@ -142,7 +130,7 @@ class _Block(nn.Module):
 def _step(model, x, seed):
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)  # the layers' stochastic-rounding seeds
-    saved, y = _saved(lambda: model(x))
+    saved, y = saved_during(lambda: model(x))
     y.square().sum().backward()
     kept = _storage_bytes([t for t in saved if not isinstance(t, nn.Parameter)])
     return kept, {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -266,15 +254,15 @@ def test_max_pool_gradient_equals_nn_max_pool_bit_for_bit(args, layout, dtype, d
 
 def test_max_pool_keeps_one_byte_per_output_element():
     x = torch.randn(2, 4, 9, 9, requires_grad=True)
-    saved, y = _saved(lambda: ht.MaxPool2d(3, 2, 1)(x * 1))
+    saved, y = saved_during(lambda: ht.MaxPool2d(3, 2, 1)(x * 1))
     assert [(t.dtype, tuple(t.shape)) for t in saved] == [(torch.uint8, tuple(y.shape))]
-    saved_exact, y_exact = _saved(lambda: nn.MaxPool2d(3, 2, 1)(x * 1))
+    saved_exact, y_exact = saved_during(lambda: nn.MaxPool2d(3, 2, 1)(x * 1))
     assert _storage_bytes(saved_exact) == x.numel() * 4 + y.numel() * 8  # torch: the input and int64 indices
 
 
 def test_max_pool_falls_back_where_offsets_do_not_fit_or_no_graph():
     x = torch.randn(1, 1, 20, 20, requires_grad=True)
-    saved, y = _saved(lambda: max_pool2d(x * 1, 17))  # 289 > 256 positions in a window: torch's max-pool
+    saved, y = saved_during(lambda: max_pool2d(x * 1, 17))  # 289 > 256 positions in a window: torch's max-pool
     assert any(t.dtype == torch.int64 for t in saved)
     with torch.no_grad():
         assert ht.MaxPool2d(2)(x).grad_fn is None

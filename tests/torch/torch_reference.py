@@ -1,4 +1,5 @@
-"""Float64 reference of the HOT backward (SPEC §3-§5) and error bounds for round-to-nearest.
+"""Float64 reference of the HOT backward (SPEC §3-§5), error bounds for round-to-nearest, and saved_during (the
+tensors autograd keeps while a function runs).
 
 With nearest rounding every dequantised value is within s/2 of the value it quantises (SPEC §5), so
 for a product of two quantised operands A~ = A + dA, B~ = B + dB (|dA| <= s_a/2, |dB| <= s_b/2):
@@ -80,3 +81,16 @@ def check_bound(got: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, mag: 
         raise AssertionError(f"{what}: {int(bad.sum())} of {bad.numel()} elements exceed the derived bound; first at "
                              f"flat index {i}: err {err.flatten()[i]:.3e} > bound {lim.flatten()[i]:.3e}")
     return float((err / lim).max())
+
+
+def saved_during(fn):
+    """The tensors autograd saves while fn() runs (saved_tensors_hooks), and fn's result."""
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return saved, out

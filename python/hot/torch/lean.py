@@ -12,8 +12,9 @@ int8 copy replaces the output: per element 1 + 1/8 bytes against 2 (bf16) or 4 (
 MaxPool2d: torch's max-pool keeps its input and the int64 position of each window's maximum, but its backward reads
 only the positions (the input serves for its shape). ``hot.torch.MaxPool2d`` keeps each maximum's offset inside its
 window, one byte per output element (windows of at most 256 elements), and rebuilds the positions in the backward for
-torch's own max-pool backward: the same gradient, bit for bit. After a ReLU (ResNet's stem) it keeps 1/32 (fp32) or
-1/16 (bf16) of what torch keeps there plus the outputs' bytes.
+torch's own max-pool backward: the same gradient, bit for bit. With a ``hot.torch.ReLU`` before it (ResNet's stem)
+nothing keeps the ReLU's output any more: the pair keeps one bit per input and one byte per output element, where
+torch keeps the output (4 or 2 bytes per element) and 8 bytes per pooled element.
 """
 from __future__ import annotations
 

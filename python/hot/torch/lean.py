@@ -81,13 +81,14 @@ class _MaskedReLU(torch.autograd.Function):
         if perm is not None:  # pack in memory order (no copy for a dense layout such as channels-last)
             zero = zero.permute(perm)
         ctx.save_for_backward(pack_bits(zero))
-        ctx.packed_shape, ctx.perm = zero.shape, perm
+        ctx.perm = perm  # (the output's shape comes back with grad_y)
         return y
 
     @staticmethod
     def backward(ctx, grad_y: Tensor):
         (bits,) = ctx.saved_tensors
-        zero = unpack_bits(bits, ctx.packed_shape)
+        shape = grad_y.shape if ctx.perm is None else [grad_y.shape[d] for d in ctx.perm]
+        zero = unpack_bits(bits, shape)
         if ctx.perm is not None:
             inverse = [0] * len(ctx.perm)
             for i, d in enumerate(ctx.perm):

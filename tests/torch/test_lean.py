@@ -221,7 +221,8 @@ def test_compiles_fullgraph_with_the_same_gradient(backend):
 
 POOLS = [dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=2), dict(kernel_size=(3, 2), stride=(1, 2)),
          dict(kernel_size=3, stride=2, dilation=2, padding=1), dict(kernel_size=3, stride=2, ceil_mode=True),
-         dict(kernel_size=16, stride=16)]
+         dict(kernel_size=16, stride=16), dict(kernel_size=2, stride=3),
+         dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)]
 
 
 @pytest.mark.parametrize("device", DEVICES)

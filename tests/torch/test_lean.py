@@ -306,3 +306,20 @@ def test_resnet_stem_keeps_masks_and_offsets_instead_of_the_relu_output():
     # exact: the ReLU's output (shared with the max-pool) and the max-pool's int64 indices; lean: the ReLU's mask and
     # the max-pool's offsets; the rest (conv1's input, BN's input and statistics, conv2's input) as before or smaller
     assert kept["exact"] - kept["lean"] >= relu_out + pool_out * 8 - (relu_out // 32 + pool_out), kept
+
+
+def test_compiled_first_caches_nothing_traced(monkeypatch):
+    """Compiled before any eager call (an empty cache of the bit values): inductor's code runs, nothing made while
+    tracing is cached, and the eager call after it gives the same gradient."""
+    from hot.torch import lean
+
+    monkeypatch.setattr(lean, "_BITS", {})
+    relu = ht.ReLU()
+    x = torch.randn(4, 8)
+    f = torch.compile(lambda x: relu(x * 1).sum(), fullgraph=True, backend="inductor")
+    a = x.clone().requires_grad_(True)
+    f(a).backward()
+    assert lean._BITS == {}
+    b = x.clone().requires_grad_(True)
+    relu(b * 1).sum().backward()
+    assert torch.equal(a.grad, b.grad) and torch.equal(b.grad, (x > 0).float())

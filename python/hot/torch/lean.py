@@ -25,14 +25,18 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-_SHIFTS: Dict[torch.device, Tensor] = {}
+_BITS: Dict[torch.device, Tensor] = {}
+_BIT_VALUES = [1 << j for j in range(8)]
 
 
-def _shifts(device: torch.device) -> Tensor:
-    s = _SHIFTS.get(device)
-    if s is None:
-        s = _SHIFTS[device] = torch.arange(8, dtype=torch.uint8, device=device)
-    return s
+def _bits(device: torch.device) -> Tensor:
+    """The uint8 vector (1, 2, 4, ..., 128) on device (cached; made afresh while torch.compile traces)."""
+    if torch.compiler.is_compiling():
+        return torch.tensor(_BIT_VALUES, dtype=torch.uint8, device=device)
+    b = _BITS.get(device)
+    if b is None:
+        b = _BITS[device] = torch.tensor(_BIT_VALUES, dtype=torch.uint8, device=device)
+    return b
 
 
 def pack_bits(mask: Tensor) -> Tensor:
@@ -40,11 +44,11 @@ def pack_bits(mask: Tensor) -> Tensor:
     j of byte k; the last byte is padded with zeros. ``unpack_bits`` inverts it."""
     if mask.dtype != torch.bool:
         raise TypeError(f"hot.torch.lean.pack_bits: mask has dtype {mask.dtype}, expected torch.bool")
-    flat = mask.reshape(-1).view(torch.uint8)
+    flat = mask.reshape(-1)
     tail = flat.numel() % 8
     if tail:
         flat = torch.cat([flat, flat.new_zeros(8 - tail)])
-    return (flat.view(-1, 8) << _shifts(flat.device)).sum(1, dtype=torch.uint8)
+    return (flat.view(-1, 8) * _bits(flat.device)).sum(1, dtype=torch.uint8)  # bool x uint8: the bits' values
 
 
 def unpack_bits(bits: Tensor, shape) -> Tensor:
@@ -55,8 +59,8 @@ def unpack_bits(bits: Tensor, shape) -> Tensor:
     if bits.dtype != torch.uint8 or bits.dim() != 1 or bits.numel() != (n + 7) // 8:
         raise ValueError(f"hot.torch.lean.unpack_bits: bits must be a uint8 vector of {(n + 7) // 8} bytes for "
                          f"shape {tuple(shape)}, got {bits.dtype} of shape {tuple(bits.shape)}")
-    flat = ((bits.unsqueeze(1) >> _shifts(bits.device)) & 1).view(-1)
-    return flat[:n].view(torch.bool).view(shape)
+    flat = (bits.unsqueeze(1) & _bits(bits.device)).view(-1)
+    return (flat[:n] != 0).view(shape)
 
 
 def _memory_order(t: Tensor):

@@ -35,12 +35,12 @@ def _reference(x, w, b, gy, seed, config, stride, padding, dilation):
         gx = tops._pixel_unrows(torch.from_numpy(grows), (N, C, H, W), stride, Ho, Wo, patches).numpy()
         return [gx, gw.reshape(w.shape)] + ([gb] if b is not None else [])
     q, s = hot.quantize(x.reshape(N * C, H * W), bits=8, scale="tensor", rounding="nearest")
-    xf = torch.from_numpy(hot.dequantize(q, s, dtype="float32").reshape(N, C, H, W))
-    cols = tops.im2col(xf, (kh, kw), stride, padding, dilation, patches).numpy()
+    xq = torch.from_numpy(q).reshape(N, C, H, W).to(torch.bfloat16)  # the map's integers (SPEC §8)
+    cols = tops.im2col(xq, (kh, kw), stride, padding, dilation, patches)
     wc = tops.conv_weight_cols(torch.from_numpy(w)).numpy()  # (O, kh*kw*C): im2col's (i, j, c) column order
-    gcols, gw, gb = hot.backward_linear(g, wc, cols, bias=b is not None, config=config, seed=seed)
+    gcols, gw, gb = hot.backward_linear(g, wc, cols, bias=b is not None, config=config, seed=seed)  # torch cols
     gx = tops.col2im(torch.from_numpy(gcols), (N, C, H, W), (kh, kw), stride, padding, dilation, patches).numpy()
-    gw = tops.conv_weight_from_cols(torch.from_numpy(gw), w.shape).numpy()
+    gw = tops.conv_weight_from_cols(torch.from_numpy(gw) * torch.from_numpy(s), w.shape).numpy()  # times the scale
     return [gx, gw] + ([gb] if b is not None else [])
 
 

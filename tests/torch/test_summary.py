@@ -86,9 +86,10 @@ def test_exact_config_counts_as_exact():
 
 
 def test_conv_counts():
-    """A 3x3 conv (non-pointwise) keeps the int8 feature map: quantised forward, dequantised backward, col2im."""
+    """A 3x3 conv (non-pointwise) keeps the int8 feature map: quantised forward, g_w of its integer columns times its
+    scale in the backward (SPEC §8), col2im."""
     h = cost.hot_ops(128, 27, 8, DEFAULT, fmap=384, col2im=True)
-    assert h.overhead["gw: Q(fmap)"] == h.overhead["gw: dequant fmap"] == 384
+    assert h.overhead["gw: Q(fmap)"] == 384 and h.overhead["gw: scale g_w"] == 8 * 27
     assert h.overhead["gx: col2im"] == 128 * 27
     assert h.overhead["gx: H(g_y)"] == 128 * 8 * 3  # O = 8: block 8
     assert h.int8 == 2 * 128 * 8 * 27 * 2  # g_x at 8 bits and g_w at full rank (L = 128, no padding)

@@ -385,17 +385,18 @@ def _conv2d_fn(code: int, stride, padding, dilation, x_hw, x_dtype, w_dtype, b_d
             res = _backward_saved(code, x_dtype, w_dtype, b_dtype, g, w.reshape(O, C), q, scale, seed)
             gx = _pixel_unrows(res[0], (N, C, H, W), stride, Ho, Wo, patches)
             return (gx, res[1].reshape(w.shape), res[2] if bias else None, None)
-        xf = q.astype(jnp.float32) * scale[0]  # hot.dequantize
-        xf = xf.reshape(N, C, H, W)
-        cols = im2col(xf, (kh, kw), stride, padding, dilation, patches)
-        outs = [jax.ShapeDtypeStruct(cols.shape, x_dtype), jax.ShapeDtypeStruct((O, kh * kw * C), w_dtype)]
+        # the int8 map's integer values in bfloat16 (exact: |q| <= 127); g_w = scale * (g_y^T Q), scaled after the
+        # GEMM in float32 (SPEC §8; as hot.torch.Conv2d)
+        xq = q.astype(jnp.bfloat16).reshape(N, C, H, W)
+        cols = im2col(xq, (kh, kw), stride, padding, dilation, patches)
+        outs = [jax.ShapeDtypeStruct(cols.shape, x_dtype), jax.ShapeDtypeStruct((O, kh * kw * C), jnp.float32)]
         if bias:
             outs.append(jax.ShapeDtypeStruct((O,), b_dtype))
         call = jax.ffi.ffi_call("hot_backward_linear_x_bias" if bias else "hot_backward_linear_x", tuple(outs),
                                 vmap_method="sequential")
         res = call(g, jnp.transpose(w, (0, 2, 3, 1)).reshape(O, kh * kw * C), cols, seed, **attrs)
         gx = col2im(res[0], (N, C, H, W), (kh, kw), stride, padding, dilation, patches)
-        gw = jnp.transpose(res[1].reshape(O, kh, kw, C), (0, 3, 1, 2))
+        gw = jnp.transpose((res[1] * scale[0]).astype(w_dtype).reshape(O, kh, kw, C), (0, 3, 1, 2))
         return (gx, gw, res[2] if bias else None, None)
 
     @jax.custom_vjp
@@ -413,10 +414,10 @@ def conv2d(x, w, b=None, *, key, stride=1, padding=0, dilation=1, config=None):
 
     The forward runs JAX's convolution and keeps x's int8 feature map (per-tensor, round-to-nearest; SPEC §8) instead
     of x (a pointwise conv, 1 x 1 without padding: the ABC buffer of the pixel rows it reads, and its backward is
-    :func:`dense`'s over those rows); the backward dequantises it, forms the im2col columns and runs hot's backward of the GEMM
-    ``L = N*Ho*Wo, I = C*kh*kw`` (the core compresses the columns; rows in 4 x 4 patch order below rank 16) through an
-    XLA custom call, then col2im: the same computation as ``hot.torch.Conv2d``'s backward. ``key`` and ``config`` as
-    in :func:`dense`."""
+    :func:`dense`'s over those rows); the backward forms the im2col columns of its integers, runs hot's backward of
+    the GEMM ``L = N*Ho*Wo, I = C*kh*kw`` (the core compresses the columns; rows in 4 x 4 patch order below rank 16)
+    through an XLA custom call, multiplies g_w by the map's scale, then col2im: the same computation as
+    ``hot.torch.Conv2d``'s backward. ``key`` and ``config`` as in :func:`dense`."""
     op = "hot.jax.conv2d"
     cfg = _config(op, config)
     x = _array(op, "x", x)

@@ -111,7 +111,8 @@ def hot_ops(L: int, I: int, O: int, config, need_gx: bool = True, need_gw: bool 
     FWHT of every 16-row block of g_y and of x, keeping r rows (L_pad·O·4 and L_pad·I·4), quantisation of G^ (K·O)
     and X^ (K·I; in the forward pass, the ABC buffer), the s8 GEMM O x K x I (2·K·O·I OPs), dequantisation (O·I).
     A convolution other than a pointwise one keeps an int8 feature map of ``fmap`` elements: quantised in the forward
-    (fmap), dequantised in the backward (fmap); ``col2im``: its g_x columns are summed back onto the map (L·I adds).
+    (fmap); its columns hold the map's integers, so g_w is multiplied by the map's scale (O·I); ``col2im``: its g_x
+    columns are summed back onto the map (L·I adds).
     ``config.exact``: :func:`exact_ops`."""
     if config.exact:
         return exact_ops(L, I, O, need_gx, need_gw, fp_bits)
@@ -140,7 +141,7 @@ def hot_ops(L: int, I: int, O: int, config, need_gx: bool = True, need_gw: bool 
         ov["gw: dequant"] = O * I
         if fmap is not None:
             ov["gw: Q(fmap)"] = fmap
-            ov["gw: dequant fmap"] = fmap
+            ov["gw: scale g_w"] = O * I  # the columns hold the map's integers: g_w times its scale (SPEC §8)
         c.int8 += 2 * K * O * I
     return c
 

@@ -18,9 +18,9 @@ Ops (namespace ``hot``):
     padding, :func:`pointwise`) keeps the ABC buffer of the pixel rows it reads instead, as a linear layer would.
 ``hot::conv2d_backward(...) -> (g_x, g_w, g_b)``
     Pointwise: ``hot.backward_linear`` over the pixel rows from their ABC buffer (no columns, no feature map), g_x
-    put back onto the pixels read. Otherwise: dequantises the feature map (channels-last), forms the im2col columns
-    ((i, j, c) order, :func:`im2col`) and passes them to ``hot.backward_linear`` as the raw x, which compresses them on
-    the fly (HLA + Q8, the same compression a linear layer applies in its forward pass). The column gradient is
+    put back onto the pixels read. Otherwise: forms the im2col columns ((i, j, c) order, :func:`im2col`) of the
+    feature map's integers (bfloat16, channels-last) and passes them to ``hot.backward_linear`` as the raw x, which
+    compresses them on the fly, and multiplies the float32 g_w by the map's scale (SPEC §8) (HLA + Q8, the same compression a linear layer applies in its forward pass). The column gradient is
     folded back by :func:`col2im` (the core's). Choice:
     compressing the columns on the fly costs one HLA pass over the ``L x kh*kw*C`` columns in backward, but keeps
     the stored buffer at one byte per input element
@@ -133,16 +133,19 @@ def _compress(x: Tensor, cfg) -> Tuple[Tensor, Tensor]:
 
 
 def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tensor], scale: Optional[Tensor],
-                     seed: int, cfg, need_gx: bool, need_gw: bool, need_gb: bool, gx_shape, reuse=None):
+                     seed: int, cfg, need_gx: bool, need_gw: bool, need_gb: bool, gx_shape, reuse=None,
+                     gw_dtype: Optional[str] = None):
     """``hot.backward_linear(g.reshape(-1, O), w, saved, bias=need_gb, config=cfg, seed=seed, ...)`` for a
     contiguous g (..., O) and w (O x I), where saved is the raw x (contiguous, L x I elements, given only when g_w
     is needed) or else the ABC buffer (q, scale) of L x I; g_x comes back shaped gx_shape (g's leading dims, I).
-    reuse: (WeightReuse, parameter, its version at the forward) of a layer called inside weight_reuse, else None."""
+    reuse: (WeightReuse, parameter, its version at the forward) of a layer called inside weight_reuse, else None.
+    gw_dtype: g_w's dtype name when not g's."""
     O = g.shape[-1]
     I = w.shape[1]
     L = math.prod(g.shape[:-1])
     if L == 0 or I == 0 or O == 0:  # empty operands (the engine refuses them): g_x and g_w are zeros
-        return (g.new_zeros(gx_shape) if need_gx else None, g.new_zeros((O, I)) if need_gw else None,
+        gw_dt = g.dtype if gw_dtype is None else getattr(torch, gw_dtype)
+        return (g.new_zeros(gx_shape) if need_gx else None, g.new_zeros((O, I), dtype=gw_dt) if need_gw else None,
                 g.reshape(L, O).sum(0) if need_gb else None)
     if not 0 <= seed <= _UINT64_MAX:
         _api._seed("backward_linear", seed)  # raises, naming the seed
@@ -151,7 +154,7 @@ def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tens
     if need_gw:
         saved = x if x is not None else _api._wrap_saved(c, q, scale, L, I, cfg.rank, "backward_linear")
     wq = reuse[0]._get(c, w, cfg, reuse[1], reuse[2]) if reuse is not None and need_gx and not cfg.exact else None
-    return _api._backward_linear(c, g, w, saved, gx_shape, need_gx, need_gw, need_gb, cfg, seed, wq)
+    return _api._backward_linear(c, g, w, saved, gx_shape, need_gx, need_gw, need_gb, cfg, seed, wq, gw_dtype)
 
 
 class WeightReuse:
@@ -577,23 +580,28 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
         gx = _pixel_unrows(grows, x_shape, stride, Ho, Wo, patches) if need_gx else None
         return gx, gw.reshape(weight.shape) if gw is not None else None, gb
     cols = None
+    map_scale = None  # the int8 map's scale, when the columns hold its integer values
     if need_gw and min(N * P, O, CKK) > 0:  # else _backward_linear gives the zero g_w of empty operands
         if x is not None and not cfg.exact:  # kept as it is because its producer keeps it: the same int8 feature
             q, scale = _quantize_fmap(x)     # map the forward would have kept, formed now (deterministic)
             x = None
         if x is not None:
             xf = x
-        else:  # dequantised channels-last (the int8 map permuted first: a quarter of the bytes), so that
-            qh = q.detach().reshape(N, C, H, W).permute(0, 2, 3, 1).reshape(N * H * W, C)  # im2col reads
-            xf = hot.dequantize(qh.contiguous(), scale.detach(), dtype=torch.float32)    # whole channel runs
-            xf = xf.reshape(N, H, W, C).permute(0, 3, 1, 2)
+        else:  # the int8 map's integer values in bfloat16 (exact: |q| <= 127), channels-last so that im2col reads
+            # whole channel runs; g_w = scale * (g_y^T Q) is scaled after the GEMM, in float32 (SPEC §8)
+            xh = torch.empty((N, H, W, C), dtype=torch.bfloat16, device=q.device)
+            xf = xh.copy_(q.detach().reshape(N, C, H, W).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+            map_scale = scale.detach()
         cols = im2col(xf, (kh, kw), stride, padding, dilation, patches)  # N*P x CKK, columns (i, j, c)
     gcols, gw, gb = _backward_linear(g, conv_weight_cols(weight), cols, None, None, seed, cfg, need_gx,
-                                     need_gw, need_gb, (N * P, CKK), reuse)
+                                     need_gw, need_gb, (N * P, CKK), reuse,
+                                     "float32" if map_scale is not None else None)
     gx = None
     if need_gx:
         gx = col2im(gcols, (N, C, H, W), (kh, kw), stride, padding, dilation, patches)
     if gw is not None:
+        if map_scale is not None:
+            gw = (gw * map_scale).to(grad_y.dtype)
         gw = conv_weight_from_cols(gw, weight.shape)
     return gx, gw, gb
 

@@ -137,7 +137,8 @@ class _OffsetMaxPool2d(torch.autograd.Function):
         (off,) = ctx.saved_tensors
         kernel, stride, padding, dilation, ceil_mode = ctx.geometry
         idx = _window_positions(off, ctx.x_shape[-1], kernel, stride, padding, dilation)
-        shape_only = grad_y.new_empty(ctx.x_shape).contiguous(memory_format=ctx.x_format)  # never read: its shape
+        shape_only = torch.empty(ctx.x_shape, dtype=grad_y.dtype, device=grad_y.device,  # never read: its shape
+                                 memory_format=ctx.x_format)                            # and layout only
         g = torch.ops.aten.max_pool2d_with_indices_backward(grad_y, shape_only, kernel, stride, padding, dilation,
                                                              ceil_mode, idx)
         return g, None, None, None, None, None

@@ -94,10 +94,7 @@ class _MaskedReLU(torch.autograd.Function):
         shape = grad_y.shape if ctx.perm is None else [grad_y.shape[d] for d in ctx.perm]
         zero = unpack_bits(bits, shape)
         if ctx.perm is not None:
-            inverse = [0] * len(ctx.perm)
-            for i, d in enumerate(ctx.perm):
-                inverse[d] = i
-            zero = zero.permute(inverse)
+            zero = zero.permute(sorted(range(len(ctx.perm)), key=ctx.perm.__getitem__))  # the inverse permutation
         return torch.where(zero, 0, grad_y), None
 
 

@@ -20,8 +20,9 @@ Ops (namespace ``hot``):
     Pointwise: ``hot.backward_linear`` over the pixel rows from their ABC buffer (no columns, no feature map), g_x
     put back onto the pixels read. Otherwise: forms the im2col columns ((i, j, c) order, :func:`im2col`) of the
     feature map's integers (bfloat16, channels-last) and passes them to ``hot.backward_linear`` as the raw x, which
-    compresses them on the fly, and multiplies the float32 g_w by the map's scale (SPEC §8) (HLA + Q8, the same compression a linear layer applies in its forward pass). The column gradient is
-    folded back by :func:`col2im` (the core's). Choice:
+    compresses them on the fly (HLA + Q8, the same compression a linear layer applies in its forward pass); the float32
+    g_w is multiplied by the map's scale (SPEC §8). The column gradient is folded back by :func:`col2im` (the core's).
+    Choice:
     compressing the columns on the fly costs one HLA pass over the ``L x kh*kw*C`` columns in backward, but keeps
     the stored buffer at one byte per input element
     (instead of ``r/16 * kh*kw`` bytes per element for an ABC buffer of the columns), which is what

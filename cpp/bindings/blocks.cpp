@@ -122,6 +122,38 @@ void register_blocks(py::module_& m) {
       py::arg("dilation"), py::arg("patches"), py::arg("stream"));
 
   m.def(
+      "relu_mask",
+      [](py::handle x, py::handle y, py::handle bits, int64_t stream) {
+        const char* op = "relu_mask";
+        OpContext ctx(op, stream);
+        hot::TensorView xv = ctx.input(x, "x", hotpy::kFloat, -2), yv, bv;
+        py::object ry = output(ctx, y, "y", hotpy::kFloat, xv.dtype, xv.shape, yv, -2);
+        py::object rb = output(ctx, bits, "bits", hotpy::kS8, hot::DType::s8, {(xv.numel() + 7) / 8}, bv, -2);
+        {
+          py::gil_scoped_release nogil;
+          hot::relu_mask(xv, yv, bv, ctx.stream());
+        }
+        return py::make_tuple(ry, rb);
+      },
+      py::arg("x"), py::arg("y"), py::arg("bits"), py::arg("stream"));
+
+  m.def(
+      "relu_mask_backward",
+      [](py::handle g_y, py::handle bits, py::handle g_x, int64_t stream) {
+        const char* op = "relu_mask_backward";
+        OpContext ctx(op, stream);
+        hot::TensorView gv = ctx.input(g_y, "g_y", hotpy::kFloat, -2);
+        hot::TensorView bv = ctx.input(bits, "bits", hotpy::kS8, -2), ov;
+        py::object r = output(ctx, g_x, "g_x", hotpy::kFloat, gv.dtype, gv.shape, ov, -2);
+        {
+          py::gil_scoped_release nogil;
+          hot::relu_mask_backward(gv, bv, ov, ctx.stream());
+        }
+        return r;
+      },
+      py::arg("g_y"), py::arg("bits"), py::arg("g_x"), py::arg("stream"));
+
+  m.def(
       "pack_int4",
       [](py::handle q, py::handle packed, int64_t stream) {
         const char* op = "pack_int4";

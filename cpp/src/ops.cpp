@@ -189,6 +189,46 @@ void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out
   HOT_DISPATCH(cols.device, col2im, cols, g, out, stream);
 }
 
+namespace {
+
+// x and y of an elementwise operation: n-element float vectors of one dtype on one device, y either x itself or
+// apart from it.
+void check_elementwise(const char* op, const char* xname, const TensorView& x, const char* yname,
+                       const TensorView& y) {
+  HOT_CHECK_DIM(op, xname, x, 1);
+  HOT_CHECK_NONEMPTY(op, xname, x);
+  check_vector(op, xname, x, x.shape[0], true, DType::f32);
+  check_vector(op, yname, y, x.shape[0], true, DType::f32);
+  HOT_CHECK_DTYPE(op, yname, y, y.dtype == x.dtype, dtype_name(x.dtype));
+  HOT_CHECK_SAME_DEVICE(op, xname, x, yname, y);
+  const auto* xb = static_cast<const char*>(x.data);
+  const auto* yb = static_cast<const char*>(y.data);
+  const int64_t bytes = x.shape[0] * dtype_bits(x.dtype) / 8;
+  HOT_CHECK_VALUE(xb == yb || xb + bytes <= yb || yb + bytes <= xb, op, ": ", yname, " must be ", xname,
+                  " itself or not overlap it");
+}
+
+void check_mask_bits(const char* op, const TensorView& bits, const TensorView& x) {
+  check_vector(op, "bits", bits, (x.shape[0] + 7) / 8, false, DType::s8);
+  HOT_CHECK_SAME_DEVICE(op, "x", x, "bits", bits);
+}
+
+}  // namespace
+
+void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, Stream stream) {
+  const char* op = "relu_mask";
+  check_elementwise(op, "x", x, "y", y);
+  check_mask_bits(op, bits, x);
+  HOT_DISPATCH(x.device, relu_mask, x, y, bits, stream);
+}
+
+void relu_mask_backward(const TensorView& g_y, const TensorView& bits, const TensorView& g_x, Stream stream) {
+  const char* op = "relu_mask_backward";
+  check_elementwise(op, "g_y", g_y, "g_x", g_x);
+  check_mask_bits(op, bits, g_y);
+  HOT_DISPATCH(g_y.device, relu_mask_backward, g_y, bits, g_x, stream);
+}
+
 void pack_int4(const TensorView& q, const TensorView& packed, Stream stream) {
   const char* op = "pack_int4";
   check_typed_matrix(op, "q", q, DType::s8);

@@ -617,6 +617,22 @@ inline ::testing::AssertionResult bits_equal(const HostTensor& a, const HostTens
   return ::testing::AssertionSuccess();
 }
 
+// Inputs of the ReLU mask tests: n elements of dt, normal values with the specials mixed in at fixed positions (+0,
+// -0, +-Inf, NaN of either sign, the smallest subnormals of either sign).
+inline HostTensor relu_input(DType dt, int64_t n, uint64_t seed) {
+  HostTensor t = HostTensor::make1d(dt, n);
+  const std::vector<float> v = randn(static_cast<size_t>(n), seed);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float tiny = dt == DType::f32 ? std::numeric_limits<float>::denorm_min()
+                     : dt == DType::f16 ? 5.960464477539063e-08f  // 2^-24, f16's smallest subnormal
+                                        : bits_f32(0x00010000u);  // bf16's smallest subnormal
+  const float specials[] = {0.0f, -0.0f, inf, -inf, nan, -nan, tiny, -tiny};
+  for (int64_t i = 0; i < n; ++i) t.setf(i, i % 5 == 3 ? specials[(i / 5) % 8] : v[static_cast<size_t>(i)]);
+  return t;
+}
+// The ReLU mask's sizes: one element, partial bytes and words, exactly one warp's chunk (256), around it, and more.
+inline std::vector<int64_t> relu_sizes() { return {1, 7, 8, 9, 31, 33, 255, 256, 257, 1000, 4099, 70001}; }
+
 // Restores the CPU thread count at scope exit.
 struct ThreadGuard {
   int saved = hot::get_num_threads();

@@ -31,6 +31,8 @@ from ._api import (
     pack_int4,
     quantize,
     quantize_weight,
+    relu_mask,
+    relu_mask_backward,
     set_num_threads,
     unpack_int4,
 )
@@ -56,6 +58,8 @@ __all__ = [
     "pack_int4",
     "quantize",
     "quantize_weight",
+    "relu_mask",
+    "relu_mask_backward",
     "set_num_threads",
     "unpack_int4",
     "__version__",

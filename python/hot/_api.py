@@ -315,6 +315,36 @@ def col2im(cols, x_shape, kernel, stride=1, padding=0, dilation=1, patches: bool
     return _col2im(c, cols, tuple(int(v) for v in x_shape), *geom, bool(patches))
 
 
+def relu_mask(x):
+    """ReLU that records where its gradient is zero, one bit per element (SPEC §2, keep_less): returns (y, bits) with
+    y = x's negative elements replaced by +0 (NaN and -0 pass, as torch's ReLU), x's shape and dtype; bits: int8
+    (ceil(n / 8),), bit j of byte k set where element 8k + j of x (in row-major order) is <= 0 (a NaN's bit clear), the
+    last byte's unused bits zero. One pass over x."""
+    op = "relu_mask"
+    x = _prep(x)
+    c = _Call(op, x=x)
+    _nonempty(op, "x", x)
+    s = fws.shape(x)
+    n = fws.prod(s)
+    y, bits = _relu_mask(c, c.fw.reshape(x, (n,)), None)
+    return c.fw.reshape(y, s), bits
+
+
+def relu_mask_backward(grad_output, bits):
+    """The backward of :func:`relu_mask`: the gradient with +0 where ``bits`` has the element's bit set, grad_output
+    elsewhere (torch's ReLU backward selects the same; a non-finite gradient at a zero output gives 0)."""
+    op = "relu_mask_backward"
+    gy, bits = _prep(grad_output), _prep(bits)
+    c = _Call(op, grad_output=gy, bits=bits)
+    _nonempty(op, "grad_output", gy)
+    s = fws.shape(gy)
+    n = fws.prod(s)
+    if fws.shape(bits) != ((n + 7) // 8,):
+        raise ValueError(f"{op}: bits has shape {fws.shape(bits)}, expected ({(n + 7) // 8},) for grad_output of shape "
+                         f"{s}")
+    return c.fw.reshape(_relu_mask_backward(c, c.fw.reshape(gy, (n,)), bits, None), s)
+
+
 def pack_int4(q):
     """Packs int8 values in [-8, 7] two per byte (SPEC §5): uint8 (..., C/2)."""
     op = "pack_int4"
@@ -548,6 +578,23 @@ def _col2im(c: _Call, cols, x_shape, kernel, stride, padding, dilation, patches:
     r = c.call(_C.col2im, cols, out, list(x_shape), list(kernel), list(stride), list(padding), list(dilation),
                patches, c.stream)
     return c.fw.reshape(c.result(out, r), (N, C, H, W))
+
+
+def _relu_mask(c: _Call, x, y):
+    """relu_mask of the 1-D array x into y (x itself for the in-place ReLU; None: a new array): (y, bits)."""
+    n = fws.shape(x)[0]
+    if y is None:
+        y = c.empty_as((n,), x)
+    bits = c.empty(((n + 7) // 8,), "int8")
+    ry, rb = c.call(_C.relu_mask, x, y, bits, c.stream)
+    return c.result(y, ry), c.result(bits, rb)
+
+
+def _relu_mask_backward(c: _Call, gy, bits, out):
+    """relu_mask_backward of the 1-D array gy into out (gy itself: in place; None: a new array)."""
+    if out is None:
+        out = c.empty_as(fws.shape(gy), gy)
+    return c.result(out, c.call(_C.relu_mask_backward, gy, bits, out, c.stream))
 
 
 def _quantize_weight(c: _Call, w, ws, config) -> QuantizedWeight:

@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 import hot.torch as ht
-from hot.torch.lean import max_pool2d, pack_bits, relu, unpack_bits
+from hot.torch.lean import max_pool2d, relu
 from conftest import DEVICES
 from torch_reference import saved_during
 
@@ -17,24 +17,12 @@ def _storage_bytes(tensors):
     return sum(seen.values())
 
 
-@pytest.mark.parametrize("n", [1, 7, 8, 9, 63, 64, 1001])
-def test_pack_bits_round_trip(n):
-    g = torch.Generator().manual_seed(n)
-    m = torch.rand(n, generator=g) > 0.5
-    b = pack_bits(m)
-    assert b.dtype == torch.uint8 and b.numel() == (n + 7) // 8
-    assert torch.equal(unpack_bits(b, (n,)), m)
-    # bit j of byte k is element 8k + j
-    k = (n - 1) // 8  # the last byte, padded with zeros when n % 8 != 0
-    expect = sum(int(m[8 * k + j]) << j for j in range(min(8, n - 8 * k)))
-    assert int(b[k]) == expect
-
-
-def test_unpack_bits_checks_its_input():
-    with pytest.raises(ValueError, match="bits must be a uint8 vector of 2 bytes for shape \\(3, 3\\)"):
-        unpack_bits(torch.zeros(3, dtype=torch.uint8), (3, 3))
-    with pytest.raises(TypeError, match="mask has dtype torch.float32, expected torch.bool"):
-        pack_bits(torch.zeros(3))
+def _packed(mask: torch.Tensor) -> torch.Tensor:
+    """The reference packing of a bool tensor in its row-major order: bit j of byte k is element 8k + j (int8)."""
+    flat = mask.reshape(-1).to(torch.int64)
+    flat = torch.cat([flat, flat.new_zeros(-flat.numel() % 8)]).view(-1, 8)
+    b = (flat << torch.arange(8)).sum(1)
+    return torch.where(b > 127, b - 256, b).to(torch.int8)
 
 
 def _special_input(shape, dtype, device, seed):
@@ -75,26 +63,68 @@ def test_keeps_one_bit_per_element(shape):
     x = torch.randn(shape, requires_grad=True)
     saved, y = saved_during(lambda: ht.ReLU()(x * 1))
     n = x.numel()
-    assert [(t.dtype, t.numel()) for t in saved if t.dtype == torch.uint8] == [(torch.uint8, (n + 7) // 8)]
+    assert [(t.dtype, t.numel()) for t in saved if t.dtype == torch.int8] == [(torch.int8, (n + 7) // 8)]
     assert not any(t.is_floating_point() and t.numel() == n for t in saved[1:]), "the output was kept"
     saved_exact, _ = saved_during(lambda: nn.ReLU()(x * 1))
     assert any(t.is_floating_point() and t.numel() == n for t in saved_exact)
 
 
-def test_a_channels_last_map_is_packed_in_memory_order():
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "transposed"])
+def test_the_mask_is_packed_in_memory_order(layout):
     """The mask of a channels-last output is packed in its memory order (N, H, W, C): forming it needs no copy in
-    logical order; the gradient test above checks it is unpacked back to the right positions."""
-    x = torch.randn(2, 5, 3, 4).to(memory_format=torch.channels_last).requires_grad_(True)
-    saved, y = saved_during(lambda: ht.ReLU()(x * 1))
-    (bits,) = [t for t in saved if t.dtype == torch.uint8]
-    assert torch.equal(bits, pack_bits((y <= 0).permute(0, 2, 3, 1).contiguous()))
-    assert not torch.equal(bits, pack_bits((y <= 0).contiguous()))
+    logical order; a strided view (not dense) is packed in row-major order from a copy. The gradient test above
+    checks it is unpacked back to the right positions."""
+    x = torch.randn(2, 5, 3, 4)
+    x = {"contiguous": x, "channels_last": x.to(memory_format=torch.channels_last), "transposed": x[:, :, :, ::2]}[layout]
+    x.requires_grad_(True)
+    saved, y = saved_during(lambda: ht.ReLU()(x * 1 if layout != "transposed" else x[..., :]))
+    (bits,) = [t for t in saved if t.dtype == torch.int8]
+    mask = y <= 0
+    if layout == "channels_last":
+        assert torch.equal(bits, _packed(mask.permute(0, 2, 3, 1)))
+        assert not torch.equal(bits, _packed(mask))
+    else:
+        assert torch.equal(bits, _packed(mask))
 
 
-def test_second_order_gradients():
+def test_the_engine_functions_equal_the_reference():
+    """hot.relu_mask / hot.relu_mask_backward on torch tensors: y equals torch.relu, the bits the reference packing,
+    the gradient torch's selection, on any shape (row-major order)."""
+    import hot
+
+    x = _special_input((3, 37), torch.float32, "cpu", seed=3)
+    y, bits = hot.relu_mask(x)
+    assert y.shape == x.shape and torch.equal(torch.isnan(y), torch.isnan(x))
+    assert torch.equal(y.nan_to_num(0.0), torch.relu(x).nan_to_num(0.0))
+    assert torch.equal(bits, _packed(x <= 0))
+    gy = _special_input((3, 37), torch.float32, "cpu", seed=4)
+    gx = hot.relu_mask_backward(gy, bits)
+    assert torch.equal(gx.nan_to_num(0.0), torch.where(x <= 0, 0.0, gy).nan_to_num(0.0))
+    with pytest.raises(ValueError, match=r"relu_mask_backward: bits has shape \(3,\), expected \(14,\)"):
+        hot.relu_mask_backward(gy, bits[:3])
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_second_order_gradients(inplace):
+    """The ReLU's gradient is linear in g_y: its derivative (the double backward) is the same selection, as nn.ReLU's."""
+    x = _special_input((4, 6), torch.float32, "cpu", seed=5).nan_to_num(0.0)
+    v = torch.randn(4, 6)
+    res = []
+    for mod in (nn.ReLU(inplace), ht.ReLU(inplace)):
+        a = x.clone().requires_grad_(True)
+        g = torch.ones(4, 6, requires_grad=True)
+        (gx,) = torch.autograd.grad(mod(a * 1), a, g, create_graph=True)
+        (ggy,) = torch.autograd.grad(gx, g, v)
+        res.append((gx.detach(), ggy))
+    assert torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][1], res[1][1])
+    assert torch.equal(res[1][1], torch.where(x <= 0, 0.0, v))
+
+
+def test_float64_and_integers_keep_torch_relu():
     x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    saved, y = saved_during(lambda: ht.ReLU()(x * 1))
+    assert not any(t.dtype == torch.int8 for t in saved) and torch.equal(y, torch.relu(x))
     assert torch.autograd.gradcheck(relu, (x,))
-    assert torch.autograd.gradgradcheck(relu, (x,))
 
 
 def test_no_mask_without_a_graph():
@@ -308,18 +338,38 @@ def test_resnet_stem_keeps_masks_and_offsets_instead_of_the_relu_output():
     assert kept["exact"] - kept["lean"] >= relu_out + pool_out * 8 - (relu_out // 32 + pool_out), kept
 
 
-def test_compiled_first_caches_nothing_traced(monkeypatch):
-    """Compiled before any eager call (an empty cache of the bit values): inductor's code runs, nothing made while
-    tracing is cached, and the eager call after it gives the same gradient."""
-    from hot.torch import lean
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_compiled_calls_the_engine_ops(inplace, layout):
+    """Under torch.compile the ReLU runs as the hot::relu_mask custom ops (in the graph, no break) and gives the eager
+    output and gradient; the in-place ReLU still writes its input."""
+    import torch._dynamo as dynamo
 
-    monkeypatch.setattr(lean, "_BITS", {})
-    relu = ht.ReLU()
-    x = torch.randn(4, 8)
-    f = torch.compile(lambda x: relu(x * 1).sum(), fullgraph=True, backend="inductor")
-    a = x.clone().requires_grad_(True)
-    f(a).backward()
-    assert lean._BITS == {}
-    b = x.clone().requires_grad_(True)
-    relu(b * 1).sum().backward()
-    assert torch.equal(a.grad, b.grad) and torch.equal(b.grad, (x > 0).float())
+    relu = ht.ReLU(inplace)
+    x = _special_input((2, 3, 4, 5), torch.float32, "cpu", seed=7).nan_to_num(0.0)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+
+    def f(a):
+        h = a * 1
+        y = relu(h)
+        return y, h
+
+    dynamo.reset()
+    gm_ops = []
+
+    def backend(gm, inputs):
+        gm_ops.extend(str(n.target) for m in gm.modules() if isinstance(m, torch.fx.GraphModule) for n in m.graph.nodes)
+        return gm.forward
+
+    outs = []
+    for fn in (f, torch.compile(f, fullgraph=True, backend="aot_eager"), torch.compile(f, fullgraph=True,
+                                                                                      backend=backend)):
+        a = x.clone().requires_grad_(True)
+        y, h = fn(a)
+        y.backward(torch.arange(y.numel(), dtype=y.dtype).view(y.shape))
+        outs.append((y.detach(), a.grad, h.detach()))
+    assert any("relu_mask" in t for t in gm_ops), gm_ops
+    for o in outs[1:]:
+        assert torch.equal(o[0], outs[0][0]) and torch.equal(o[1], outs[0][1])
+        assert torch.equal(o[2], outs[0][0] if inplace else x)

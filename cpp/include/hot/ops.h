@@ -74,6 +74,16 @@ struct ConvGeometry {
 // not overlap a pixel takes its one contribution as it is. Deterministic: no atomics, the same bits on every backend.
 void col2im(const TensorView& cols, const ConvGeometry& geometry, const TensorView& out, Stream stream = {});
 
+// ReLU that records where its gradient is zero in one bit per element (SPEC §2, keep_less), one pass over x:
+// y = x with its negative elements replaced by +0 (NaN and -0 pass unchanged, as torch's ReLU), and bit j of byte k
+// of `bits` set where element 8k + j of y is <= 0 (x <= 0; a NaN's bit is clear), the last byte's unused bits zero.
+// x, y: vectors of n elements of one float dtype (y may be x itself: the in-place ReLU); bits: ceil(n / 8) s8 bytes.
+void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, Stream stream = {});
+// Its backward: g_x = +0 where the bit of the element is set, g_y elsewhere (the same selection as torch's
+// threshold_backward of the output: a non-finite g_y at a zero output gives 0). g_y, g_x: n elements of one float
+// dtype (g_x may be g_y itself); bits: relu_mask's.
+void relu_mask_backward(const TensorView& g_y, const TensorView& bits, const TensorView& g_x, Stream stream = {});
+
 // ---- the HOT layer operations ------------------------------------------------------------------
 
 // ABC buffer of a layer input (SPEC §2): q = Q8(HLA(x)) round-to-nearest per tensor, stored transposed

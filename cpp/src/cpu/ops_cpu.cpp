@@ -192,6 +192,46 @@ void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out
   });
 }
 
+// One byte of relu_mask per index k of [0, ceil(n / 8)): elements 8k..8k+7. A zeroed element is written as +0 (all
+// bits zero in every float dtype); the others are copied bit for bit.
+void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, Stream) {
+  const int64_t n = x.shape[0];
+  const size_t es = static_cast<size_t>(dtype_bits(x.dtype) / 8);
+  const auto* src = static_cast<const unsigned char*>(x.data);
+  auto* dst = static_cast<unsigned char*>(y.data);
+  auto* out = static_cast<uint8_t*>(bits.data);
+  parallel_for((n + 7) / 8, 1 << 13, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      uint8_t b = 0;
+      for (int64_t i = 8 * k; i < std::min(n, 8 * k + 8); ++i) {
+        const float v = load_float(x.data, x.dtype, i);
+        b |= static_cast<uint8_t>(v <= 0.0f) << (i - 8 * k);
+        if (v < 0.0f)
+          std::memset(dst + i * es, 0, es);
+        else if (dst != src)
+          std::memcpy(dst + i * es, src + i * es, es);
+      }
+      out[k] = b;
+    }
+  });
+}
+
+void relu_mask_backward(const TensorView& gy, const TensorView& bits, const TensorView& gx, Stream) {
+  const int64_t n = gy.shape[0];
+  const size_t es = static_cast<size_t>(dtype_bits(gy.dtype) / 8);
+  const auto* src = static_cast<const unsigned char*>(gy.data);
+  auto* dst = static_cast<unsigned char*>(gx.data);
+  const auto* in = static_cast<const uint8_t*>(bits.data);
+  parallel_for(n, 1 << 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      if ((in[i >> 3] >> (i & 7)) & 1u)
+        std::memset(dst + i * es, 0, es);
+      else if (dst != src)
+        std::memcpy(dst + i * es, src + i * es, es);
+    }
+  });
+}
+
 void pack_int4(const TensorView& q, const TensorView& packed, Stream) {
   const int64_t R = q.shape[0], C = q.shape[1];
   parallel_for(R, row_grain(C), [&](int64_t r0, int64_t r1) {

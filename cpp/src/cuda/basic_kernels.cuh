@@ -1,5 +1,5 @@
 // The kernels of the CUDA backend's building-block operations (Hadamard transform, HLA projection, quantise /
-// dequantise, int4 packing, bias gradient) and their launch sequences. Included by ops_basic.cu (the backend,
+// dequantise, int4 packing, col2im, the ReLU mask, bias gradient) and their launch sequences. Included by ops_basic.cu (the backend,
 // which validates the arguments, allocates scratch and launches on the caller's stream) and by the host
 // emulation test (cpp/tests/emu), which runs these same kernels on the CPU. Integer results match the CPU backend
 // bit for bit (same fp32 butterfly order, same scalar rules from hot/quant_rules.h, same Philox draws).
@@ -150,6 +150,53 @@ __global__ void col2im_kernel(const T* __restrict__ cols, int64_t ld, Col2imPara
   }
 }
 
+// relu_mask on the raw bits R of a float format with sign bit kSign and +Inf kInf, so that every element is copied or
+// zeroed bit for bit: m = |x|'s bits; x <= 0 where m == 0 or (sign and m <= kInf); x < 0 where also m != 0 (NaN: m >
+// kInf, neither). One warp per 256 elements a step: the lanes read 32 consecutive elements 8 times (coalesced), and
+// each __ballot_sync gives the 32 bits of one word, lane k keeping the k-th; lanes 0-7 then write their words' bytes.
+// x and y may be one array (the in-place ReLU), so neither is __restrict__.
+template <typename R, R kSign, R kInf>
+__global__ void relu_mask_kernel(const R* x, R* y, int64_t n, uint8_t* __restrict__ bits) {
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int64_t nbytes = (n + 7) / 8;
+  const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
+  for (int64_t c = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; c * 256 < n; c += nwarps) {
+    unsigned mine = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int64_t i = c * 256 + k * 32 + lane;
+      bool zero = false;
+      if (i < n) {
+        const R u = x[i];
+        const R m = static_cast<R>(u & static_cast<R>(~kSign));
+        const bool sign = (u & kSign) != 0;
+        zero = m == 0 || (sign && m <= kInf);
+        if (sign && m != 0 && m <= kInf) {
+          y[i] = 0;
+        } else if (y != x) {
+          y[i] = u;
+        }
+      }
+      const unsigned w = __ballot_sync(0xffffffffu, zero);
+      if (lane == k) mine = w;
+    }
+    if (lane < 8) {
+      const int64_t b0 = (c * 8 + lane) * 4;
+      for (int b = 0; b < 4; ++b)
+        if (b0 + b < nbytes) bits[b0 + b] = static_cast<uint8_t>(mine >> (8 * b));
+    }
+  }
+}
+
+template <typename R>
+__global__ void relu_mask_backward_kernel(const R* gy, const uint8_t* __restrict__ bits, int64_t n, R* gx) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const bool zero = (bits[i >> 3] >> (i & 7)) & 1u;
+    gx[i] = zero ? R(0) : gy[i];
+  }
+}
+
 // q: R x C s8, packed: bytes with row stride ldb (bytes); C even.
 __global__ void pack_int4_kernel(Mat<const int8_t> q, uint8_t* packed, int64_t ldb) {
   const int64_t half = q.cols / 2;
@@ -260,6 +307,44 @@ template <typename T, typename Launch>
 void col2im_launch(const TensorView& cols, const ConvGeometry& g, const TensorView& out, const Launch& launch) {
   launch(col2im_kernel<T>, dim3(grid_1d(out.numel(), kBasicThreads)), kBasicThreads, 0,
          static_cast<const T*>(cols.data), cols.strides[0], col2im_params(g), static_cast<T*>(out.data));
+}
+
+// A float format as raw bits: its unsigned type, sign bit and +Inf.
+template <typename R, R kSign, R kInf>
+struct RawFloat {
+  using type = R;
+  static constexpr R sign = kSign, inf = kInf;
+};
+template <typename F>
+void dispatch_raw_float(DType dt, const char* op, F&& f) {
+  switch (dt) {
+    case DType::f32: f(RawFloat<uint32_t, 0x80000000u, 0x7f800000u>{}); break;
+    case DType::f16: f(RawFloat<uint16_t, uint16_t{0x8000}, uint16_t{0x7c00}>{}); break;
+    case DType::bf16: f(RawFloat<uint16_t, uint16_t{0x8000}, uint16_t{0x7f80}>{}); break;
+    default: HOT_FAIL(internal, op, ": unsupported dtype ", dtype_name(dt));
+  }
+}
+
+template <typename Launch>
+void relu_mask_launch(const TensorView& x, const TensorView& y, const TensorView& bits, const Launch& launch) {
+  const int64_t n = x.shape[0];
+  dispatch_raw_float(x.dtype, "relu_mask", [&](auto fmt) {
+    using F = decltype(fmt);
+    using R = typename F::type;
+    launch(relu_mask_kernel<R, F::sign, F::inf>, dim3(grid_1d(ceil_div(n, 256) * 32, kBasicThreads)), kBasicThreads,
+           0, static_cast<const R*>(x.data), static_cast<R*>(y.data), n, static_cast<uint8_t*>(bits.data));
+  });
+}
+
+template <typename Launch>
+void relu_mask_backward_launch(const TensorView& gy, const TensorView& bits, const TensorView& gx,
+                               const Launch& launch) {
+  const int64_t n = gy.shape[0];
+  dispatch_raw_float(gy.dtype, "relu_mask_backward", [&](auto fmt) {
+    using R = typename decltype(fmt)::type;
+    launch(relu_mask_backward_kernel<R>, dim3(grid_1d(n, kBasicThreads)), kBasicThreads, 0,
+           static_cast<const R*>(gy.data), static_cast<const uint8_t*>(bits.data), n, static_cast<R*>(gx.data));
+  });
 }
 
 template <typename Launch>

@@ -1,5 +1,5 @@
 // Building-block operations of the CUDA backend: Hadamard transform, HLA projection, quantise /
-// dequantise, int4 packing, col2im and the bias gradient. The kernels and launch sequences are in basic_kernels.cuh;
+// dequantise, int4 packing, col2im, the ReLU's mask and the bias gradient. The kernels and launch sequences are in basic_kernels.cuh;
 // here each operation takes the inputs' device, its scratch (stream-ordered) and the caller's stream.
 #include "basic_kernels.cuh"
 
@@ -43,6 +43,16 @@ void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out
   DeviceGuard dg(cols.device.index);
   dispatch_float(cols.dtype, "col2im",
                  [&](auto t) { col2im_launch<decltype(t)>(cols, g, out, StreamLaunch{to_cuda(st)}); });
+}
+
+void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, Stream st) {
+  DeviceGuard dg(x.device.index);
+  relu_mask_launch(x, y, bits, StreamLaunch{to_cuda(st)});
+}
+
+void relu_mask_backward(const TensorView& gy, const TensorView& bits, const TensorView& gx, Stream st) {
+  DeviceGuard dg(gy.device.index);
+  relu_mask_backward_launch(gy, bits, gx, StreamLaunch{to_cuda(st)});
 }
 
 void pack_int4(const TensorView& q, const TensorView& packed, Stream st) {

@@ -189,6 +189,34 @@ TEST_F(Cuda_Col2im, BitExactVsCpu) {
     }
 }
 
+class Cuda_ReluMask : public CudaTest {};
+TEST_F(Cuda_ReluMask, BitExactVsCpu) {
+  uint64_t seed = 970;
+  for (DType dt : kFloatTypes)
+    for (int64_t n : hot_test::relu_sizes()) {
+      SCOPED_TRACE(testing::Message() << dt_name(dt) << " n " << n);
+      const HostTensor x = hot_test::relu_input(dt, n, seed++);
+      HostTensor yc = out1d(dt, n), bc = out1d(DType::s8, (n + 7) / 8);
+      DevTensor dx(x), dy(yc), db(bc), di(x), dbi(bc);
+      hot::relu_mask(x, yc, bc);
+      hot::relu_mask(dx, dy, db, st());
+      hot::relu_mask(di, di, dbi, st());  // in place
+      const HostTensor gy = hot_test::relu_input(dt, n, seed++);
+      HostTensor gc = out1d(dt, n);
+      DevTensor dgy(gy), dgx(gc);
+      hot::relu_mask_backward(gy, bc, gc);
+      hot::relu_mask_backward(dgy, db, dgx, st());
+      hot::relu_mask_backward(dgy, db, dgy, st());  // in place
+      sync();
+      EXPECT_TRUE(all_bytes_equal(yc, dy.to_host()));
+      EXPECT_TRUE(all_bytes_equal(bc, db.to_host()));
+      EXPECT_TRUE(all_bytes_equal(yc, di.to_host()));
+      EXPECT_TRUE(all_bytes_equal(bc, dbi.to_host()));
+      EXPECT_TRUE(all_bytes_equal(gc, dgx.to_host()));
+      EXPECT_TRUE(all_bytes_equal(gc, dgy.to_host()));
+    }
+}
+
 class Cuda_Int4 : public CudaTest {};
 TEST_F(Cuda_Int4, PackUnpackBitExactVsCpu) {
   uint64_t seed = 400;

@@ -1,5 +1,5 @@
 // The CUDA kernels of the building-block operations (basic_kernels.cuh: Hadamard transform, HLA projection,
-// quantise, dequantise, int4 pack/unpack, bias gradient), run on the CPU by the host emulation (cuda_emu.h) and
+// quantise, dequantise, int4 pack/unpack, col2im, the ReLU mask, bias gradient), run on the CPU by the host emulation (cuda_emu.h) and
 // compared byte for byte with the CPU backend; outputs start poisoned, so unwritten or overwritten bytes (row
 // padding included) show. The shapes follow the Cuda_* suites, smaller where those are large. Compiled into
 // hot_emu_tests (AddressSanitizer) and hot_emu_race_tests (ThreadSanitizer, fewer cases).
@@ -157,6 +157,34 @@ TEST(Emu_Col2im, BitExactVsCpu) {
       hot::cpu::col2im(cols, g, oc, {});
       with_type(dt, [&](auto t, auto launch) { hot::cuda::col2im_launch<decltype(t)>(cols.view(), g, o2.view(), launch); });
       EXPECT_TRUE(all_bytes_equal(oc, o2)) << hot::dtype_name(dt) << " case " << seed;
+    }
+}
+
+TEST(Emu_ReluMask, BitExactVsCpu) {
+  uint64_t seed = 970;
+#if defined(HOT_EMU_RACE)
+  const std::vector<int64_t> sizes = {257, 1000};
+#else
+  const std::vector<int64_t> sizes = hot_test::relu_sizes();
+#endif
+  for (DType dt : kDtypes)
+    for (int64_t n : sizes) {
+      SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " n " << n);
+      const HostTensor x = hot_test::relu_input(dt, n, seed++);
+      HostTensor yc = out1d(dt, n), ye = yc, bc = out1d(DType::s8, (n + 7) / 8), be = bc;
+      hot::cpu::relu_mask(x, yc, bc, {});
+      hot::cuda::relu_mask_launch(x.view(), ye.view(), be.view(), hot_emu::Launch{});
+      EXPECT_TRUE(all_bytes_equal(yc, ye));
+      EXPECT_TRUE(all_bytes_equal(bc, be));
+      HostTensor xi = x, bi = out1d(DType::s8, (n + 7) / 8);  // in place
+      hot::cuda::relu_mask_launch(xi.view(), xi.view(), bi.view(), hot_emu::Launch{});
+      EXPECT_TRUE(all_bytes_equal(yc, xi));
+      EXPECT_TRUE(all_bytes_equal(bc, bi));
+      const HostTensor gy = hot_test::relu_input(dt, n, seed++);
+      HostTensor gc = out1d(dt, n), ge = gc;
+      hot::cpu::relu_mask_backward(gy, bc, gc, {});
+      hot::cuda::relu_mask_backward_launch(gy.view(), be.view(), ge.view(), hot_emu::Launch{});
+      EXPECT_TRUE(all_bytes_equal(gc, ge));
     }
 }
 

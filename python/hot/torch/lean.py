@@ -6,8 +6,10 @@ ReLU: its gradient needs only where its output is ``<= 0`` (``g_x = 0`` there an
 backward, ``threshold_backward``, reads the output for nothing else, and a NaN output passes its gradient). Exact
 training keeps the whole output for that, and a converted layer that reads it (the convolution after a ReLU) cannot
 shrink what the ReLU keeps. ``hot.torch.ReLU`` keeps those positions packed 8 to a byte, so that the converted layer's
-int8 copy replaces the output: per element 1 + 1/8 bytes against 2 (bf16) or 4 (fp32). Bit for bit the same gradient
-(the same selection: a non-finite g_y where the output is 0 gives 0, a NaN input passes its g_y).
+int8 copy replaces the output: per element 1 + 1/8 bytes against 2 (bf16) or 4 (fp32). Bit for bit the same output and
+gradient (the same selection: a non-finite g_y where the output is 0 gives 0, a NaN input passes its g_y). The engine
+does both passes (``hot.relu_mask``: the ReLU and its mask in one pass over x, in x's memory order, so a channels-last
+map needs no copy; ``hot.relu_mask_backward``: one pass over g_y); float64 and other devices keep torch's ReLU.
 
 MaxPool2d: torch's max-pool keeps its input and the int64 position of each window's maximum, but its backward reads
 only the positions (the input serves for its shape). ``hot.torch.MaxPool2d`` keeps each maximum's offset inside its
@@ -18,52 +20,75 @@ torch keeps the output (4 or 2 bytes per element) and 8 bytes per pooled element
 """
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-_BITS: Dict[torch.device, Tensor] = {}
-_BIT_VALUES = [1 << j for j in range(8)]
+from hot import _api
+from hot.torch.ops import _call
+
+_MASKED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _bits(device: torch.device) -> Tensor:
-    """The uint8 vector (1, 2, 4, ..., 128) on device (cached; made afresh while torch.compile traces)."""
+# ---- the engine's relu_mask on 1-D tensors: the bodies, and the custom ops that wrap them for torch.compile ----
+def _mask_body(x: Tensor, inplace: bool) -> Tuple[Tensor, Tensor]:
+    """(y, bits) of hot.relu_mask of the 1-D x (y is x itself when inplace)."""
+    return _api._relu_mask(_call("relu_mask", x), x, x if inplace else None)
+
+
+def _mask_backward_body(g: Tensor, bits: Tensor) -> Tensor:
+    return _api._relu_mask_backward(_call("relu_mask_backward", g), g, bits, None)
+
+
+@torch.library.custom_op("hot::relu_mask", mutates_args=())
+def relu_mask_op(x: Tensor) -> Tuple[Tensor, Tensor]:
+    return _mask_body(x, False)
+
+
+@relu_mask_op.register_fake
+def _(x):
+    return torch.empty_like(x), x.new_empty(((x.numel() + 7) // 8,), dtype=torch.int8)
+
+
+@torch.library.custom_op("hot::relu_mask_inplace", mutates_args=("x",))
+def relu_mask_inplace_op(x: Tensor) -> Tensor:
+    return _mask_body(x, True)[1]
+
+
+@relu_mask_inplace_op.register_fake
+def _(x):
+    return x.new_empty(((x.numel() + 7) // 8,), dtype=torch.int8)
+
+
+@torch.library.custom_op("hot::relu_mask_backward", mutates_args=())
+def relu_mask_backward_op(g: Tensor, bits: Tensor) -> Tensor:
+    return _mask_backward_body(g, bits)
+
+
+@relu_mask_backward_op.register_fake
+def _(g, bits):
+    return torch.empty_like(g)
+
+
+def _relu_mask(x: Tensor, inplace: bool) -> Tuple[Tensor, Tensor]:
+    """(y, bits) for a 1-D x: the custom ops under torch.compile, the bodies directly otherwise (no dispatcher)."""
     if torch.compiler.is_compiling():
-        return torch.tensor(_BIT_VALUES, dtype=torch.uint8, device=device)
-    b = _BITS.get(device)
-    if b is None:
-        b = _BITS[device] = torch.tensor(_BIT_VALUES, dtype=torch.uint8, device=device)
-    return b
+        if inplace:
+            return x, torch.ops.hot.relu_mask_inplace(x)
+        return torch.ops.hot.relu_mask(x)
+    return _mask_body(x, inplace)
 
 
-def pack_bits(mask: Tensor) -> Tensor:
-    """The bool tensor ``mask`` in its logical (row-major) order, 8 elements to a uint8 byte, element ``8k + j`` in bit
-    j of byte k; the last byte is padded with zeros. ``unpack_bits`` inverts it."""
-    if mask.dtype != torch.bool:
-        raise TypeError(f"hot.torch.lean.pack_bits: mask has dtype {mask.dtype}, expected torch.bool")
-    flat = mask.reshape(-1)
-    tail = flat.numel() % 8
-    if tail:
-        flat = torch.cat([flat, flat.new_zeros(8 - tail)])
-    return (flat.view(-1, 8) * _bits(flat.device)).sum(1, dtype=torch.uint8)  # bool x uint8: the bits' values
+def _relu_mask_backward(g: Tensor, bits: Tensor) -> Tensor:
+    if torch.compiler.is_compiling():
+        return torch.ops.hot.relu_mask_backward(g, bits)
+    return _mask_backward_body(g, bits)
 
 
-def unpack_bits(bits: Tensor, shape) -> Tensor:
-    """The bool tensor of ``shape`` that ``pack_bits`` packed into ``bits``."""
-    n = 1
-    for s in shape:
-        n *= s
-    if bits.dtype != torch.uint8 or bits.dim() != 1 or bits.numel() != (n + 7) // 8:
-        raise ValueError(f"hot.torch.lean.unpack_bits: bits must be a uint8 vector of {(n + 7) // 8} bytes for "
-                         f"shape {tuple(shape)}, got {bits.dtype} of shape {tuple(bits.shape)}")
-    flat = (bits.unsqueeze(1) & _bits(bits.device)).view(-1)
-    return (flat[:n] != 0).view(shape)
-
-
-def _memory_order(t: Tensor):
+def _memory_order(t: Tensor) -> Optional[List[int]]:
     """The permutation of t's dims that lists them from the largest stride to the smallest (t.permute(perm) is then
     contiguous for a dense t, e.g. a channels-last map), or None when t is contiguous already."""
     if t.is_contiguous():
@@ -71,37 +96,60 @@ def _memory_order(t: Tensor):
     return sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.shape[d]))
 
 
+def _inverse(perm: List[int]) -> List[int]:
+    return sorted(range(len(perm)), key=perm.__getitem__)
+
+
+class _MaskedGrad(torch.autograd.Function):
+    """g_x = g_y where the bit is clear, 0 where set, with g_y laid out by the mask's permutation; linear in g_y, so
+    its own backward is the same selection (second-order gradients)."""
+
+    @staticmethod
+    def forward(ctx, g: Tensor, bits: Tensor, perm: Optional[List[int]]) -> Tensor:
+        ctx.save_for_backward(bits)
+        ctx.perm = perm
+        gp = g if perm is None else g.permute(perm)
+        gx = _relu_mask_backward(gp.reshape(-1), bits).view(gp.shape)  # reshape: a copy only for another layout
+        return gx if perm is None else gx.permute(_inverse(perm))
+
+    @staticmethod
+    def backward(ctx, gg: Tensor):
+        (bits,) = ctx.saved_tensors
+        return _MaskedGrad.apply(gg, bits, ctx.perm), None, None
+
+
 class _MaskedReLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, inplace: bool) -> Tensor:
-        if inplace:
-            torch.relu_(x)
-            ctx.mark_dirty(x)
-            y = x  # the dirty input itself is returned (torch.compile requires it)
+        perm = _memory_order(x)
+        xp = x if perm is None else x.permute(perm)
+        if not xp.is_contiguous():  # not dense (a strided view): through a row-major copy, masked in place
+            perm, xp = None, x.contiguous()
+            bits = _relu_mask(xp.view(-1), True)[1]
+            y = x.copy_(xp) if inplace else xp
+        elif inplace:
+            y, bits = x, _relu_mask(xp.view(-1), True)[1]
         else:
-            y = torch.relu(x)
-        zero = y <= 0  # where the gradient is 0 (threshold_backward's rule); laid out as y
-        perm = _memory_order(zero)
-        if perm is not None:  # pack in memory order (no copy for a dense layout such as channels-last)
-            zero = zero.permute(perm)
-        ctx.save_for_backward(pack_bits(zero))
-        ctx.perm = perm  # (the output's shape comes back with grad_y)
+            yf, bits = _relu_mask(xp.view(-1), False)
+            y = yf.view(xp.shape) if perm is None else yf.view(xp.shape).permute(_inverse(perm))
+        if inplace:
+            ctx.mark_dirty(x)
+        ctx.save_for_backward(bits)
+        ctx.perm = perm
         return y
 
     @staticmethod
     def backward(ctx, grad_y: Tensor):
         (bits,) = ctx.saved_tensors
-        shape = grad_y.shape if ctx.perm is None else [grad_y.shape[d] for d in ctx.perm]
-        zero = unpack_bits(bits, shape)
-        if ctx.perm is not None:
-            zero = zero.permute(sorted(range(len(ctx.perm)), key=ctx.perm.__getitem__))  # the inverse permutation
-        return torch.where(zero, 0, grad_y), None
+        return _MaskedGrad.apply(grad_y, bits, ctx.perm), None
 
 
 def relu(x: Tensor, inplace: bool = False) -> Tensor:
-    """``F.relu(x, inplace)`` whose backward keeps a 1-bit mask; the plain ReLU where no gradient is recorded (grad
-    mode off, x not requiring grad) or for dtypes without gradients."""
-    if not (torch.is_grad_enabled() and x.requires_grad):
+    """``F.relu(x, inplace)`` whose backward keeps a 1-bit mask (the engine's ``hot.relu_mask``, one pass over x); the
+    plain ReLU where no gradient is recorded (grad mode off, x not requiring grad), for an empty x, for dtypes other
+    than float32, float16 and bfloat16, and on devices other than the CPU and CUDA GPUs."""
+    if not (torch.is_grad_enabled() and x.requires_grad) or x.dtype not in _MASKED_DTYPES or x.numel() == 0 \
+            or x.device.type not in ("cpu", "cuda"):
         return F.relu(x, inplace=inplace)
     return _MaskedReLU.apply(x, inplace)
 

@@ -1,0 +1,141 @@
+// relu_mask / relu_mask_backward (SPEC §2, keep_less) on the CPU backend against a per-element reference: the bits
+// (x <= 0: +-0 and negatives including -Inf and negative subnormals; NaN of either sign clear), y bit for bit (+0
+// where x < 0, x's bits elsewhere, -0 and NaN included), the unused bits of the last byte zero, in place and out of
+// place; the backward's selection with non-finite gradients; and the argument checks.
+#include "test_util.h"
+
+#include <cstring>
+#include <vector>
+
+using namespace hot_test;
+using hot::DType;
+
+namespace {
+
+const DType kTypes[] = {DType::f32, DType::bf16, DType::f16};
+
+std::vector<uint8_t> ref_bits(const HostTensor& x) {
+  const int64_t n = x.cols();
+  std::vector<uint8_t> b(static_cast<size_t>((n + 7) / 8), 0);
+  for (int64_t i = 0; i < n; ++i)
+    if (static_cast<double>(x.getf(i)) <= 0.0) b[static_cast<size_t>(i / 8)] |= static_cast<uint8_t>(1u << (i % 8));
+  return b;
+}
+
+// The element bytes of x, zeroed where `zero(i)`.
+template <typename Z>
+std::vector<uint8_t> masked_bytes(const HostTensor& x, Z zero) {
+  const size_t es = static_cast<size_t>(hot::dtype_bits(x.dtype()) / 8);
+  std::vector<uint8_t> out(x.bytes(), x.bytes() + x.cols() * es);
+  for (int64_t i = 0; i < x.cols(); ++i)
+    if (zero(i)) std::memset(out.data() + i * es, 0, es);
+  return out;
+}
+
+bool bytes_are(const HostTensor& t, const std::vector<uint8_t>& want) {
+  return std::memcmp(t.bytes(), want.data(), want.size()) == 0;
+}
+
+HostTensor bits_of(int64_t n) {
+  HostTensor b = HostTensor::make1d(DType::s8, (n + 7) / 8);
+  std::memset(b.bytes(), 0xa5, b.nbytes());  // poisoned: every byte must be written
+  return b;
+}
+
+TEST(ReluMask, BitsAndOutputAgainstReference) {
+  uint64_t seed = 10;
+  for (DType dt : kTypes)
+    for (int64_t n : relu_sizes()) {
+      SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " n " << n);
+      const HostTensor x = relu_input(dt, n, seed++);
+      const std::vector<uint8_t> bits = ref_bits(x);
+      const std::vector<uint8_t> y_ref = masked_bytes(x, [&](int64_t i) { return static_cast<double>(x.getf(i)) < 0.0; });
+      HostTensor y = HostTensor::make1d(dt, n), b = bits_of(n);
+      std::memset(y.bytes(), 0x5a, y.nbytes());
+      hot::relu_mask(x, y, b);
+      EXPECT_TRUE(bytes_are(y, y_ref));
+      EXPECT_TRUE(bytes_are(b, bits));
+      HostTensor xi = x, bi = bits_of(n);  // in place: y is x
+      hot::relu_mask(xi, xi, bi);
+      EXPECT_TRUE(bytes_are(xi, y_ref));
+      EXPECT_TRUE(bytes_are(bi, bits));
+    }
+}
+
+TEST(ReluMask, SpecialValues) {
+  // +0 and -0 set their bits and stay as they are; NaN clears its bit and passes; -Inf and the negative subnormal
+  // become +0 with their bits set; +Inf and the positive subnormal pass with their bits clear.
+  const HostTensor x = relu_input(DType::f32, 40, 1);
+  HostTensor y = HostTensor::make1d(DType::f32, 40), b = bits_of(40);
+  hot::relu_mask(x, y, b);
+  const auto bit = [&](int64_t i) { return (b.bytes()[i / 8] >> (i % 8)) & 1u; };
+  for (int64_t i = 3; i < 40; i += 5) {
+    const float v = x.getf(i);
+    SCOPED_TRACE(testing::Message() << "x[" << i << "] = " << v);
+    if (std::isnan(v)) {
+      EXPECT_EQ(bit(i), 0u);
+      EXPECT_TRUE(std::isnan(y.getf(i)));
+    } else if (v == 0.0f) {
+      EXPECT_EQ(bit(i), 1u);
+      EXPECT_EQ(f32_bits(y.getf(i)), f32_bits(v));
+    } else if (v < 0.0f) {
+      EXPECT_EQ(bit(i), 1u);
+      EXPECT_EQ(f32_bits(y.getf(i)), 0u);
+    } else {
+      EXPECT_EQ(bit(i), 0u);
+      EXPECT_EQ(y.getf(i), v);
+    }
+  }
+}
+
+TEST(ReluMask, BackwardSelectsByTheBits) {
+  uint64_t seed = 50;
+  for (DType dt : kTypes)
+    for (int64_t n : relu_sizes()) {
+      SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " n " << n);
+      const HostTensor x = relu_input(dt, n, seed++);
+      HostTensor y = HostTensor::make1d(dt, n), b = bits_of(n);
+      hot::relu_mask(x, y, b);
+      const HostTensor gy = relu_input(dt, n, seed++);  // non-finite gradients too
+      const std::vector<uint8_t> want = masked_bytes(gy, [&](int64_t i) { return static_cast<double>(x.getf(i)) <= 0.0; });
+      HostTensor gx = HostTensor::make1d(dt, n);
+      std::memset(gx.bytes(), 0x5a, gx.nbytes());
+      hot::relu_mask_backward(gy, b, gx);
+      EXPECT_TRUE(bytes_are(gx, want));
+      HostTensor gi = gy;
+      hot::relu_mask_backward(gi, b, gi);
+      EXPECT_TRUE(bytes_are(gi, want));
+    }
+}
+
+TEST(ReluMask, ArgumentErrors) {
+  const HostTensor x = relu_input(DType::bf16, 20, 3);
+  HostTensor y = HostTensor::make1d(DType::bf16, 20), b = bits_of(20);
+  HostTensor y32 = HostTensor::make1d(DType::f32, 20), y_short = HostTensor::make1d(DType::bf16, 19);
+  HostTensor b_long = bits_of(21 * 8), b_f32 = HostTensor::make1d(DType::f32, 3);
+  HostTensor x2 = HostTensor::make2d(DType::bf16, 4, 5), xi = HostTensor::make1d(DType::s8, 20);
+  using hot::ErrorKind;
+  EXPECT_TRUE(throws_hot([&] { hot::relu_mask(x, y32, b); }, ErrorKind::type, {"relu_mask", "y", "bfloat16"}));
+  EXPECT_TRUE(throws_hot([&] { hot::relu_mask(x, y_short, b); }, ErrorKind::value, {"relu_mask", "y", "(20,)"}));
+  EXPECT_TRUE(throws_hot([&] { hot::relu_mask(x, y, b_long); }, ErrorKind::value, {"relu_mask", "bits", "(3,)"}));
+  EXPECT_TRUE(throws_hot([&] { hot::relu_mask(x, y, b_f32); }, ErrorKind::type, {"relu_mask", "bits", "int8"}));
+  EXPECT_TRUE(throws_hot([&] { hot::relu_mask(x2, y, b); }, ErrorKind::value, {"relu_mask", "x", "1"}));
+  EXPECT_TRUE(throws_hot([&] { hot::relu_mask(xi, xi, b); }, ErrorKind::type, {"relu_mask", "x"}));
+  hot::TensorView empty = x.view();
+  empty.shape = {0};
+  EXPECT_TRUE(throws_hot([&] { hot::relu_mask(empty, empty, b); }, ErrorKind::value, {"relu_mask", "x", "empty"}));
+  hot::TensorView shifted = y.view();  // overlaps x's bytes without being x
+  shifted.data = static_cast<char*>(x.view().data) + 2;
+  EXPECT_TRUE(throws_hot([&] { hot::relu_mask(x, shifted, b); }, ErrorKind::value, {"relu_mask", "overlap"}));
+  hot::TensorView strided = x.view();
+  strided.shape = {10};
+  strided.strides = {2};
+  HostTensor y10 = HostTensor::make1d(DType::bf16, 10), b10 = bits_of(10);
+  EXPECT_TRUE(throws_hot([&] { hot::relu_mask(strided, y10, b10); }, ErrorKind::value, {"relu_mask", "contiguous"}));
+  EXPECT_TRUE(throws_hot([&] { hot::relu_mask_backward(x, b_long, y); }, ErrorKind::value,
+                         {"relu_mask_backward", "bits"}));
+  EXPECT_TRUE(throws_hot([&] { hot::relu_mask_backward(x, b, y32); }, ErrorKind::type,
+                         {"relu_mask_backward", "g_x"}));
+}
+
+}  // namespace

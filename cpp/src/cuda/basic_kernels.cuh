@@ -152,48 +152,69 @@ __global__ void col2im_kernel(const T* __restrict__ cols, int64_t ld, Col2imPara
 
 // relu_mask on the raw bits R of a float format with sign bit kSign and +Inf kInf, so that every element is copied or
 // zeroed bit for bit: m = |x|'s bits; x <= 0 where m == 0 or (sign and m <= kInf); x < 0 where also m != 0 (NaN: m >
-// kInf, neither). One warp per 256 elements a step: the lanes read 32 consecutive elements 8 times (coalesced), and
-// each __ballot_sync gives the 32 bits of one word, lane k keeping the k-th; lanes 0-7 then write their words' bytes.
-// x and y may be one array (the in-place ReLU), so neither is __restrict__.
+// kInf, neither). One warp per chunk of kMaskChunk = 32 x 32 elements a step: lane l holds elements 32k + l (k < 32),
+// all loaded before anything is stored (x and y may be one array, the in-place ReLU, so neither is __restrict__ and
+// the compiler could not hoist a load above a store: each load would wait for the last), which keeps 32 loads per
+// lane in flight. Ballot k gives word k of the chunk's mask (bit l: element 32k + l), kept by lane k, which then
+// writes its 4 bytes: the warp's 128 bytes of mask in one coalesced store.
+constexpr int64_t kMaskChunk = 32 * 32;
+
 template <typename R, R kSign, R kInf>
 __global__ void relu_mask_kernel(const R* x, R* y, int64_t n, uint8_t* __restrict__ bits) {
   const int lane = static_cast<int>(threadIdx.x & 31u);
   const int64_t nbytes = (n + 7) / 8;
   const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
-  for (int64_t c = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; c * 256 < n; c += nwarps) {
+  for (int64_t c = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; c * kMaskChunk < n;
+       c += nwarps) {
+    const int64_t e0 = c * kMaskChunk + lane;
+    R v[32];
+#pragma unroll
+    for (int k = 0; k < 32; ++k) v[k] = e0 + 32 * k < n ? x[e0 + 32 * k] : R(0);
     unsigned mine = 0;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const int64_t i = c * 256 + k * 32 + lane;
-      bool zero = false;
+    for (int k = 0; k < 32; ++k) {
+      const int64_t i = e0 + 32 * k;
+      const R m = static_cast<R>(v[k] & static_cast<R>(~kSign));
+      const bool sign = (v[k] & kSign) != 0;
+      const bool zero = i < n && (m == 0 || (sign && m <= kInf));
       if (i < n) {
-        const R u = x[i];
-        const R m = static_cast<R>(u & static_cast<R>(~kSign));
-        const bool sign = (u & kSign) != 0;
-        zero = m == 0 || (sign && m <= kInf);
         if (sign && m != 0 && m <= kInf) {
           y[i] = 0;
         } else if (y != x) {
-          y[i] = u;
+          y[i] = v[k];
         }
       }
       const unsigned w = __ballot_sync(0xffffffffu, zero);
       if (lane == k) mine = w;
     }
-    if (lane < 8) {
-      const int64_t b0 = (c * 8 + lane) * 4;
-      for (int b = 0; b < 4; ++b)
-        if (b0 + b < nbytes) bits[b0 + b] = static_cast<uint8_t>(mine >> (8 * b));
-    }
+    const int64_t b0 = (c * 32 + lane) * 4;
+    for (int b = 0; b < 4; ++b)
+      if (b0 + b < nbytes) bits[b0 + b] = static_cast<uint8_t>(mine >> (8 * b));
   }
 }
 
+// The backward in the same chunks: lane l loads its 32 gradients and their mask bytes (each byte shared by 8 lanes)
+// before it stores (g_x may be g_y itself).
 template <typename R>
 __global__ void relu_mask_backward_kernel(const R* gy, const uint8_t* __restrict__ bits, int64_t n, R* gx) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const bool zero = (bits[i >> 3] >> (i & 7)) & 1u;
-    gx[i] = zero ? R(0) : gy[i];
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
+  for (int64_t c = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; c * kMaskChunk < n;
+       c += nwarps) {
+    const int64_t e0 = c * kMaskChunk + lane;
+    R v[32];
+    uint8_t b[32];
+#pragma unroll
+    for (int k = 0; k < 32; ++k) {
+      const int64_t i = e0 + 32 * k;
+      v[k] = i < n ? gy[i] : R(0);
+      b[k] = i < n ? bits[i >> 3] : uint8_t{0};
+    }
+#pragma unroll
+    for (int k = 0; k < 32; ++k) {
+      const int64_t i = e0 + 32 * k;
+      if (i < n) gx[i] = (b[k] >> (i & 7)) & 1u ? R(0) : v[k];
+    }
   }
 }
 
@@ -331,8 +352,8 @@ void relu_mask_launch(const TensorView& x, const TensorView& y, const TensorView
   dispatch_raw_float(x.dtype, "relu_mask", [&](auto fmt) {
     using F = decltype(fmt);
     using R = typename F::type;
-    launch(relu_mask_kernel<R, F::sign, F::inf>, dim3(grid_1d(ceil_div(n, 256) * 32, kBasicThreads)), kBasicThreads,
-           0, static_cast<const R*>(x.data), static_cast<R*>(y.data), n, static_cast<uint8_t*>(bits.data));
+    launch(relu_mask_kernel<R, F::sign, F::inf>, dim3(grid_1d(ceil_div(n, kMaskChunk) * 32, kBasicThreads)),
+           kBasicThreads, 0, static_cast<const R*>(x.data), static_cast<R*>(y.data), n, static_cast<uint8_t*>(bits.data));
   });
 }
 
@@ -342,8 +363,8 @@ void relu_mask_backward_launch(const TensorView& gy, const TensorView& bits, con
   const int64_t n = gy.shape[0];
   dispatch_raw_float(gy.dtype, "relu_mask_backward", [&](auto fmt) {
     using R = typename decltype(fmt)::type;
-    launch(relu_mask_backward_kernel<R>, dim3(grid_1d(n, kBasicThreads)), kBasicThreads, 0,
-           static_cast<const R*>(gy.data), static_cast<const uint8_t*>(bits.data), n, static_cast<R*>(gx.data));
+    launch(relu_mask_backward_kernel<R>, dim3(grid_1d(ceil_div(n, kMaskChunk) * 32, kBasicThreads)), kBasicThreads,
+           0, static_cast<const R*>(gy.data), static_cast<const uint8_t*>(bits.data), n, static_cast<R*>(gx.data));
   });
 }
 

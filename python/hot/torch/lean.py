@@ -195,38 +195,49 @@ def _memory_format(t: Tensor):
 
 
 def _window_origins(out_h: int, out_w: int, stride, padding, device):
-    """(top row, left column) of each output position's window, shaped to broadcast over (..., out_h, out_w)."""
-    h0 = torch.arange(out_h, device=device).mul_(stride[0]).sub_(padding[0]).view(out_h, 1)
-    w0 = torch.arange(out_w, device=device).mul_(stride[1]).sub_(padding[1]).view(1, out_w)
+    """(top row, left column) of each output position's window (int32), shaped to broadcast over (..., out_h,
+    out_w)."""
+    h0 = torch.arange(out_h, device=device, dtype=torch.int32).mul_(stride[0]).sub_(padding[0]).view(out_h, 1)
+    w0 = torch.arange(out_w, device=device, dtype=torch.int32).mul_(stride[1]).sub_(padding[1]).view(1, out_w)
     return h0, w0
 
 
+# Both conversions run in int32 (positions inside one plane: max_pool2d takes this route for planes of fewer than 2^31
+# pixels), in as few elementwise passes as torch's ops allow (integer alpha folds a multiply into an add).
 def _window_offsets(idx: Tensor, in_w: int, kernel, stride, padding, dilation) -> Tensor:
     """uint8 offset (i * kw + j) inside its window of each maximum's flat input position idx (h * W + w)."""
     h0, w0 = _window_origins(idx.shape[-2], idx.shape[-1], stride, padding, idx.device)
-    h = torch.div(idx, in_w, rounding_mode="floor")
-    i = (h - h0).div_(dilation[0], rounding_mode="floor")
-    j = (idx - h * in_w - w0).div_(dilation[1], rounding_mode="floor")
-    return i.mul_(kernel[1]).add_(j).to(torch.uint8)
+    p = idx.to(torch.int32)
+    h = torch.div(p, in_w, rounding_mode="floor")
+    j = torch.sub(p, h, alpha=in_w).sub_(w0)  # w - w0
+    i = h.sub_(h0)  # h - h0 (after the column used h)
+    if dilation[0] != 1:
+        i = i.div_(dilation[0], rounding_mode="floor")
+    if dilation[1] != 1:
+        j = j.div_(dilation[1], rounding_mode="floor")
+    return torch.add(j, i, alpha=kernel[1]).to(torch.uint8)
 
 
 def _window_positions(off: Tensor, in_w: int, kernel, stride, padding, dilation) -> Tensor:
-    """The flat input positions (int64) that _window_offsets encoded."""
+    """The flat input positions (int64) that _window_offsets encoded: (h0 + i dh) W + w0 + j dw."""
     h0, w0 = _window_origins(off.shape[-2], off.shape[-1], stride, padding, off.device)
-    o = off.to(torch.int64)
+    o = off.to(torch.int32)
     i = torch.div(o, kernel[1], rounding_mode="floor")
-    j = o - i * kernel[1]
-    return (i.mul_(dilation[0]).add_(h0)).mul_(in_w).add_(j.mul_(dilation[1]).add_(w0))
+    j = torch.sub(o, i, alpha=kernel[1])
+    if dilation[1] != 1:
+        j = j.mul_(dilation[1])
+    return torch.add(j, i, alpha=dilation[0] * in_w).add_(h0 * in_w + w0).to(torch.int64)
 
 
 def max_pool2d(x: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False) -> Tensor:
     """``F.max_pool2d`` whose backward keeps one byte per output element (each maximum's offset in its window); the
-    plain max-pool where no gradient is recorded, for windows of more than 256 elements, or for inputs that are not
-    (N, C, H, W) / (C, H, W)."""
+    plain max-pool where no gradient is recorded, for windows of more than 256 elements, planes of 2^31 pixels or more,
+    or inputs that are not (N, C, H, W) / (C, H, W)."""
     k = _pair(kernel_size)
     s = k if stride is None or (not isinstance(stride, int) and len(stride) == 0) else _pair(stride)
     p, d = _pair(padding), _pair(dilation)
-    if not (torch.is_grad_enabled() and x.requires_grad) or k[0] * k[1] > 256 or x.dim() not in (3, 4):
+    if not (torch.is_grad_enabled() and x.requires_grad) or k[0] * k[1] > 256 or x.dim() not in (3, 4) \
+            or x.shape[-2] * x.shape[-1] >= 2**31:
         return F.max_pool2d(x, k, s, p, d, ceil_mode=ceil_mode)
     return _OffsetMaxPool2d.apply(x, list(k), list(s), list(p), list(d), ceil_mode)
 

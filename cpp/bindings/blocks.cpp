@@ -1,7 +1,9 @@
-// hot._C's building blocks: the Hadamard transform, HLA, quantise / dequantise, int4 packing, the integer GEMMs.
+// hot._C's building blocks: the Hadamard transform, HLA, quantise / dequantise, int4 packing, the integer GEMMs, im2col
+// and col2im, the ReLU mask.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -13,6 +15,27 @@
 namespace py = pybind11;
 
 namespace hotpy {
+
+namespace {
+
+// The ConvGeometry of col2im / im2col from the Python arguments (the core checks the values).
+hot::ConvGeometry geometry(const char* op, const std::vector<int64_t>& nchw, const std::vector<int>& kernel,
+                           const std::vector<int>& stride, const std::vector<int>& padding,
+                           const std::vector<int>& dilation, bool patches) {
+  const auto pair = [op](const std::vector<int>& v, const char* name) {
+    HOT_CHECK_VALUE(v.size() == 2, op, ": ", name, " needs 2 values (height, width), got ", v.size());
+  };
+  HOT_CHECK_VALUE(nchw.size() == 4, op, ": x_shape needs 4 values (N, C, H, W), got ", nchw.size());
+  pair(kernel, "kernel"), pair(stride, "stride"), pair(padding, "padding"), pair(dilation, "dilation");
+  hot::ConvGeometry g;
+  g.N = nchw[0], g.C = nchw[1], g.H = nchw[2], g.W = nchw[3];
+  g.kh = kernel[0], g.kw = kernel[1], g.sh = stride[0], g.sw = stride[1];
+  g.ph = padding[0], g.pw = padding[1], g.dh = dilation[0], g.dw = dilation[1];
+  g.patches = patches;
+  return g;
+}
+
+}  // namespace
 
 void register_blocks(py::module_& m) {
   m.def(
@@ -98,18 +121,9 @@ void register_blocks(py::module_& m) {
       [](py::handle cols, py::handle out, std::vector<int64_t> nchw, std::vector<int> kernel, std::vector<int> stride,
          std::vector<int> padding, std::vector<int> dilation, bool patches, int64_t stream) {
         const char* op = "col2im";
-        const auto pair = [op](const std::vector<int>& v, const char* name) {
-          HOT_CHECK_VALUE(v.size() == 2, op, ": ", name, " needs 2 values (height, width), got ", v.size());
-        };
-        HOT_CHECK_VALUE(nchw.size() == 4, op, ": x_shape needs 4 values (N, C, H, W), got ", nchw.size());
-        pair(kernel, "kernel"), pair(stride, "stride"), pair(padding, "padding"), pair(dilation, "dilation");
+        const hot::ConvGeometry g = geometry(op, nchw, kernel, stride, padding, dilation, patches);
         OpContext ctx(op, stream);
         hot::TensorView cv = nonempty(ctx.input(cols, "cols", hotpy::kFloat), op, "cols");
-        hot::ConvGeometry g;
-        g.N = nchw[0], g.C = nchw[1], g.H = nchw[2], g.W = nchw[3];
-        g.kh = kernel[0], g.kw = kernel[1], g.sh = stride[0], g.sw = stride[1];
-        g.ph = padding[0], g.pw = padding[1], g.dh = dilation[0], g.dw = dilation[1];
-        g.patches = patches;
         hot::TensorView o;
         py::object r = output(ctx, out, "out", hotpy::kFloat, cv.dtype, {g.N * g.C, g.H * g.W}, o);
         {
@@ -119,6 +133,26 @@ void register_blocks(py::module_& m) {
         return r;
       },
       py::arg("cols"), py::arg("out"), py::arg("x_shape"), py::arg("kernel"), py::arg("stride"), py::arg("padding"),
+      py::arg("dilation"), py::arg("patches"), py::arg("stream"));
+
+  m.def(
+      "im2col",
+      [](py::handle map, py::handle cols, std::vector<int64_t> nchw, std::vector<int> kernel, std::vector<int> stride,
+         std::vector<int> padding, std::vector<int> dilation, bool patches, int64_t stream) {
+        const char* op = "im2col";
+        const hot::ConvGeometry g = geometry(op, nchw, kernel, stride, padding, dilation, patches);
+        OpContext ctx(op, stream);
+        hot::TensorView mv = nonempty(ctx.input(map, "map", hotpy::kFloat), op, "map"), o;
+        py::object r = output(ctx, cols, "cols", hotpy::kFloat, mv.dtype,
+                              {std::max<int64_t>(0, g.N * g.out_h() * g.out_w()), static_cast<int64_t>(g.kh) * g.kw * g.C},
+                              o);  // (no output pixel: hot::im2col names the geometry)
+        {
+          py::gil_scoped_release nogil;
+          hot::im2col(mv, g, o, ctx.stream());
+        }
+        return r;
+      },
+      py::arg("map"), py::arg("cols"), py::arg("x_shape"), py::arg("kernel"), py::arg("stride"), py::arg("padding"),
       py::arg("dilation"), py::arg("patches"), py::arg("stream"));
 
   m.def(

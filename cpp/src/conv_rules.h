@@ -1,4 +1,4 @@
-// The col2im rule (SPEC §8), shared by the CPU backend and the CUDA kernel so that both add the same values in the
+// The im2col row order and the col2im rule (SPEC §8), shared by the CPU backend and the CUDA kernel so that both add the same values in the
 // same order: pixel (n, c, h, w) of the input map receives column (i, j, c) of every im2col row (n, ho, wo) that read
 // it, kernel offsets in (i, j) order, summed in fp32 from zero (or taken as it is where windows cannot overlap, so
 // a pixel has at most one contribution).
@@ -27,6 +27,25 @@ inline Col2imParams col2im_params(const ConvGeometry& g) {
 HOT_HD int64_t im2col_row(const Col2imParams& p, int64_t n, int64_t ho, int64_t wo) {
   if (!p.patches) return (n * p.Ho + ho) * p.Wo + wo;
   return (((n * (p.Ho / 4) + ho / 4) * (p.Wo / 4) + wo / 4) * 4 + ho % 4) * 4 + wo % 4;
+}
+
+// The output pixel (n, ho, wo) of im2col row r (the inverse of im2col_row).
+HOT_HD void im2col_pixel(const Col2imParams& p, int64_t r, int64_t& n, int64_t& ho, int64_t& wo) {
+  if (!p.patches) {
+    n = r / (p.Ho * p.Wo);
+    const int64_t t = r - n * p.Ho * p.Wo;
+    ho = t / p.Wo;
+    wo = t - ho * p.Wo;
+    return;
+  }
+  const int64_t iw = r % 4, ih = (r / 4) % 4, pw = p.Wo / 4, ph = p.Ho / 4;
+  int64_t t = r / 16;
+  const int64_t bw = t % pw;
+  t /= pw;
+  const int64_t bh = t % ph;
+  n = t / ph;
+  ho = bh * 4 + ih;
+  wo = bw * 4 + iw;
 }
 
 // The value of input pixel (n, c, h, w); get(row, col) reads cols as fp32. The per-offset index arithmetic is 32-bit

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "backend.h"
 #include "hot/error.h"
@@ -160,8 +161,11 @@ bool ConvGeometry::overlapping() const {
   return sh < static_cast<int64_t>(dh) * (kh - 1) + 1 || sw < static_cast<int64_t>(dw) * (kw - 1) + 1;
 }
 
-void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out, Stream stream) {
-  const char* op = "col2im";
+namespace {
+
+// The geometry of col2im / im2col: sizes, kernel, strides, padding and dilation in range, an output map, patch order
+// possible; returns (Ho, Wo).
+std::pair<int64_t, int64_t> check_conv_geometry(const char* op, const ConvGeometry& g) {
   HOT_CHECK_VALUE(g.N >= 0 && g.C >= 0 && g.H >= 0 && g.W >= 0, op, ": input shape (", g.N, ", ", g.C, ", ", g.H,
                   ", ", g.W, ") has a negative size");
   HOT_CHECK_VALUE(g.kh >= 1 && g.kw >= 1 && g.sh >= 1 && g.sw >= 1 && g.dh >= 1 && g.dw >= 1 && g.ph >= 0 && g.pw >= 0,
@@ -178,6 +182,14 @@ void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out
                   "), padding (", g.ph, ", ", g.pw, ") and dilation (", g.dh, ", ", g.dw, ") has no output pixel");
   HOT_CHECK_VALUE(!g.patches || (Ho % 4 == 0 && Wo % 4 == 0), op,
                   ": patch order needs an output map whose sides are multiples of 4, got ", Ho, " x ", Wo);
+  return {Ho, Wo};
+}
+
+}  // namespace
+
+void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out, Stream stream) {
+  const char* op = "col2im";
+  const auto [Ho, Wo] = check_conv_geometry(op, g);
   check_float_matrix(op, "cols", cols);
   check_float_matrix(op, "out", out);
   HOT_CHECK_SHAPE(op, "cols", cols, (std::vector<int64_t>{g.N * Ho * Wo, g.kh * g.kw * g.C}));
@@ -187,6 +199,18 @@ void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out
                   g.H * g.W, "), got row stride ", out.strides[0]);
   HOT_CHECK_SAME_DEVICE(op, "cols", cols, "out", out);
   HOT_DISPATCH(cols.device, col2im, cols, g, out, stream);
+}
+
+void im2col(const TensorView& map, const ConvGeometry& g, const TensorView& cols, Stream stream) {
+  const char* op = "im2col";
+  const auto [Ho, Wo] = check_conv_geometry(op, g);
+  check_float_matrix(op, "map", map);
+  check_float_matrix(op, "cols", cols);
+  HOT_CHECK_SHAPE(op, "map", map, (std::vector<int64_t>{g.N * g.H * g.W, g.C}));
+  HOT_CHECK_SHAPE(op, "cols", cols, (std::vector<int64_t>{g.N * Ho * Wo, g.kh * g.kw * g.C}));
+  HOT_CHECK_DTYPE(op, "cols", cols, cols.dtype == map.dtype, dtype_name(map.dtype));
+  HOT_CHECK_SAME_DEVICE(op, "map", map, "cols", cols);
+  HOT_DISPATCH(map.device, im2col, map, g, cols, stream);
 }
 
 namespace {

@@ -128,3 +128,55 @@ TEST(Cpu_Col2im, RefusesBadArguments) {
     EXPECT_NE(std::string(e.what()).find("multiples of 4"), std::string::npos) << e.what();
   }
 }
+
+// im2col against a gather from the zero-padded NCHW map, element by element (a copy: equal bits), for maps with and
+// without a row stride, every float dtype; and the transposition identity with col2im where windows do not overlap
+// (each pixel then has at most one contribution, so col2im(im2col(x)) is x on the pixels some window reads).
+TEST(Cpu_Im2col, EqualsPaddedGather) {
+  uint64_t seed = 1900;
+  for (const Geom& g : kGeoms)
+    for (DType dt : {DType::f32, DType::bf16, DType::f16})
+      for (int64_t pad : {0, 5}) {
+        const hot::ConvGeometry cg = to_core(g);
+        const int64_t Ho = cg.out_h(), Wo = cg.out_w(), L = g.N * Ho * Wo, K = g.C * g.kh * g.kw;
+        HostTensor map = host_from(dt, g.N * g.H * g.W, g.C, randn(static_cast<size_t>(g.N * g.H * g.W * g.C), seed++),
+                                   g.C + pad);
+        HostTensor cols = HostTensor::make2d(dt, L, K, K + pad);
+        hot::im2col(map, cg, cols);
+        for (int64_t n = 0; n < g.N; ++n)
+          for (int64_t ho = 0; ho < Ho; ++ho)
+            for (int64_t wo = 0; wo < Wo; ++wo)
+              for (int i = 0; i < g.kh; ++i)
+                for (int j = 0; j < g.kw; ++j)
+                  for (int64_t c = 0; c < g.C; ++c) {
+                    const int64_t hp = ho * g.sh + i * g.dh, wp = wo * g.sw + j * g.dw;  // padded coordinates
+                    const bool inside = hp >= g.ph && hp < g.H + g.ph && wp >= g.pw && wp < g.W + g.pw;
+                    const float want = inside ? map.getf((n * g.H + hp - g.ph) * g.W + wp - g.pw, c) : 0.0f;
+                    const float got = cols.getf(row_of(g, Ho, Wo, n, ho, wo), (static_cast<int64_t>(i) * g.kw + j) * g.C + c);
+                    ASSERT_EQ(f32_bits(got), f32_bits(want)) << dtype_name(dt) << " geometry " << (&g - kGeoms.data());
+                  }
+        if (cg.overlapping() || pad) continue;
+        HostTensor back = HostTensor::make2d(dt, g.N * g.C, g.H * g.W);
+        hot::col2im(cols, cg, back);
+        for (int64_t n = 0; n < g.N; ++n)
+          for (int64_t c = 0; c < g.C; ++c)
+            for (int64_t p = 0; p < g.H * g.W; ++p) {
+              const float v = back.getf(n * g.C + c, p);
+              ASSERT_TRUE(v == 0.0f || f32_bits(v) == f32_bits(map.getf(n * g.H * g.W + p, c)));
+            }
+      }
+}
+
+TEST(Cpu_Im2col, RefusesBadArguments) {
+  hot::ConvGeometry g;
+  g.N = 1, g.C = 2, g.H = 4, g.W = 4, g.kh = 3, g.kw = 3, g.ph = 1, g.pw = 1;
+  HostTensor map = HostTensor::make2d(DType::f32, 16, 2), cols = HostTensor::make2d(DType::f32, 16, 18);
+  EXPECT_NO_THROW(hot::im2col(map, g, cols));
+  HostTensor bad_map = HostTensor::make2d(DType::f32, 2, 16);  // an NCHW matrix, not channels-last
+  EXPECT_TRUE(throws_hot([&] { hot::im2col(bad_map, g, cols); }, hot::ErrorKind::value, {"im2col", "map", "(16, 2)"}));
+  HostTensor bad_cols = HostTensor::make2d(DType::bf16, 16, 18);
+  EXPECT_TRUE(throws_hot([&] { hot::im2col(map, g, bad_cols); }, hot::ErrorKind::type, {"im2col", "cols", "float32"}));
+  hot::ConvGeometry big = g;
+  big.kh = 7;  // a 4 x 4 map with padding 1 has no 7-row window
+  EXPECT_TRUE(throws_hot([&] { hot::im2col(map, big, cols); }, hot::ErrorKind::value, {"im2col", "no output pixel"}));
+}

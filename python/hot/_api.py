@@ -315,6 +315,22 @@ def col2im(cols, x_shape, kernel, stride=1, padding=0, dilation=1, patches: bool
     return _col2im(c, cols, tuple(int(v) for v in x_shape), *geom, bool(patches))
 
 
+def im2col(x, kernel, stride=1, padding=0, dilation=1, patches: bool = False):
+    """The im2col matrix of a conv2d input given channels-last, x (N, H, W, C) float (SPEC §8): (N*Ho*Wo) x
+    (kh*kw*C) in x's dtype, rows (n, ho, wo) (or 4 x 4 patch order with ``patches``), columns (i, j, c): each kernel
+    offset's channels together, zeros where a window reaches into the padding. A copy, the same bits on every backend;
+    :func:`col2im` is its adjoint."""
+    op = "im2col"
+    x = _prep(x)
+    c = _Call(op, x=x)
+    _need_ndim(op, "x", x, 4, 4)
+    _nonempty(op, "x", x)
+    N, H, W, C = fws.shape(x)
+    geom = (_pair(op, "kernel", kernel, 1), _pair(op, "stride", stride, 1), _pair(op, "padding", padding, 0),
+            _pair(op, "dilation", dilation, 1))
+    return _im2col(c, x, (N, C, H, W), *geom, bool(patches))
+
+
 def relu_mask(x):
     """ReLU that records where its gradient is zero, one bit per element (SPEC §2, keep_less): returns (y, bits) with
     y = x's negative elements replaced by +0 (NaN and -0 pass, as torch's ReLU), x's shape and dtype; bits: int8
@@ -578,6 +594,17 @@ def _col2im(c: _Call, cols, x_shape, kernel, stride, padding, dilation, patches:
     r = c.call(_C.col2im, cols, out, list(x_shape), list(kernel), list(stride), list(padding), list(dilation),
                patches, c.stream)
     return c.fw.reshape(c.result(out, r), (N, C, H, W))
+
+
+def _im2col(c: _Call, xh, x_shape, kernel, stride, padding, dilation, patches: bool):
+    """im2col of the channels-last map xh (N, H, W, C) of the input x_shape (N, C, H, W)."""
+    N, C, H, W = x_shape
+    Ho = (H + 2 * padding[0] - dilation[0] * (kernel[0] - 1) - 1) // stride[0] + 1
+    Wo = (W + 2 * padding[1] - dilation[1] * (kernel[1] - 1) - 1) // stride[1] + 1
+    out = c.empty_as((N * Ho * Wo, kernel[0] * kernel[1] * C), xh) if Ho > 0 and Wo > 0 else None
+    r = c.call(_C.im2col, xh, out, list(x_shape), list(kernel), list(stride), list(padding), list(dilation), patches,
+               c.stream)
+    return c.result(out, r)
 
 
 def _relu_mask(c: _Call, x, y):

@@ -127,6 +127,32 @@ def test_patch_order_needs_sides_that_are_multiples_of_4():
         im2col(torch.zeros(1, 1, 9, 9), (3, 3), (1, 1), (1, 1), (1, 1), patches=True)
 
 
+def test_public_im2col_on_numpy_equals_unfold_and_names_bad_arguments():
+    """hot.im2col takes the channels-last map (N, H, W, C) of any DLPack framework: on numpy it equals the unfold
+    reference (in (i, j, c) column order), also in patch order; bad arguments are errors naming them."""
+    import numpy as np
+
+    import hot
+
+    N, C, H, W = 2, 3, 9, 8
+    x = torch.randn(N, C, H, W, generator=torch.Generator().manual_seed(6))
+    xh = x.permute(0, 2, 3, 1).contiguous().numpy()
+    cols = hot.im2col(xh, 3, stride=2, padding=1)
+    assert isinstance(cols, np.ndarray) and cols.shape == (N * 5 * 4, C * 9) and cols.dtype == np.float32
+    assert np.array_equal(cols, _unfold_ref(x, (3, 3), (2, 2), (1, 1), (1, 1)).numpy())
+    x8 = x[:, :, :8].contiguous()  # an 8 x 8 output map: two 4 x 4 patches a side
+    assert np.array_equal(hot.im2col(x8.permute(0, 2, 3, 1).contiguous().numpy(), 3, padding=1, patches=True),
+                          im2col(x8, (3, 3), (1, 1), (1, 1), (1, 1), patches=True).numpy())
+    with pytest.raises(ValueError, match="im2col: x has 3 dims, expected 4"):
+        hot.im2col(xh[0], 3)
+    with pytest.raises(ValueError, match="im2col: stride must be >= 1"):
+        hot.im2col(xh, 3, stride=0)
+    with pytest.raises(ValueError, match="im2col: an input of 9 x 8 with kernel \\(11, 11\\)"):
+        hot.im2col(xh, 11)
+    with pytest.raises(ValueError, match="im2col: patch order needs"):
+        hot.im2col(xh, 3, patches=True)
+
+
 def test_public_col2im_on_numpy_equals_the_torch_front_and_names_bad_arguments():
     """hot.col2im is the engine's op for any DLPack framework: on numpy it gives the torch front's bytes, and bad
     geometry is an error naming the argument."""

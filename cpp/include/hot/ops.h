@@ -73,6 +73,11 @@ struct ConvGeometry {
 // kernel-offset order (i, then j) starting from zero and rounded once to out's dtype (cols' dtype); where windows do
 // not overlap a pixel takes its one contribution as it is. Deterministic: no atomics, the same bits on every backend.
 void col2im(const TensorView& cols, const ConvGeometry& geometry, const TensorView& out, Stream stream = {});
+// im2col: cols (N*Ho*Wo x kh*kw*C, row-major, rows in raster or patch order, columns (i, j, c)) = the pixels each
+// output pixel's window reads from `map`, the input as a channels-last matrix (N*H*W x C: row (n, h, w), the channels
+// contiguous; any row stride >= C), zeros where the window reaches into the padding. A copy: bit for bit on every
+// backend. map and cols: one float dtype.
+void im2col(const TensorView& map, const ConvGeometry& geometry, const TensorView& cols, Stream stream = {});
 
 // ReLU that records where its gradient is zero in one bit per element (SPEC §2, keep_less), one pass over x:
 // y = x with its negative elements replaced by +0 (NaN and -0 pass unchanged, as torch's ReLU), and bit j of byte k

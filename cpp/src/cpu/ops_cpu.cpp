@@ -192,6 +192,29 @@ void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out
   });
 }
 
+void im2col(const TensorView& map, const ConvGeometry& g, const TensorView& cols, Stream) {
+  const Col2imParams p = col2im_params(g);
+  const size_t es = static_cast<size_t>(dtype_bits(map.dtype) / 8), run = static_cast<size_t>(g.C) * es;
+  const auto* src = static_cast<const unsigned char*>(map.data);
+  auto* dst = static_cast<unsigned char*>(cols.data);
+  parallel_for(cols.shape[0], row_grain(cols.shape[1]), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      int64_t n, ho, wo;
+      im2col_pixel(p, r, n, ho, wo);
+      unsigned char* out = dst + r * cols.strides[0] * es;
+      for (int i = 0; i < g.kh; ++i)
+        for (int j = 0; j < g.kw; ++j, out += run) {
+          const int64_t h = ho * g.sh - g.ph + static_cast<int64_t>(i) * g.dh;
+          const int64_t w = wo * g.sw - g.pw + static_cast<int64_t>(j) * g.dw;
+          if (h < 0 || h >= g.H || w < 0 || w >= g.W)
+            std::memset(out, 0, run);
+          else
+            std::memcpy(out, src + ((n * g.H + h) * g.W + w) * map.strides[0] * es, run);
+        }
+    }
+  });
+}
+
 // One byte of relu_mask per index k of [0, ceil(n / 8)): elements 8k..8k+7. A zeroed element is written as +0 (all
 // bits zero in every float dtype); the others are copied bit for bit.
 void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, Stream) {

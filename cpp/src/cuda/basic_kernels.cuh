@@ -1,10 +1,12 @@
 // The kernels of the CUDA backend's building-block operations (Hadamard transform, HLA projection, quantise /
-// dequantise, int4 packing, col2im, the ReLU mask, bias gradient) and their launch sequences. Included by ops_basic.cu (the backend,
+// dequantise, int4 packing, im2col and col2im, the ReLU mask, bias gradient) and their launch sequences. Included by ops_basic.cu (the backend,
 // which validates the arguments, allocates scratch and launches on the caller's stream) and by the host
 // emulation test (cpp/tests/emu), which runs these same kernels on the CPU. Integer results match the CPU backend
 // bit for bit (same fp32 butterfly order, same scalar rules from hot/quant_rules.h, same Philox draws).
 // Launchers have the interface of qgo_launch's: launch(kernel, grid, threads, smem, args...), launch.zero(p, bytes).
 #pragma once
+
+#include <algorithm>
 
 #include "common.cuh"
 #include "conv_rules.h"
@@ -147,6 +149,41 @@ __global__ void col2im_kernel(const T* __restrict__ cols, int64_t ld, Col2imPara
     const int h = static_cast<int>(nh % p.H);
     const int64_t n = nh / p.H;
     store_f(out + ((n * p.C + c) * p.H + h) * p.W + w, col2im_pixel(p, n, c, h, w, get));
+  }
+}
+
+// im2col (conv_rules.h's row order): a copy in units U of 2 to 16 bytes (the widest that the channel run, both row
+// strides and both pointers allow: 16 for bf16 maps of 8k channels). A block takes `rows` consecutive rows at a time:
+// their windows' origins are decoded once into shared memory (64-bit divisions, once per row), then its threads copy
+// the rows' units in order, consecutive threads on consecutive units of one (i, j) run (coalesced reads and writes),
+// with 32-bit index arithmetic per unit (rows * kh * kw * C stays below 2^31: hot::im2col checks kh * kw * C).
+constexpr int kIm2colThreads = 256;
+
+template <typename U>
+__global__ void im2col_kernel(const U* __restrict__ map, int64_t ldm, Col2imParams p, int cu, int rows, int64_t L,
+                              U* __restrict__ cols, int64_t ldc) {
+  __shared__ int64_t base[kIm2colThreads];
+  __shared__ int hb[kIm2colThreads], wb[kIm2colThreads];
+  const int per_row = p.kh * p.kw * cu;
+  for (int64_t r0 = blockIdx.x * static_cast<int64_t>(rows); r0 < L; r0 += static_cast<int64_t>(gridDim.x) * rows) {
+    const int nr = static_cast<int>(min(static_cast<long long>(rows), static_cast<long long>(L - r0)));
+    for (int t = static_cast<int>(threadIdx.x); t < nr; t += static_cast<int>(blockDim.x)) {
+      int64_t n, ho, wo;
+      im2col_pixel(p, r0 + t, n, ho, wo);
+      base[t] = n * p.H;
+      hb[t] = static_cast<int>(ho) * p.sh - p.ph;
+      wb[t] = static_cast<int>(wo) * p.sw - p.pw;
+    }
+    __syncthreads();
+    for (int e = static_cast<int>(threadIdx.x); e < nr * per_row; e += static_cast<int>(blockDim.x)) {
+      const int rl = e / per_row, rem = e - rl * per_row, ij = rem / cu, c = rem - ij * cu;
+      const int i = ij / p.kw, j = ij - i * p.kw;
+      const int h = hb[rl] + i * p.dh, w = wb[rl] + j * p.dw;
+      U v{};
+      if (h >= 0 && h < p.H && w >= 0 && w < p.W) v = map[((base[rl] + h) * p.W + w) * ldm + c];
+      cols[(r0 + rl) * ldc + rem] = v;
+    }
+    __syncthreads();  // the next rows' origins overwrite these
   }
 }
 
@@ -328,6 +365,33 @@ template <typename T, typename Launch>
 void col2im_launch(const TensorView& cols, const ConvGeometry& g, const TensorView& out, const Launch& launch) {
   launch(col2im_kernel<T>, dim3(grid_1d(out.numel(), kBasicThreads)), kBasicThreads, 0,
          static_cast<const T*>(cols.data), cols.strides[0], col2im_params(g), static_cast<T*>(out.data));
+}
+
+template <typename Launch>
+void im2col_launch(const TensorView& map, const ConvGeometry& g, const TensorView& cols, const Launch& launch) {
+  const int64_t es = dtype_bits(map.dtype) / 8, run = g.C * es, L = cols.shape[0];
+  const auto fits = [&](int64_t u) {
+    return run % u == 0 && (map.strides[0] * es) % u == 0 && (cols.strides[0] * es) % u == 0 &&
+           reinterpret_cast<uintptr_t>(map.data) % u == 0 && reinterpret_cast<uintptr_t>(cols.data) % u == 0;
+  };
+  const auto go = [&](auto unit) {
+    using U = decltype(unit);
+    const int64_t u = sizeof(U);
+    const int cu = static_cast<int>(run / u), per_row = g.kh * g.kw * cu;
+    const int rows = std::max(1, kIm2colThreads / per_row);
+    launch(im2col_kernel<U>, dim3(static_cast<unsigned>(std::min<int64_t>(ceil_div(L, rows), kMaxGridX))),
+           kIm2colThreads, 0, static_cast<const U*>(map.data), map.strides[0] * es / u, col2im_params(g), cu, rows, L,
+           static_cast<U*>(cols.data), cols.strides[0] * es / u);
+  };
+  if (fits(16)) {
+    go(uint4{});
+  } else if (fits(8)) {
+    go(uint2{});
+  } else if (fits(4)) {
+    go(uint32_t{});
+  } else {
+    go(uint16_t{});
+  }
 }
 
 // A float format as raw bits: its unsigned type, sign bit and +Inf.

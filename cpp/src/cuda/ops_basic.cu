@@ -1,5 +1,5 @@
 // Building-block operations of the CUDA backend: Hadamard transform, HLA projection, quantise /
-// dequantise, int4 packing, col2im, the ReLU's mask and the bias gradient. The kernels and launch sequences are in basic_kernels.cuh;
+// dequantise, int4 packing, im2col, col2im, the ReLU's mask and the bias gradient. The kernels and launch sequences are in basic_kernels.cuh;
 // here each operation takes the inputs' device, its scratch (stream-ordered) and the caller's stream.
 #include "basic_kernels.cuh"
 
@@ -43,6 +43,11 @@ void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out
   DeviceGuard dg(cols.device.index);
   dispatch_float(cols.dtype, "col2im",
                  [&](auto t) { col2im_launch<decltype(t)>(cols, g, out, StreamLaunch{to_cuda(st)}); });
+}
+
+void im2col(const TensorView& map, const ConvGeometry& g, const TensorView& cols, Stream st) {
+  DeviceGuard dg(map.device.index);
+  im2col_launch(map, g, cols, StreamLaunch{to_cuda(st)});
 }
 
 void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, Stream st) {

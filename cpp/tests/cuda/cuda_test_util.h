@@ -201,8 +201,9 @@ inline hot::GradOutputPlan qgo_plan(const QgoCase& c, uint64_t seed) {
   return plan;
 }
 
-// Convolution geometries of the col2im tests (Cuda_ and Emu_): ResNet 3x3, strided, non-overlapping, 1x1 stride 2,
-// dilated, patch order, and a map of more pixels than one grid-stride pass of a small grid.
+// Convolution geometries of the col2im and im2col tests (Cuda_ and Emu_): ResNet 3x3, strided, non-overlapping, 1x1
+// stride 2, dilated, patch order, a map of more pixels than one grid-stride pass of a small grid, and channel counts
+// that give im2col's 16-, 8- and 4-byte units (16, 64; 6).
 inline std::vector<hot::ConvGeometry> col2im_geometries() {
   struct G {
     int64_t N, C, H, W;
@@ -212,7 +213,8 @@ inline std::vector<hot::ConvGeometry> col2im_geometries() {
   const G cases[] = {{2, 3, 7, 9, 3, 3, 1, 1, 1, 1, 1, 1, false},  {2, 5, 9, 8, 3, 3, 2, 2, 1, 1, 1, 1, false},
                      {1, 4, 8, 8, 2, 2, 2, 2, 0, 0, 1, 1, false},  {2, 3, 9, 7, 1, 1, 2, 2, 0, 0, 1, 1, false},
                      {1, 2, 11, 10, 3, 2, 1, 2, 2, 1, 2, 3, false}, {2, 3, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1, true},
-                     {3, 17, 20, 19, 3, 3, 1, 1, 1, 1, 1, 1, false}};
+                     {3, 17, 20, 19, 3, 3, 1, 1, 1, 1, 1, 1, false}, {2, 16, 9, 9, 3, 3, 1, 1, 1, 1, 1, 1, false},
+                     {1, 64, 8, 8, 3, 3, 2, 2, 1, 1, 1, 1, true},    {2, 6, 7, 7, 2, 2, 1, 1, 0, 0, 1, 1, false}};
   std::vector<hot::ConvGeometry> out;
   for (const G& c : cases) {
     hot::ConvGeometry g;

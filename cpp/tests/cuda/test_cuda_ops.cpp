@@ -189,6 +189,23 @@ TEST_F(Cuda_Col2im, BitExactVsCpu) {
     }
 }
 
+class Cuda_Im2col : public CudaTest {};
+TEST_F(Cuda_Im2col, BitExactVsCpu) {
+  uint64_t seed = 960;
+  for (DType dt : kFloatTypes)
+    for (const hot::ConvGeometry& g : col2im_geometries())
+      for (int64_t pad : {0, 1}) {
+        const int64_t L = g.N * g.out_h() * g.out_w(), K = g.C * g.kh * g.kw;
+        HostTensor map = rand_float(dt, g.N * g.H * g.W, g.C, seed++, g.C + pad);
+        HostTensor cc = out2d(dt, L, K, K + pad), cg = cc;
+        DevTensor dmap(map), dcols(cg);
+        hot::im2col(map, g, cc);
+        hot::im2col(dmap, g, dcols, st());
+        sync();
+        EXPECT_TRUE(all_bytes_equal(cc, dcols.to_host())) << dt_name(dt) << " case " << seed;
+      }
+}
+
 class Cuda_ReluMask : public CudaTest {};
 TEST_F(Cuda_ReluMask, BitExactVsCpu) {
   uint64_t seed = 970;

@@ -160,6 +160,20 @@ TEST(Emu_Col2im, BitExactVsCpu) {
     }
 }
 
+TEST(Emu_Im2col, BitExactVsCpu) {
+  uint64_t seed = 960;
+  for (DType dt : kDtypes)
+    for (const hot::ConvGeometry& g : hot_cuda_test::col2im_geometries())
+      for (int64_t pad : {0, 1}) {  // map row stride C (wide units where C allows) or C + 1 (element units)
+        const int64_t L = g.N * g.out_h() * g.out_w(), K = g.C * g.kh * g.kw;
+        HostTensor map = rand_float(dt, g.N * g.H * g.W, g.C, seed++, g.C + pad);
+        HostTensor cc = out2d(dt, L, K, K + pad), ce = cc;
+        hot::cpu::im2col(map, g, cc, {});
+        hot::cuda::im2col_launch(map.view(), g, ce.view(), hot_emu::Launch{});
+        EXPECT_TRUE(all_bytes_equal(cc, ce)) << hot::dtype_name(dt) << " case " << seed;
+      }
+}
+
 TEST(Emu_ReluMask, BitExactVsCpu) {
   uint64_t seed = 970;
 #if defined(HOT_EMU_RACE)

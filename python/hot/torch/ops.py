@@ -493,15 +493,6 @@ def _conv2d_fake(x, weight, bias, seed, stride, padding, dilation, keep, config)
     return y, x.new_empty((0,), dtype=torch.int8), x.new_empty((0,), dtype=torch.float32)
 
 
-def _windows(t: Tensor, Ho: int, Wo: int, kernel, stride, dilation) -> Tensor:
-    """The (N, Ho, Wo, kh, kw, C) strided view of the conv windows of a (padded) map t indexed (N, H, W, C) (any
-    strides: a channels-last map makes the channels of each window contiguous)."""
-    N, C = t.shape[0], t.shape[3]
-    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
-    sN, sH, sW, sC = t.stride()
-    return t.as_strided((N, Ho, Wo, kh, kw, C), (sN, sH * sh, sW * sw, sH * dh, sW * dw, sC), t.storage_offset())
-
-
 def _patch_split(t: Tensor, dim: int) -> Tensor:
     """t with dims dim (Ho) and dim + 1 (Wo) split into (Ho / 4, 4) and (Wo / 4, 4) and ordered (Ho / 4, Wo / 4, 4, 4):
     the rows of each 4 x 4 spatial patch become consecutive (a view)."""
@@ -520,22 +511,22 @@ def conv_patch_rows(Ho: int, Wo: int, config) -> bool:
 def im2col(x: Tensor, kernel, stride, padding, dilation, patches: bool = False) -> Tensor:
     """The im2col matrix of a conv2d input x (N, C, H, W): (N*Ho*Wo) x (kh*kw*C), row-major, rows in (n, ho, wo)
     order and columns in (i, j, c) order (SPEC §8: each kernel offset's channels contiguous; the weight as
-    (O, kh, kw, C)): one strided view and one copy (the pad, if any, is a second); contiguous reads from a
-    channels-last x. patches: rows in 4 x 4 patch order instead, (n, ho // 4, wo // 4, ho % 4, wo % 4) (Ho and Wo
-    multiples of 4; the same one copy)."""
+    (O, kh, kw, C)), by the engine (``hot.im2col``: one copy pass, the padding's zeros written by it) from x's
+    channels-last map: a view for a channels-last x, else one copy first. patches: rows in 4 x 4 patch order instead,
+    (n, ho // 4, wo // 4, ho % 4, wo % 4) (Ho and Wo multiples of 4)."""
     N, C, H, W = x.shape
     (kh, kw), (ph, pw) = kernel, padding
     Ho = _conv_out(H, kh, stride[0], ph, dilation[0])
     Wo = _conv_out(W, kw, stride[1], pw, dilation[1])
     if patches and (Ho % 4 or Wo % 4):
         raise ValueError(f"im2col: patch order needs an output map whose sides are multiples of 4, got {Ho} x {Wo}")
-    xh = x.permute(0, 2, 3, 1)  # (N, H, W, C), a view
-    if ph or pw:
-        xh = F.pad(xh, (0, 0, pw, pw, ph, ph))
-    win = _windows(xh, Ho, Wo, kernel, stride, dilation)
-    if patches:
-        win = _patch_split(win, 1)
-    return win.reshape(N * Ho * Wo, kh * kw * C).contiguous()
+    if x.numel() == 0 or Ho <= 0 or Wo <= 0:  # the engine refuses empty arrays: no columns or no values in them
+        return x.new_zeros((max(N * Ho * Wo, 0), kh * kw * C))
+    xh = x.detach().permute(0, 2, 3, 1)  # (N, H, W, C)
+    if not xh.is_contiguous():
+        xh = xh.contiguous()
+    return _api._im2col(_call("im2col", xh), xh, (N, C, H, W), tuple(kernel), tuple(stride), tuple(padding),
+                        tuple(dilation), patches)
 
 
 def conv_weight_cols(weight: Tensor) -> Tensor:

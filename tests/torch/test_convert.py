@@ -240,7 +240,9 @@ def test_lora_equivalent_module():
     _check_lora(model, ["0.base_layer", "2.base_layer"], ["0.lora_A.default", "0.lora_B.default"])
     x = torch.randn(10, 16, requires_grad=True)
     int8 = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: (int8.append(t.dtype == torch.int8 and t.numel() > 0), t)[1], lambda t: t):
+    # ABC buffers are 2-D int8 (I x K_pad); the ReLU's mask (keep_less) is a 1-D int8 vector
+    with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: (int8.append(t.dtype == torch.int8 and t.dim() == 2 and t.numel() > 0), t)[1], lambda t: t):
         out = model(x)
     assert not any(int8)  # frozen base weights keep nothing
     out.sum().backward()

@@ -100,17 +100,22 @@ def _inverse(perm: List[int]) -> List[int]:
     return sorted(range(len(perm)), key=perm.__getitem__)
 
 
+def _masked_grad(g: Tensor, bits: Tensor, perm: Optional[List[int]]) -> Tensor:
+    """g_x = g_y where the bit is clear, 0 where set, with g_y laid out by the mask's permutation."""
+    gp = g if perm is None else g.permute(perm)
+    gx = _relu_mask_backward(gp.reshape(-1), bits).view(gp.shape)  # reshape: a copy only for another layout
+    return gx if perm is None else gx.permute(_inverse(perm))
+
+
 class _MaskedGrad(torch.autograd.Function):
-    """g_x = g_y where the bit is clear, 0 where set, with g_y laid out by the mask's permutation; linear in g_y, so
-    its own backward is the same selection (second-order gradients)."""
+    """:func:`_masked_grad` recorded for a double backward (create_graph=True): linear in g_y, so its own backward is
+    the same selection."""
 
     @staticmethod
     def forward(ctx, g: Tensor, bits: Tensor, perm: Optional[List[int]]) -> Tensor:
         ctx.save_for_backward(bits)
         ctx.perm = perm
-        gp = g if perm is None else g.permute(perm)
-        gx = _relu_mask_backward(gp.reshape(-1), bits).view(gp.shape)  # reshape: a copy only for another layout
-        return gx if perm is None else gx.permute(_inverse(perm))
+        return _masked_grad(g, bits, perm)
 
     @staticmethod
     def backward(ctx, gg: Tensor):
@@ -141,7 +146,9 @@ class _MaskedReLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y: Tensor):
         (bits,) = ctx.saved_tensors
-        return _MaskedGrad.apply(grad_y, bits, ctx.perm), None
+        if torch.is_grad_enabled():  # create_graph=True: the gradient itself is differentiated
+            return _MaskedGrad.apply(grad_y, bits, ctx.perm), None
+        return _masked_grad(grad_y, bits, ctx.perm), None
 
 
 def relu(x: Tensor, inplace: bool = False) -> Tensor:

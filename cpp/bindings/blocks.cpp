@@ -125,7 +125,7 @@ void register_blocks(py::module_& m) {
         OpContext ctx(op, stream);
         hot::TensorView cv = nonempty(ctx.input(cols, "cols", hotpy::kFloat), op, "cols");
         hot::TensorView o;
-        py::object r = output(ctx, out, "out", hotpy::kFloat, cv.dtype, {g.N * g.C, g.H * g.W}, o);
+        py::object r = output(ctx, out, "out", hotpy::kFloat, cv.dtype, {g.N * g.H * g.W, g.C}, o);
         {
           py::gil_scoped_release nogil;
           hot::col2im(cv, g, o, ctx.stream());

@@ -193,10 +193,8 @@ void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out
   check_float_matrix(op, "cols", cols);
   check_float_matrix(op, "out", out);
   HOT_CHECK_SHAPE(op, "cols", cols, (std::vector<int64_t>{g.N * Ho * Wo, g.kh * g.kw * g.C}));
-  HOT_CHECK_SHAPE(op, "out", out, (std::vector<int64_t>{g.N * g.C, g.H * g.W}));
+  HOT_CHECK_SHAPE(op, "out", out, (std::vector<int64_t>{g.N * g.H * g.W, g.C}));
   HOT_CHECK_DTYPE(op, "out", out, out.dtype == cols.dtype, dtype_name(cols.dtype));
-  HOT_CHECK_VALUE(out.strides[0] == g.H * g.W, op, ": out must be a contiguous (N, C, H, W) map (row stride ",
-                  g.H * g.W, "), got row stride ", out.strides[0]);
   HOT_CHECK_SAME_DEVICE(op, "cols", cols, "out", out);
   HOT_DISPATCH(cols.device, col2im, cols, g, out, stream);
 }

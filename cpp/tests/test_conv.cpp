@@ -86,22 +86,25 @@ TEST(Cpu_Col2im, EqualsScatterAndFloat64Bound) {
       const hot::ConvGeometry cg = to_core(g);
       const int64_t L = g.N * cg.out_h() * cg.out_w(), K = g.C * g.kh * g.kw;
       HostTensor cols = host_from(dt, L, K, randn(static_cast<size_t>(L * K), seed++), K + 3);  // a row stride
-      HostTensor out = HostTensor::make2d(dt, g.N * g.C, g.H * g.W);
+      HostTensor out = HostTensor::make2d(dt, g.N * g.H * g.W, g.C, g.C + 1);  // channels-last, a row stride
       hot::col2im(cols, cg, out);
       std::vector<double> f64, asum;
       const std::vector<float> ref = scatter_ref(g, cols, &f64, &asum);
       HostTensor ref_t = host_from(dt, g.N * g.C, g.H * g.W, ref);
       const int terms = g.kh * g.kw;  // at most one contribution per kernel offset
+      const auto got = [&](int64_t r, int64_t p) {  // pixel p of NCHW row r = (n, c), read from the channels-last out
+        return out.getf((r / g.C) * g.H * g.W + p, r % g.C);
+      };
       for (int64_t r = 0; r < g.N * g.C; ++r)
         for (int64_t p = 0; p < g.H * g.W; ++p) {
-          ASSERT_EQ(f32_bits(out.getf(r, p)), f32_bits(ref_t.getf(r, p)))
+          ASSERT_EQ(f32_bits(got(r, p)), f32_bits(ref_t.getf(r, p)))
               << dtype_name(dt) << " geometry " << (&g - kGeoms.data()) << " pixel " << r << "," << p;
           // fp32 summation of at most kh*kw terms (error <= (terms - 1) 2^-24 sum |v|), then one rounding to the
           // dtype (unit roundoff u of it, relative to the result)
           const size_t i = static_cast<size_t>(r * g.H * g.W + p);
           const double u = dt == DType::f32 ? 0x1p-24 : dt == DType::bf16 ? 0x1p-8 : 0x1p-11;
           const double sum_err = (terms - 1) * 0x1p-24 * asum[i];
-          EXPECT_LE(std::fabs(out.getf(r, p) - f64[i]), sum_err + u * (std::fabs(f64[i]) + sum_err) + 1e-30);
+          EXPECT_LE(std::fabs(got(r, p) - f64[i]), sum_err + u * (std::fabs(f64[i]) + sum_err) + 1e-30);
         }
     }
 }
@@ -109,18 +112,20 @@ TEST(Cpu_Col2im, EqualsScatterAndFloat64Bound) {
 TEST(Cpu_Col2im, RefusesBadArguments) {
   hot::ConvGeometry g;
   g.N = 1, g.C = 2, g.H = 4, g.W = 4, g.kh = 3, g.kw = 3, g.ph = 1, g.pw = 1;
-  HostTensor cols = HostTensor::make2d(DType::f32, 16, 18), out = HostTensor::make2d(DType::f32, 2, 16);
+  HostTensor cols = HostTensor::make2d(DType::f32, 16, 18), out = HostTensor::make2d(DType::f32, 16, 2);
   EXPECT_NO_THROW(hot::col2im(cols, g, out));
   HostTensor bad_cols = HostTensor::make2d(DType::f32, 16, 17);
   EXPECT_THROW(hot::col2im(bad_cols, g, out), hot::Error);
-  HostTensor bad_dtype = HostTensor::make2d(DType::bf16, 2, 16);
+  HostTensor bad_dtype = HostTensor::make2d(DType::bf16, 16, 2);
+  HostTensor nchw = HostTensor::make2d(DType::f32, 2, 16);  // the (N*C) x (H*W) matrix: not the channels-last map
+  EXPECT_TRUE(throws_hot([&] { hot::col2im(cols, g, nchw); }, hot::ErrorKind::value, {"col2im", "out", "(16, 2)"}));
   EXPECT_THROW(hot::col2im(cols, g, bad_dtype), hot::Error);
   hot::ConvGeometry neg = g;
   neg.ph = -1;
   EXPECT_THROW(hot::col2im(cols, neg, out), hot::Error);
   hot::ConvGeometry patches = g;
   patches.H = 5, patches.W = 5, patches.patches = true;  // a 5 x 5 output map is not made of 4 x 4 patches
-  HostTensor c5 = HostTensor::make2d(DType::f32, 25, 18), o5 = HostTensor::make2d(DType::f32, 2, 25);
+  HostTensor c5 = HostTensor::make2d(DType::f32, 25, 18), o5 = HostTensor::make2d(DType::f32, 25, 2);
   try {
     hot::col2im(c5, patches, o5);
     ADD_FAILURE() << "no error";
@@ -156,14 +161,13 @@ TEST(Cpu_Im2col, EqualsPaddedGather) {
                     ASSERT_EQ(f32_bits(got), f32_bits(want)) << dtype_name(dt) << " geometry " << (&g - kGeoms.data());
                   }
         if (cg.overlapping() || pad) continue;
-        HostTensor back = HostTensor::make2d(dt, g.N * g.C, g.H * g.W);
+        HostTensor back = HostTensor::make2d(dt, g.N * g.H * g.W, g.C);
         hot::col2im(cols, cg, back);
-        for (int64_t n = 0; n < g.N; ++n)
-          for (int64_t c = 0; c < g.C; ++c)
-            for (int64_t p = 0; p < g.H * g.W; ++p) {
-              const float v = back.getf(n * g.C + c, p);
-              ASSERT_TRUE(v == 0.0f || f32_bits(v) == f32_bits(map.getf(n * g.H * g.W + p, c)));
-            }
+        for (int64_t r = 0; r < g.N * g.H * g.W; ++r)
+          for (int64_t c = 0; c < g.C; ++c) {
+            const float v = back.getf(r, c);
+            ASSERT_TRUE(v == 0.0f || f32_bits(v) == f32_bits(map.getf(r, c)));
+          }
       }
 }
 

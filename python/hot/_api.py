@@ -301,7 +301,8 @@ def _pair(op, name, v, lo):
 def col2im(cols, x_shape, kernel, stride=1, padding=0, dilation=1, patches: bool = False):
     """The adjoint of im2col (SPEC §8): cols ((N*Ho*Wo) x (kh*kw*C), float; rows (n, ho, wo), or 4 x 4 patch order
     (n, ho // 4, wo // 4, ho % 4, wo % 4) with ``patches``; columns (i, j, c): each kernel offset's channels together)
-    summed onto the (N, C, H, W) input map ``x_shape`` they were read from, in cols' dtype: each pixel's
+    summed onto the (N, C, H, W) input map ``x_shape`` they were read from (channels-last in memory: a permuted view
+    where the framework has views), in cols' dtype: each pixel's
     contributions added in float32 in kernel-offset order and rounded once (one contribution taken as it is where
     windows cannot overlap). Deterministic and the same bits on every backend."""
     op = "col2im"
@@ -588,12 +589,13 @@ def _compress(c: _Call, x, xs, config):
 
 
 def _col2im(c: _Call, cols, x_shape, kernel, stride, padding, dilation, patches: bool):
-    """col2im of a 2-D cols array: the (N, C, H, W) map of c's framework."""
+    """col2im of a 2-D cols array: the (N, C, H, W) map of c's framework, channels-last in memory (a permuted view of
+    the engine's (N, H, W, C) result where the framework has views)."""
     N, C, H, W = x_shape
-    out = c.empty_as((N * C, H * W), cols)
+    out = c.empty_as((N * H * W, C), cols)
     r = c.call(_C.col2im, cols, out, list(x_shape), list(kernel), list(stride), list(padding), list(dilation),
                patches, c.stream)
-    return c.fw.reshape(c.result(out, r), (N, C, H, W))
+    return c.fw.permute(c.fw.reshape(c.result(out, r), (N, H, W, C)), (0, 3, 1, 2))
 
 
 def _im2col(c: _Call, xh, x_shape, kernel, stride, padding, dilation, patches: bool):

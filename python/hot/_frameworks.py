@@ -76,6 +76,10 @@ class Framework:
     def reshape(self, x, shape):
         return x.reshape(shape)
 
+    def permute(self, x, axes):
+        """x with its axes in the order `axes` (a view where the framework has views)."""
+        return x.transpose(axes)
+
     def copy_(self, dst, src):
         np.copyto(dst, src)
 
@@ -91,6 +95,9 @@ class Numpy(Framework):
 
 class Torch(Framework):
     name = "torch"
+
+    def permute(self, x, axes):
+        return x.permute(axes)
 
     def prepare(self, x):
         # DLPack refuses tensors that require grad; hot's ops are not differentiable themselves
@@ -250,6 +257,11 @@ class Generic(Framework):
     def reshape(self, x, shape):
         if isinstance(x, np.ndarray):
             return x.reshape(shape)
+        return x
+
+    def permute(self, x, axes):
+        if isinstance(x, np.ndarray):
+            return x.transpose(axes)
         return x
 
 

@@ -4,6 +4,7 @@ movement (exactly equal); col2im equals F.fold exactly where windows do not over
 error where they do (16-bit dtypes accumulate in float32, as F.fold does)."""
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from conftest import DEVICES
@@ -71,7 +72,8 @@ def test_col2im_equals_fold(geom, dtype, device):
     P = L // N
     cf = _ijc_to_cij(cols.double(), C, (kh, kw))
     ref = F.fold(cf.reshape(N, P, CKK).transpose(1, 2), (H, W), (kh, kw), dilation=d, padding=p, stride=s)
-    assert out.dtype == dtype and out.shape == (N, C, H, W) and out.is_contiguous()
+    # the engine's map is channels-last
+    assert out.dtype == dtype and out.shape == (N, C, H, W) and out.is_contiguous(memory_format=torch.channels_last)
     overlap = s[0] < d[0] * (kh - 1) + 1 or s[1] < d[1] * (kw - 1) + 1
     if not overlap:
         assert torch.equal(out.double(), ref)  # each element is one input value (or zero): exact
@@ -196,3 +198,20 @@ def test_column_order_permutes_the_gradients_bit_for_bit(config):
     assert torch.equal(torch.from_numpy(a[0]), _ijc_to_cij(torch.from_numpy(b[0]), C, (k, k)))
     assert torch.equal(torch.from_numpy(a[1]), tops.conv_weight_from_cols(torch.from_numpy(b[1]), w.shape).reshape(O, -1))
     assert torch.equal(torch.from_numpy(a[2]), torch.from_numpy(b[2]))
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_conv_input_gradient_keeps_the_network_layout(channels_last):
+    """The engine's col2im writes a channels-last map: a channels-last network (its g_y is) gets it as it is, an NCHW
+    one a contiguous copy, so the ops before the conv see the layout they produced."""
+    import hot.torch as ht
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1))
+    ht.convert(model)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    model = model.to(memory_format=fmt)
+    x = torch.randn(2, 4, 8, 8).to(memory_format=fmt).requires_grad_(True)
+    y = model(x)
+    y.backward(torch.randn_like(y))
+    assert x.grad.is_contiguous(memory_format=fmt)

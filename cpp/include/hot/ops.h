@@ -68,10 +68,11 @@ struct ConvGeometry {
   // Whether two kernel offsets can land on one input pixel (stride < dilated kernel extent on a side).
   bool overlapping() const;
 };
-// col2im, the adjoint of im2col: out (N*C x H*W, row-major: the (N, C, H, W) map) = the columns of `cols` (N*Ho*Wo x
-// kh*kw*C, float) summed onto the input pixels they were read from. Each pixel's contributions are added in fp32 in
-// kernel-offset order (i, then j) starting from zero and rounded once to out's dtype (cols' dtype); where windows do
-// not overlap a pixel takes its one contribution as it is. Deterministic: no atomics, the same bits on every backend.
+// col2im, the adjoint of im2col: out (N*H*W x C, row-major: the channels-last map, as im2col's `map`; any row stride
+// >= C) = the columns of `cols` (N*Ho*Wo x kh*kw*C, float) summed onto the input pixels they were read from. Each
+// pixel's contributions are added in fp32 in kernel-offset order (i, then j) starting from zero and rounded once to
+// out's dtype (cols' dtype); where windows do not overlap a pixel takes its one contribution as it is. Deterministic:
+// no atomics, the same bits on every backend.
 void col2im(const TensorView& cols, const ConvGeometry& geometry, const TensorView& out, Stream stream = {});
 // im2col: cols (N*Ho*Wo x kh*kw*C, row-major, rows in raster or patch order, columns (i, j, c)) = the pixels each
 // output pixel's window reads from `map`, the input as a channels-last matrix (N*H*W x C: row (n, h, w), the channels

@@ -181,12 +181,12 @@ void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out
   const Col2imParams p = col2im_params(g);
   const int64_t ld = cols.strides[0];
   const auto get = [&](int64_t r, int64_t c) { return load_float(cols.data, cols.dtype, r * ld + c); };
-  parallel_for(g.N * g.C, row_grain(g.H * g.W), [&](int64_t r0, int64_t r1) {
-    std::vector<float> buf(static_cast<size_t>(g.H * g.W));
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t n = r / g.C, c = r % g.C;
-      for (int h = 0; h < static_cast<int>(g.H); ++h)
-        for (int w = 0; w < static_cast<int>(g.W); ++w) buf[h * g.W + w] = col2im_pixel(p, n, c, h, w, get);
+  parallel_for(g.N * g.H * g.W, row_grain(g.C), [&](int64_t r0, int64_t r1) {
+    std::vector<float> buf(static_cast<size_t>(g.C));
+    for (int64_t r = r0; r < r1; ++r) {  // pixel (n, h, w) of the channels-last map
+      const int64_t n = r / (g.H * g.W), hw = r % (g.H * g.W);
+      const int h = static_cast<int>(hw / g.W), w = static_cast<int>(hw % g.W);
+      for (int64_t c = 0; c < g.C; ++c) buf[static_cast<size_t>(c)] = col2im_pixel(p, n, c, h, w, get);
       store_row(out, r, buf.data());
     }
   });

@@ -136,9 +136,11 @@ __global__ void dequantize_kernel(Mat<const int8_t> q, const float* scale, bool 
 }
 
 // col2im (conv_rules.h): one thread per input pixel and channel, the channel fastest, so that a warp's reads of one
-// kernel offset are consecutive columns (i*kw + j)*C + c of one im2col row: whole sectors, each read once.
+// kernel offset are consecutive columns (i*kw + j)*C + c of one im2col row, and its writes consecutive channels of
+// one pixel of the channels-last map: whole sectors both ways, each read or written once.
 template <typename T>
-__global__ void col2im_kernel(const T* __restrict__ cols, int64_t ld, Col2imParams p, T* __restrict__ out) {
+__global__ void col2im_kernel(const T* __restrict__ cols, int64_t ld, Col2imParams p, T* __restrict__ out,
+                              int64_t ldo) {
   const int64_t n_out = p.N * p.C * p.H * p.W;
   const auto get = [&](int64_t r, int64_t c) { return load_f(cols + r * ld + c); };
   const int64_t cw = p.C * p.W;  // one row (n, h) of the channels-last order
@@ -148,7 +150,7 @@ __global__ void col2im_kernel(const T* __restrict__ cols, int64_t ld, Col2imPara
     const int r = static_cast<int>(e - nh * cw), w = r / static_cast<int>(p.C), c = r - w * static_cast<int>(p.C);
     const int h = static_cast<int>(nh % p.H);
     const int64_t n = nh / p.H;
-    store_f(out + ((n * p.C + c) * p.H + h) * p.W + w, col2im_pixel(p, n, c, h, w, get));
+    store_f(out + (nh * p.W + w) * ldo + c, col2im_pixel(p, n, c, h, w, get));
   }
 }
 
@@ -364,7 +366,8 @@ void dequantize_launch(const TensorView& q, const TensorView& scale, const Tenso
 template <typename T, typename Launch>
 void col2im_launch(const TensorView& cols, const ConvGeometry& g, const TensorView& out, const Launch& launch) {
   launch(col2im_kernel<T>, dim3(grid_1d(out.numel(), kBasicThreads)), kBasicThreads, 0,
-         static_cast<const T*>(cols.data), cols.strides[0], col2im_params(g), static_cast<T*>(out.data));
+         static_cast<const T*>(cols.data), cols.strides[0], col2im_params(g), static_cast<T*>(out.data),
+         out.strides[0]);
 }
 
 template <typename Launch>

@@ -180,7 +180,7 @@ TEST_F(Cuda_Col2im, BitExactVsCpu) {
     for (const hot::ConvGeometry& g : col2im_geometries()) {
       const int64_t L = g.N * g.out_h() * g.out_w(), K = g.C * g.kh * g.kw;
       HostTensor cols = rand_float(dt, L, K, seed++, K + 3);
-      HostTensor oc = out2d(dt, g.N * g.C, g.H * g.W), o2 = oc;
+      HostTensor oc = out2d(dt, g.N * g.H * g.W, g.C, g.C + 2), o2 = oc;  // channels-last, a row stride
       DevTensor dcols(cols), dout(o2);
       hot::col2im(cols, g, oc);
       hot::col2im(dcols, g, dout, st());

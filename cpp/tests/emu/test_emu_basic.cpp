@@ -153,7 +153,7 @@ TEST(Emu_Col2im, BitExactVsCpu) {
     for (const hot::ConvGeometry& g : hot_cuda_test::col2im_geometries()) {
       const int64_t L = g.N * g.out_h() * g.out_w(), K = g.C * g.kh * g.kw;
       HostTensor cols = rand_float(dt, L, K, seed++, K + 3);
-      HostTensor oc = out2d(dt, g.N * g.C, g.H * g.W), o2 = oc;
+      HostTensor oc = out2d(dt, g.N * g.H * g.W, g.C, g.C + 2), o2 = oc;  // channels-last, a row stride
       hot::cpu::col2im(cols, g, oc, {});
       with_type(dt, [&](auto t, auto launch) { hot::cuda::col2im_launch<decltype(t)>(cols.view(), g, o2.view(), launch); });
       EXPECT_TRUE(all_bytes_equal(oc, o2)) << hot::dtype_name(dt) << " case " << seed;

@@ -542,8 +542,9 @@ def conv_weight_from_cols(gw: Tensor, shape) -> Tensor:
 
 def col2im(cols: Tensor, x_shape, kernel, stride, padding, dilation, patches: bool = False) -> Tensor:
     """The adjoint of :func:`im2col`: the (N*Ho*Wo) x (kh*kw*C) matrix summed back onto an (N, C, H, W)
-    tensor by the engine (``hot.col2im``: each pixel's contributions in float32, kernel-offset order, rounded once;
-    one gather pass on the GPU). patches: cols' rows are in :func:`im2col`'s patch order."""
+    tensor, channels-last in memory, by the engine (``hot.col2im``: each pixel's contributions in float32,
+    kernel-offset order, rounded once; one gather pass on the GPU). patches: cols' rows are in :func:`im2col`'s patch
+    order."""
     N, C, H, W = x_shape
     if cols.numel() == 0 or N * C * H * W == 0:  # the engine refuses empty arrays: nothing to sum
         return cols.new_zeros((N, C, H, W))
@@ -551,6 +552,11 @@ def col2im(cols: Tensor, x_shape, kernel, stride, padding, dilation, patches: bo
         cols = cols.contiguous()
     return _api._col2im(_call("col2im", cols), cols, (N, C, H, W), tuple(kernel), tuple(stride), tuple(padding),
                         tuple(dilation), patches)
+
+
+def _channels_last(t: Tensor) -> bool:
+    """Whether t (N, C, H, W) is laid out channels-last and not also contiguous (C == 1 or H == W == 1 are both)."""
+    return not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
 
 
 def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, stride, padding, dilation, cfg, need_gx,
@@ -589,8 +595,10 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
                                      need_gw, need_gb, (N * P, CKK), reuse,
                                      "float32" if map_scale is not None else None)
     gx = None
-    if need_gx:
+    if need_gx:  # the engine's map is channels-last: kept so for a channels-last network (its g_y is), else NCHW
         gx = col2im(gcols, (N, C, H, W), (kh, kw), stride, padding, dilation, patches)
+        if not _channels_last(grad_y):
+            gx = gx.contiguous()
     if gw is not None:
         if map_scale is not None:
             gw = (gw * map_scale).to(grad_y.dtype)

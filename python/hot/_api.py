@@ -265,12 +265,7 @@ def quantize(x, bits: int = 8, scale: str = "tensor", rounding: str = "nearest",
     _choice(op, "rounding", rounding, _ROUNDINGS)
     seed = _seed(op, seed)
     rng_stream = _int_arg(op, "rng_stream", rng_stream, 0, (1 << 32) - 1)
-    s = fws.shape(x)
-    rows = fws.prod(s[:-1])
-    q = c.empty(s, "int8")
-    sc = c.empty((1 if scale == "tensor" else rows,), "float32")
-    rq, rs = c.call(_C.quantize, x, q, sc, bits, scale, rounding, seed, rng_stream, c.stream)
-    return c.result(q, rq, s), c.result(sc, rs)
+    return _quantize(c, x, fws.shape(x), bits, scale, rounding, seed, rng_stream)
 
 
 def dequantize(q, scale, dtype="float32"):
@@ -586,6 +581,15 @@ def _compress(c: _Call, x, xs, config):
     if q is None:  # hot allocated them: the caller's framework imports them
         q, scale = c.result(None, core.q), c.result(None, core.scale)
     return q, scale, core
+
+
+def _quantize(c: _Call, x, s, bits: int, scale: str, rounding: str, seed: int = 0, rng_stream: int = 0):
+    """quantize of the non-empty array x of shape s (checked arguments): (q, scale) in c's framework."""
+    rows = fws.prod(s[:-1])
+    q = c.empty(s, "int8")
+    sc = c.empty((1 if scale == "tensor" else rows,), "float32")
+    rq, rs = c.call(_C.quantize, x, q, sc, bits, scale, rounding, seed, rng_stream, c.stream)
+    return c.result(q, rq, s), c.result(sc, rs)
 
 
 def _col2im(c: _Call, cols, x_shape, kernel, stride, padding, dilation, patches: bool):

@@ -166,6 +166,8 @@ def hot_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, config=
 
 def _pair(name: str, v) -> List[int]:
     """An int or a pair of ints of hot_conv2d as [h, w]."""
+    if type(v) is tuple and len(v) == 2 and type(v[0]) is int and type(v[1]) is int:  # a module's own: no checks
+        return [v[0], v[1]]
     if _is_int(v):
         return [int(v), int(v)]
     if isinstance(v, (tuple, list)) and len(v) == 2 and all(_is_int(e) for e in v):

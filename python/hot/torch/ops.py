@@ -416,7 +416,7 @@ def _quantize_fmap(x: Tensor) -> Tuple[Tensor, Tensor]:
     xc = x.contiguous().reshape(N * C, H * W)
     if xc.numel() == 0:  # an empty batch: an empty copy (hot.quantize refuses empty arrays)
         return xc.to(torch.int8), x.new_ones((1,), dtype=torch.float32)
-    return hot.quantize(xc, bits=8, scale="tensor", rounding="nearest")
+    return _api._quantize(_call("quantize", xc), xc, tuple(xc.shape), 8, "tensor", "nearest")
 
 
 def pointwise(kernel, padding) -> bool:

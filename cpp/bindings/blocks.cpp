@@ -1,5 +1,5 @@
 // hot._C's building blocks: the Hadamard transform, HLA, quantise / dequantise, int4 packing, the integer GEMMs, im2col
-// and col2im, the ReLU mask.
+// and col2im, a convolution's ABC buffer from its int8 map, the ReLU mask.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -154,6 +154,29 @@ void register_blocks(py::module_& m) {
       },
       py::arg("map"), py::arg("cols"), py::arg("x_shape"), py::arg("kernel"), py::arg("stride"), py::arg("padding"),
       py::arg("dilation"), py::arg("patches"), py::arg("stream"));
+
+  m.def(
+      "compress_columns",
+      [](py::handle map, py::handle q, py::handle scale, std::vector<int64_t> nchw, std::vector<int> kernel,
+         std::vector<int> stride, std::vector<int> padding, std::vector<int> dilation, bool patches, int rank,
+         int64_t stream) {
+        const char* op = "compress_columns";
+        const hot::ConvGeometry g = geometry(op, nchw, kernel, stride, padding, dilation, patches);
+        HOT_CHECK_VALUE(rank >= 1 && rank <= 16, op, ": rank must be in 1..16, got ", rank);
+        OpContext ctx(op, stream);
+        hot::TensorView mv = nonempty(ctx.input(map, "q_map", hotpy::kS8), op, "q_map"), qv, sv;
+        const int64_t L = std::max<int64_t>(0, g.N * g.out_h() * g.out_w());  // (none: the core names the geometry)
+        py::object rq = output(ctx, q, "q", hotpy::kS8, hot::DType::s8,
+                               {static_cast<int64_t>(g.kh) * g.kw * g.C, hot::padded_k(hot::hla_rows(L, rank))}, qv, -2);
+        py::object rs = output(ctx, scale, "scale", hotpy::kF32, hot::DType::f32, {1}, sv, -2);
+        {
+          py::gil_scoped_release nogil;
+          hot::compress_columns(mv, g, qv, sv, rank, ctx.stream());
+        }
+        return py::make_tuple(rq, rs);
+      },
+      py::arg("map"), py::arg("q"), py::arg("scale"), py::arg("x_shape"), py::arg("kernel"), py::arg("stride"),
+      py::arg("padding"), py::arg("dilation"), py::arg("patches"), py::arg("rank"), py::arg("stream"));
 
   m.def(
       "relu_mask",

@@ -50,6 +50,8 @@ struct GradOutputQuant {
   /* ABC: q_t is I x K_pad s8 (zero past K), scale [1] f32 */                                              \
   void compress_activation(const TensorView& x, const TensorView& q_t, const TensorView& scale, int rank,   \
                            Stream s);                                                                      \
+  void compress_columns(const TensorView& map, const ConvGeometry& g, const TensorView& q_t,                \
+                        const TensorView& scale, int rank, Stream s);                                      \
   void quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out,   \
                             Stream s);                                                                     \
   /* W~ = blockdiag(H_b) W quantised to `bits` round-to-nearest per tensor, written transposed: q_wt is  \

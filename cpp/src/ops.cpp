@@ -311,6 +311,22 @@ void compress_activation(const TensorView& x, const TensorView& q_t, const Tenso
   HOT_DISPATCH(x.device, compress_activation, x, q_t, scale, rank, stream);
 }
 
+void compress_columns(const TensorView& map, const ConvGeometry& g, const TensorView& q_t, const TensorView& scale,
+                      int rank, Stream stream) {
+  const char* op = "compress_columns";
+  check_rank(op, rank);
+  const auto [Ho, Wo] = check_conv_geometry(op, g);
+  check_typed_matrix(op, "q_map", map, DType::s8);
+  HOT_CHECK_SHAPE(op, "q_map", map, (std::vector<int64_t>{g.N * g.H * g.W, g.C}));
+  const int64_t L = g.N * Ho * Wo, CKK = static_cast<int64_t>(g.kh) * g.kw * g.C;
+  check_typed_matrix(op, "q", q_t, DType::s8);
+  check_out_shape(op, "q", q_t, CKK, padded_k(hla_rows(L, rank)));
+  check_vector(op, "scale", scale, 1, false, DType::f32);
+  HOT_CHECK_SAME_DEVICE(op, "q_map", map, "q", q_t);
+  HOT_CHECK_SAME_DEVICE(op, "q_map", map, "scale", scale);
+  HOT_DISPATCH(map.device, compress_columns, map, g, q_t, scale, rank, stream);
+}
+
 SavedActivation compress_activation(const TensorView& x, int rank, Stream stream) {
   const char* op = "compress_activation";
   check_rank(op, rank);

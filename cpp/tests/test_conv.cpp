@@ -184,3 +184,48 @@ TEST(Cpu_Im2col, RefusesBadArguments) {
   big.kh = 7;  // a 4 x 4 map with padding 1 has no 7-row window
   EXPECT_TRUE(throws_hot([&] { hot::im2col(map, big, cols); }, hot::ErrorKind::value, {"im2col", "no output pixel"}));
 }
+
+// compress_columns (SPEC §8) is compress_activation of the im2col columns of the int8 map's integers: equal bytes of
+// q_t (padding columns included, outputs poisoned first) and an equal scale, over the geometries (raster and patch
+// order), ranks and a map row stride.
+TEST(Cpu_CompressColumns, EqualsCompressActivationOfIm2col) {
+  uint64_t seed = 2900;
+  for (const Geom& g : kGeoms)
+    for (int rank : {4, 8, 16})
+      for (int64_t pad : {0, 3}) {
+        const hot::ConvGeometry cg = to_core(g);
+        const int64_t L = g.N * cg.out_h() * cg.out_w(), K = g.C * g.kh * g.kw, P = g.N * g.H * g.W;
+        const std::vector<int64_t> ints = randint(static_cast<size_t>(P * g.C), seed++, -127, 127);
+        HostTensor map = host_from_int(DType::s8, P, g.C, ints, g.C + pad);
+        std::vector<float> as_float(ints.begin(), ints.end());
+        HostTensor mapf = host_from(DType::f32, P, g.C, as_float);
+        HostTensor cols = HostTensor::make2d(DType::f32, L, K);
+        hot::im2col(mapf, cg, cols);
+        const int64_t K_pad = hot::padded_k(hot::hla_rows(L, rank));
+        HostTensor q_ref = HostTensor::make2d(DType::s8, K, K_pad), s_ref = HostTensor::make1d(DType::f32, 1);
+        HostTensor q = HostTensor::make2d(DType::s8, K, K_pad), s = HostTensor::make1d(DType::f32, 1);
+        std::memset(q.bytes(), 0x5a, q.nbytes());
+        hot::compress_activation(cols, q_ref, s_ref, rank);
+        hot::compress_columns(map, cg, q, s, rank);
+        EXPECT_TRUE(bits_equal(q, q_ref)) << "geometry " << (&g - kGeoms.data()) << " rank " << rank;
+        EXPECT_EQ(f32_bits(s.getf(0)), f32_bits(s_ref.getf(0)));
+        EXPECT_GT(s.getf(0), 0.0f);
+      }
+}
+
+TEST(Cpu_CompressColumns, RefusesBadArguments) {
+  hot::ConvGeometry g;
+  g.N = 1, g.C = 2, g.H = 4, g.W = 4, g.kh = 3, g.kw = 3, g.ph = 1, g.pw = 1;
+  const int64_t K_pad = hot::padded_k(hot::hla_rows(16, 8));
+  HostTensor map = HostTensor::make2d(DType::s8, 16, 2), q = HostTensor::make2d(DType::s8, 18, K_pad);
+  HostTensor s = HostTensor::make1d(DType::f32, 1);
+  EXPECT_NO_THROW(hot::compress_columns(map, g, q, s, 8));
+  HostTensor mapf = HostTensor::make2d(DType::f32, 16, 2);
+  EXPECT_TRUE(throws_hot([&] { hot::compress_columns(mapf, g, q, s, 8); }, hot::ErrorKind::type,
+                         {"compress_columns", "q_map", "int8"}));
+  HostTensor q_short = HostTensor::make2d(DType::s8, 17, K_pad);
+  EXPECT_TRUE(throws_hot([&] { hot::compress_columns(map, g, q_short, s, 8); }, hot::ErrorKind::value,
+                         {"compress_columns", "q"}));
+  EXPECT_TRUE(throws_hot([&] { hot::compress_columns(map, g, q, s, 17); }, hot::ErrorKind::value,
+                         {"compress_columns", "rank"}));
+}

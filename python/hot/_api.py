@@ -327,6 +327,27 @@ def im2col(x, kernel, stride=1, padding=0, dilation=1, patches: bool = False):
     return _im2col(c, x, (N, C, H, W), *geom, bool(patches))
 
 
+def compress_columns(q_map, kernel, stride=1, padding=0, dilation=1, patches: bool = False,
+                     config: Optional[Config] = None) -> SavedActivation:
+    """ABC (SPEC §2, §8) of a convolution's im2col columns, formed from the integers of its int8 input map without
+    the columns: q_map (N, H, W, C) int8 (channels-last; e.g. ``hot.quantize``'s q of the map); the result equals
+    ``compress_activation(im2col(q_map as floats), config)`` bit for bit, a buffer of x shape (N*Ho*Wo, kh*kw*C) (rows
+    in 4 x 4 patch order with ``patches``). A layer's g_w from it is in units of the map's scale."""
+    op = "compress_columns"
+    config = _config(op, config)
+    q_map = _prep(q_map)
+    c = _Call(op, q_map=q_map)
+    _need_ndim(op, "q_map", q_map, 4, 4)
+    _nonempty(op, "q_map", q_map)
+    N, H, W, C = fws.shape(q_map)
+    kernel, stride = _pair(op, "kernel", kernel, 1), _pair(op, "stride", stride, 1)
+    padding, dilation = _pair(op, "padding", padding, 0), _pair(op, "dilation", dilation, 1)
+    q, scale = _compress_columns(c, q_map, (N, C, H, W), kernel, stride, padding, dilation, bool(patches), config.rank)
+    Ho = (H + 2 * padding[0] - dilation[0] * (kernel[0] - 1) - 1) // stride[0] + 1
+    Wo = (W + 2 * padding[1] - dilation[1] * (kernel[1] - 1) - 1) // stride[1] + 1
+    return SavedActivation(q, scale, (N * Ho * Wo, kernel[0] * kernel[1] * C), config.rank)
+
+
 def relu_mask(x):
     """ReLU that records where its gradient is zero, one bit per element (SPEC §2, keep_less): returns (y, bits) with
     y = x's negative elements replaced by +0 (NaN and -0 pass, as torch's ReLU), x's shape and dtype; bits: int8
@@ -611,6 +632,20 @@ def _im2col(c: _Call, xh, x_shape, kernel, stride, padding, dilation, patches: b
     r = c.call(_C.im2col, xh, out, list(x_shape), list(kernel), list(stride), list(padding), list(dilation), patches,
                c.stream)
     return c.result(out, r)
+
+
+def _compress_columns(c: _Call, q_map, x_shape, kernel, stride, padding, dilation, patches: bool, rank: int):
+    """compress_columns of the channels-last int8 map q_map (N, H, W, C) of x_shape (N, C, H, W): (q, scale)."""
+    N, C, H, W = x_shape
+    Ho = (H + 2 * padding[0] - dilation[0] * (kernel[0] - 1) - 1) // stride[0] + 1
+    Wo = (W + 2 * padding[1] - dilation[1] * (kernel[1] - 1) - 1) // stride[1] + 1
+    q = scale = None
+    if Ho > 0 and Wo > 0:
+        q = c.empty((kernel[0] * kernel[1] * C, _C.padded_k(_C.hla_rows(N * Ho * Wo, rank))), "int8")
+        scale = c.empty((1,), "float32")
+    rq, rs = c.call(_C.compress_columns, q_map, q, scale, list(x_shape), list(kernel), list(stride), list(padding),
+                    list(dilation), patches, rank, c.stream)
+    return c.result(q, rq), c.result(scale, rs)
 
 
 def _relu_mask(c: _Call, x, y):

@@ -215,3 +215,56 @@ def test_conv_input_gradient_keeps_the_network_layout(channels_last):
     y = model(x)
     y.backward(torch.randn_like(y))
     assert x.grad.is_contiguous(memory_format=fmt)
+
+
+@pytest.mark.parametrize("patches", [False, True])
+def test_public_compress_columns_equals_compress_activation_of_the_columns(patches):
+    """hot.compress_columns (SPEC §8) forms the ABC buffer of im2col(Q) from the int8 map Q without the columns: the
+    same bytes and scale as hot.compress_activation of the columns, on numpy; bad arguments name themselves."""
+    import numpy as np
+
+    import hot
+
+    rng = np.random.default_rng(4)
+    q = rng.integers(-127, 128, size=(2, 8, 8, 5), dtype=np.int8)  # (N, H, W, C)
+    for rank in (8, 16):
+        cfg = hot.Config(rank=rank)
+        got = hot.compress_columns(q, 3, padding=1, patches=patches, config=cfg)
+        cols = hot.im2col(q.astype(np.float32), 3, padding=1, patches=patches)
+        want = hot.compress_activation(cols, config=cfg)
+        assert got.shape == want.shape == (2 * 64, 45) and got.rank == rank
+        assert np.array_equal(got.q, want.q) and np.array_equal(got.scale, want.scale)
+    with pytest.raises(TypeError, match="compress_columns: q_map has dtype float32, expected int8"):
+        hot.compress_columns(q.astype(np.float32), 3)
+    with pytest.raises(ValueError, match="compress_columns: q_map has 3 dims, expected 4"):
+        hot.compress_columns(q[0], 3)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_conv_weight_gradient_is_the_linear_backward_of_the_integer_columns(channels_last):
+    """The converted conv's g_w (SPEC §8) is the map's scale times hot.backward_linear's g_w over the columns of the
+    kept int8 map's integers (float32, rounded once to the gradient's dtype), with the layer's seed: the engine's
+    compress_columns gives the ABC buffer those raw columns would get (one scale, no chunking at this size)."""
+    import hot
+    import hot.torch as ht
+    from hot.torch import ops as tops
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(5, 6, 3, padding=1, bias=False))
+    ht.convert(model)
+    conv = model[0]
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(2, 5, 8, 8).to(memory_format=fmt)
+    gy = torch.randn(2, 6, 8, 8)
+    torch.manual_seed(11)
+    y = model(x.requires_grad_(True))
+    y.backward(gy)
+    torch.manual_seed(11)
+    seed = int(torch.randint(0, 2**62, (1,)).item())  # the seed the layer drew (one int64 draw per forward)
+    q, s = hot.quantize(x.detach().permute(0, 2, 3, 1).reshape(-1, 5), bits=8, scale="tensor", rounding="nearest")
+    patches = tops.conv_patch_rows(8, 8, conv.hot_config)
+    cols = im2col(q.view(2, 8, 8, 5).permute(0, 3, 1, 2).float(), (3, 3), (1, 1), (1, 1), (1, 1), patches)
+    g = tops._pixel_rows(gy, (1, 1), patches).contiguous()
+    _, gw, _ = hot.backward_linear(g, tops.conv_weight_cols(conv.weight.detach()), cols, config=conv.hot_config,
+                                   seed=seed)
+    assert torch.equal(conv.weight.grad, tops.conv_weight_from_cols(gw * s, conv.weight.shape))

@@ -109,6 +109,13 @@ SavedActivation compress_activation(const TensorView& x, int rank, Stream stream
 void compress_activation(const TensorView& x, const TensorView& q_t, const TensorView& scale, int rank,
                          Stream stream = {});
 
+// The ABC buffer of a convolution's im2col columns, formed from its int8 feature map without the columns (SPEC §8):
+// map s8 (N*H*W x C, channels-last: the integers Q of the layer's kept input; any row stride >= C); q_t s8
+// (kh*kw*C) x K_pad with K = hla_rows(N*Ho*Wo, rank); scale f32 [1]. Equal bit for bit to compress_activation of
+// im2col(Q) (rows in geometry's raster or patch order, Q's integers as floats): one scale over all rows.
+void compress_columns(const TensorView& map, const ConvGeometry& geometry, const TensorView& q_t,
+                      const TensorView& scale, int rank, Stream stream = {});
+
 // W~ of the g_x path (SPEC §3): W's rows mixed in blocks of hq_block_size(O) by the Hadamard matrix, quantised to
 // gx_bits per tensor with round-to-nearest, stored K-major for the g_x GEMM: q_wt s8 I x padded_k(O), s_w f32 [1].
 // Deterministic, so every backward_linear call with the same weight and gx_bits forms the same bytes; a caller whose

@@ -293,6 +293,42 @@ void compress_activation(const TensorView& x, const TensorView& q_t, const Tenso
   quantize_transposed(m, 127, Rounding::nearest, 0, 0, q_t, scale.ptr<float>());
 }
 
+// The HLA of the im2col columns one 16-row block at a time, gathered from the int8 map (the block's 16 rows of columns
+// as im2col would write them, as floats), then the same transform, row selection and quantisation as
+// compress_activation: the same bits as compress_activation(im2col(Q)), without the L x kh*kw*C columns.
+void compress_columns(const TensorView& map, const ConvGeometry& g, const TensorView& q_t, const TensorView& scale,
+                      int rank, Stream) {
+  const Col2imParams p = col2im_params(g);
+  const int64_t L = g.N * p.Ho * p.Wo, C = g.C, CKK = static_cast<int64_t>(g.kh) * g.kw * C;
+  const int64_t blocks = (L + 15) / 16, ldm = map.strides[0];
+  const int8_t* src = map.ptr<int8_t>();
+  Mat m(hla_rows(L, rank), CKK);
+  parallel_for(blocks, std::max<int64_t>(1, row_grain(CKK * 16)), [&](int64_t b0, int64_t b1) {
+    std::vector<float> buf(static_cast<size_t>(16 * CKK));
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      std::fill(buf.begin(), buf.end(), 0.0f);
+      for (int t = 0; t < 16 && blk * 16 + t < L; ++t) {
+        int64_t n, ho, wo;
+        im2col_pixel(p, blk * 16 + t, n, ho, wo);
+        float* row = buf.data() + t * CKK;
+        for (int i = 0; i < g.kh; ++i)
+          for (int j = 0; j < g.kw; ++j) {
+            const int64_t h = ho * g.sh - g.ph + static_cast<int64_t>(i) * g.dh;
+            const int64_t w = wo * g.sw - g.pw + static_cast<int64_t>(j) * g.dw;
+            if (h < 0 || h >= g.H || w < 0 || w >= g.W) continue;
+            const int8_t* px = src + ((n * g.H + h) * g.W + w) * ldm;
+            float* dst = row + (static_cast<int64_t>(i) * g.kw + j) * C;
+            for (int64_t c = 0; c < C; ++c) dst[c] = static_cast<float>(px[c]);
+          }
+      }
+      fwht_rows(buf.data(), 16, CKK, CKK);
+      for (int k = 0; k < rank; ++k)
+        std::memcpy(m.row(blk * rank + k), buf.data() + kHlaOrder[k] * CKK, CKK * sizeof(float));
+    }
+  });
+  quantize_transposed(m, 127, Rounding::nearest, 0, 0, q_t, scale.ptr<float>());
+}
+
 void bias_grad(const TensorView& gy, const TensorView& out, Stream) {
   const int64_t L = gy.shape[0], O = gy.shape[1];
   // Per column, a sum over rows in row order: deterministic whatever the thread count.

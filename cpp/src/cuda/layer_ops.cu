@@ -1,12 +1,14 @@
 // The HOT layer operations of the CUDA backend: the fused pass over g_y (quantize_grad_output) and the
-// ABC buffer (compress_activation), whose kernels live in qgo_kernels.cuh, and the quantised transposed
-// weight (quantize_weight, weight_kernels.cuh).
+// ABC buffer (compress_activation), whose kernels live in qgo_kernels.cuh, the quantised transposed weight
+// (quantize_weight, weight_kernels.cuh) and a convolution's ABC buffer from its int8 map (compress_columns,
+// columns_kernels.cuh).
 #include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <utility>
 
+#include "columns_kernels.cuh"
 #include "qgo_kernels.cuh"
 #include "weight_kernels.cuh"
 
@@ -85,6 +87,14 @@ void quantize_weight(const TensorView& w, const TensorView& q_wt, const TensorVi
   dispatch_float(w.dtype, "quantize_weight", [&](auto t) {
     weight_launch<decltype(t)>(w, q_wt, s_w, bits, block, key.as<unsigned>(), StreamLaunch{to_cuda(st)});
   });
+}
+
+void compress_columns(const TensorView& map, const ConvGeometry& g, const TensorView& q_t, const TensorView& scale,
+                      int rank, Stream st) {
+  const int dev = map.device.index;
+  DeviceGuard dg(dev);
+  Scratch key(4, dev, st);
+  compress_columns_launch(map, g, q_t, scale, rank, key.as<unsigned>(), StreamLaunch{to_cuda(st)});
 }
 
 }  // namespace hot::cuda

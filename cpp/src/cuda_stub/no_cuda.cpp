@@ -29,6 +29,9 @@ void quantize(const TensorView&, const TensorView&, const TensorView&, const Qua
 void dequantize(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
 void col2im(const TensorView&, const ConvGeometry&, const TensorView&, Stream) { missing(); }
 void im2col(const TensorView&, const ConvGeometry&, const TensorView&, Stream) { missing(); }
+void compress_columns(const TensorView&, const ConvGeometry&, const TensorView&, const TensorView&, int, Stream) {
+  missing();
+}
 void relu_mask(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
 void relu_mask_backward(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
 void pack_int4(const TensorView&, const TensorView&, Stream) { missing(); }

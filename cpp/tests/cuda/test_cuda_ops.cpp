@@ -206,6 +206,29 @@ TEST_F(Cuda_Im2col, BitExactVsCpu) {
       }
 }
 
+class Cuda_CompressColumns : public CudaTest {};
+TEST_F(Cuda_CompressColumns, BitExactVsCpu) {
+  uint64_t seed = 9100;
+  std::vector<hot::ConvGeometry> geoms = col2im_geometries();
+  if (!small_run()) {  // ResNet-50 layer1's 3x3 at batch 8, patch order: 1568 blocks of 16 rows, 576 columns
+    hot::ConvGeometry g;
+    g.N = 8, g.C = 64, g.H = 56, g.W = 56, g.kh = 3, g.kw = 3, g.ph = 1, g.pw = 1, g.patches = true;
+    geoms.push_back(g);
+  }
+  for (const hot::ConvGeometry& g : geoms)
+    for (int rank : {8, 16}) {
+      const int64_t L = g.N * g.out_h() * g.out_w(), K = g.C * g.kh * g.kw, Kp = hot::padded_k(hot::hla_rows(L, rank));
+      HostTensor map = rand_int(DType::s8, g.N * g.H * g.W, g.C, -127, 127, seed++, g.C + 1);
+      HostTensor qc = out2d(DType::s8, K, Kp), qg = qc, sc = out1d(DType::f32, 1), sg = sc;
+      DevTensor dmap(map), dq(qg), ds(sg);
+      hot::compress_columns(map, g, qc, sc, rank);
+      hot::compress_columns(dmap, g, dq, ds, rank, st());
+      sync();
+      EXPECT_TRUE(all_bytes_equal(qc, dq.to_host())) << "case " << seed << " rank " << rank;
+      EXPECT_TRUE(all_bytes_equal(sc, ds.to_host())) << "case " << seed << " rank " << rank;
+    }
+}
+
 class Cuda_ReluMask : public CudaTest {};
 TEST_F(Cuda_ReluMask, BitExactVsCpu) {
   uint64_t seed = 970;

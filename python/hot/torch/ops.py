@@ -14,19 +14,18 @@ Ops (namespace ``hot``):
     ``hot.backward_linear`` on the tensors' device; results not requested are empty tensors.
 ``hot::conv2d(x, weight, bias, seed, stride, padding, dilation, keep, config) -> (y, q, scale)``
     ``y = F.conv2d(...)``; with ``keep == 1`` the layer keeps the INPUT FEATURE MAP quantised to int8
-    (per-tensor round-to-nearest, ``hot.quantize``), not the im2col matrix (SPEC §8); a pointwise conv (1 x 1, no
-    padding, :func:`pointwise`) keeps the ABC buffer of the pixel rows it reads instead, as a linear layer would.
+    (per-tensor round-to-nearest, ``hot.quantize``, channels-last: (N*H*W) x C), not the im2col matrix (SPEC §8); a
+    pointwise conv (1 x 1, no padding, :func:`pointwise`) keeps the ABC buffer of the pixel rows it reads instead, as
+    a linear layer would.
 ``hot::conv2d_backward(...) -> (g_x, g_w, g_b)``
     Pointwise: ``hot.backward_linear`` over the pixel rows from their ABC buffer (no columns, no feature map), g_x
-    put back onto the pixels read. Otherwise: forms the im2col columns ((i, j, c) order, :func:`im2col`) of the
-    feature map's integers (bfloat16, channels-last) and passes them to ``hot.backward_linear`` as the raw x, which
-    compresses them on the fly (HLA + Q8, the same compression a linear layer applies in its forward pass); the float32
-    g_w is multiplied by the map's scale (SPEC §8). The column gradient is folded back by :func:`col2im` (the core's).
-    Choice:
-    compressing the columns on the fly costs one HLA pass over the ``L x kh*kw*C`` columns in backward, but keeps
-    the stored buffer at one byte per input element
-    (instead of ``r/16 * kh*kw`` bytes per element for an ABC buffer of the columns), which is what
-    SPEC §8 asks for; the double quantisation (8-bit feature map, then 8-bit HLA) adds at most
+    put back onto the pixels read. Otherwise: the engine's ``hot.compress_columns`` forms the ABC buffer of the im2col
+    columns ((i, j, c) order) of the feature map's integers straight from the map (HLA + Q8 of the columns, the
+    compression a linear layer applies to its input, without writing the columns), ``hot.backward_linear`` takes it as
+    the saved buffer, and the float32 g_w is multiplied by the map's scale (SPEC §8). The column gradient is folded
+    back by :func:`col2im` (the core's). Choice: the stored buffer stays at one byte per input element (instead of
+    ``r/16 * kh*kw`` bytes per element for an ABC buffer of the columns kept from the forward), which is what SPEC §8
+    asks for, for one HLA pass in backward; the double quantisation (8-bit feature map, then 8-bit HLA) adds at most
     ``s_fmap/2`` per input element before the projection.
 
 The configuration (a ``hot.Config``, the core's ``hot::Config``) crosses the custom-op schemas as ONE integer,
@@ -410,10 +409,11 @@ def _conv_out(size, k, s, p, d):
 
 
 def _quantize_fmap(x: Tensor) -> Tuple[Tensor, Tensor]:
-    """A conv input's int8 copy (SPEC §8): per-tensor round-to-nearest of the (N*C) x (H*W) feature map, and its
-    scale."""
+    """A conv input's int8 copy (SPEC §8): per-tensor round-to-nearest of the channels-last feature map, an
+    (N*H*W) x C matrix (a view of a channels-last x, one copy of another), and its scale."""
     N, C, H, W = x.shape
-    xc = x.contiguous().reshape(N * C, H * W)
+    xh = x.permute(0, 2, 3, 1)
+    xc = (xh if xh.is_contiguous() else xh.contiguous()).reshape(N * H * W, C)
     if xc.numel() == 0:  # an empty batch: an empty copy (hot.quantize refuses empty arrays)
         return xc.to(torch.int8), x.new_ones((1,), dtype=torch.float32)
     return _api._quantize(_call("quantize", xc), xc, tuple(xc.shape), 8, "tensor", "nearest")
@@ -487,8 +487,8 @@ def _conv2d_fake(x, weight, bias, seed, stride, padding, dilation, keep, config)
     if keep == KEEP_COMPRESSED:
         if pointwise((kh, kw), padding):  # the ABC buffer of the N*Ho*Wo pixel rows
             q_shape = (x.shape[1], padded_k(N * Ho * Wo, config_of(config).rank))
-        else:  # the int8 feature map
-            q_shape = (N * x.shape[1], H * W)
+        else:  # the int8 feature map, channels-last
+            q_shape = (N * H * W, x.shape[1])
         return y, x.new_empty(q_shape, dtype=torch.int8), x.new_empty((1,), dtype=torch.float32)
     return y, x.new_empty((0,), dtype=torch.int8), x.new_empty((0,), dtype=torch.float32)
 
@@ -577,21 +577,21 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
                                          need_gw, need_gb, (N * P, C), reuse)
         gx = _pixel_unrows(grows, x_shape, stride, Ho, Wo, patches) if need_gx else None
         return gx, gw.reshape(weight.shape) if gw is not None else None, gb
-    cols = None
-    map_scale = None  # the int8 map's scale, when the columns hold its integer values
+    cols = cq = cs = None
+    map_scale = None  # the int8 map's scale, when g_w comes from the columns of its integers
     if need_gw and min(N * P, O, CKK) > 0:  # else _backward_linear gives the zero g_w of empty operands
         if x is not None and not cfg.exact:  # kept as it is because its producer keeps it: the same int8 feature
             q, scale = _quantize_fmap(x)     # map the forward would have kept, formed now (deterministic)
             x = None
-        if x is not None:
-            xf = x
-        else:  # the int8 map's integer values in bfloat16 (exact: |q| <= 127), channels-last so that im2col reads
-            # whole channel runs; g_w = scale * (g_y^T Q) is scaled after the GEMM, in float32 (SPEC §8)
-            xh = torch.empty((N, H, W, C), dtype=torch.bfloat16, device=q.device)
-            xf = xh.copy_(q.detach().reshape(N, C, H, W).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        if x is not None:  # exact: the raw columns
+            cols = im2col(x, (kh, kw), stride, padding, dilation, patches)  # N*P x CKK, columns (i, j, c)
+        else:  # the ABC buffer of the columns X = im2col(Q) of the map's integers, formed without X by the engine;
+            # g_w = scale * (g_y^T X) is scaled after the GEMM, in float32 (SPEC §8)
+            qh = q.detach().view(N, H, W, C)
+            cq, cs = _api._compress_columns(_call("compress_columns", qh), qh, (N, C, H, W), (kh, kw), tuple(stride),
+                                            tuple(padding), tuple(dilation), patches, cfg.rank)
             map_scale = scale.detach()
-        cols = im2col(xf, (kh, kw), stride, padding, dilation, patches)  # N*P x CKK, columns (i, j, c)
-    gcols, gw, gb = _backward_linear(g, conv_weight_cols(weight), cols, None, None, seed, cfg, need_gx,
+    gcols, gw, gb = _backward_linear(g, conv_weight_cols(weight), cols, cq, cs, seed, cfg, need_gx,
                                      need_gw, need_gb, (N * P, CKK), reuse,
                                      "float32" if map_scale is not None else None)
     gx = None

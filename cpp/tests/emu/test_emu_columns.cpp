@@ -1,0 +1,46 @@
+// The CUDA kernels of compress_columns (columns_kernels.cuh), run on the CPU by the host emulation (cuda_emu.h) and
+// compared byte for byte with the CPU backend (q_t with its padding columns and row-stride padding, and the scale;
+// outputs start poisoned). Compiled into hot_emu_tests (AddressSanitizer) and hot_emu_race_tests (ThreadSanitizer).
+#include "emu/cuda_emu.h"  // first: it includes the CUDA headers in emulation mode
+
+#include "cuda/columns_kernels.cuh"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "cuda/cuda_test_util.h"
+
+namespace {
+
+using hot::DType;
+using hot_cuda_test::out1d;
+using hot_cuda_test::out2d;
+using hot_cuda_test::rand_int;
+using hot_test::HostTensor;
+
+TEST(Emu_CompressColumns, BitExactVsCpu) {
+#if defined(HOT_EMU_RACE)
+  const std::vector<hot::ConvGeometry> geoms = {hot_cuda_test::col2im_geometries()[0]};
+  const int ranks[] = {16};
+#else
+  const std::vector<hot::ConvGeometry> geoms = hot_cuda_test::col2im_geometries();
+  const int ranks[] = {4, 16};
+#endif
+  uint64_t seed = 9100;
+  for (const hot::ConvGeometry& g : geoms)
+    for (int rank : ranks)
+      for (int64_t pad : {0, 3}) {
+        SCOPED_TRACE(testing::Message() << "case " << seed << " rank " << rank << " pad " << pad);
+        const int64_t L = g.N * g.out_h() * g.out_w(), K = g.C * g.kh * g.kw, Kp = hot::padded_k(hot::hla_rows(L, rank));
+        HostTensor map = rand_int(DType::s8, g.N * g.H * g.W, g.C, -127, 127, seed++, g.C + pad);
+        HostTensor qc = out2d(DType::s8, K, Kp, Kp + pad), qe = qc, sc = out1d(DType::f32, 1), se = sc;
+        hot::cpu::compress_columns(map, g, qc, sc, rank, {});
+        unsigned key = 0xdeadbeefu;
+        hot::cuda::compress_columns_launch(map.view(), g, qe.view(), se.view(), rank, &key, hot_emu::Launch{});
+        EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qc, qe)) << "q_t";
+        EXPECT_TRUE(hot_cuda_test::all_bytes_equal(sc, se)) << "scale";
+      }
+}
+
+}  // namespace

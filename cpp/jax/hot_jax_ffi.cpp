@@ -15,9 +15,9 @@
 //                                attribute of both: config:i64 (hot::Config::code(), the whole configuration)
 //   hot_quantize_nearest         x (..., C) float                -> q s8 (..., C), scale f32 (1,)
 //                                (Q8 per tensor, round-to-nearest: a convolution's kept feature map, SPEC §8)
-//   hot_backward_linear_x        g_y (..., O), w (O, I), x (..., I) float (the raw x: the core compresses it),
-//                                seed u32 (2,)                   -> g_x (..., I), g_w (O, I)
-//   hot_backward_linear_x_bias   the same                        -> g_x, g_w, g_b (O,)     (attributes as above)
+//   hot_compress_columns         q_map (N, H, W, C) s8           -> q s8 (kh*kw*C, K_pad), scale f32 (1,)
+//                                (the ABC buffer of a convolution's im2col columns from its int8 map, SPEC §8)
+//                                attributes kh, kw, sh, sw, ph, pw, dh, dw, patches (0/1), rank: i32
 // The seed operand holds two words of jax.random.bits(key, (2,), uint32); the 64-bit seed of the stochastic rounding
 // is word0 | word1 << 32 (hot.jax.seed_from_key documents and computes the same). It is an operand, not an
 // attribute, so a jitted step compiles once whatever its key.
@@ -134,6 +134,26 @@ void compress(hot::Device dev, hot::Stream stream, const ffi::AnyBuffer& x, ffi:
   hot::compress_activation(xv, qv, sv, rank, stream);
 }
 
+// The geometry attributes of hot_compress_columns, in the handlers' order.
+struct ColumnsAttrs {
+  int32_t kh, kw, sh, sw, ph, pw, dh, dw, patches, rank;
+};
+
+void compress_columns(hot::Device dev, hot::Stream stream, const ffi::AnyBuffer& m, ffi::AnyBuffer q,
+                      ffi::AnyBuffer scale, const ColumnsAttrs& a) {
+  const char* op = "hot.jax compress_columns";
+  const auto dims = m.dimensions();
+  HOT_CHECK_VALUE(dims.size() == 4, op, ": q_map has ", dims.size(), " dims, expected 4 (N, H, W, C)");
+  hot::ConvGeometry g;
+  g.N = dims[0], g.H = dims[1], g.W = dims[2], g.C = dims[3];
+  g.kh = a.kh, g.kw = a.kw, g.sh = a.sh, g.sw = a.sw, g.ph = a.ph, g.pw = a.pw, g.dh = a.dh, g.dw = a.dw;
+  g.patches = a.patches != 0;
+  const hot::TensorView mv = view_2d(op, "q_map", m, dev, false);
+  const hot::TensorView qv = view_2d(op, "q", q, dev, false);
+  const hot::TensorView sv = view_1d(op, "scale", scale, dev, hot::DType::f32, false);
+  hot::compress_columns(mv, g, qv, sv, a.rank, stream);
+}
+
 void backward(hot::Device dev, hot::Stream stream, uint64_t seed, const ffi::AnyBuffer& gy, const ffi::AnyBuffer& w,
               const ffi::AnyBuffer& q, const ffi::AnyBuffer& scale, ffi::AnyBuffer gx, ffi::AnyBuffer gw,
               const ffi::AnyBuffer* gb, const hot::Config& config) {
@@ -174,22 +194,6 @@ void quantize_nearest(hot::Device dev, hot::Stream stream, const ffi::AnyBuffer&
   hot::quantize(xv, qv, sv, p, stream);
 }
 
-// backward_linear from the raw x (hot's raw-x overload: x compressed in the call, as compress_activation would).
-void backward_raw(hot::Device dev, hot::Stream stream, uint64_t seed, const ffi::AnyBuffer& gy,
-                  const ffi::AnyBuffer& w, const ffi::AnyBuffer& x, ffi::AnyBuffer gx, ffi::AnyBuffer gw,
-                  const ffi::AnyBuffer* gb, const hot::Config& config) {
-  const char* op = "hot.jax backward_linear";
-  const hot::TensorView gyv = view_2d(op, "grad_output", gy, dev, true);
-  HOT_CHECK_VALUE(w.dimensions().size() == 2, op, ": weight has ", w.dimensions().size(), " dims, expected 2 (O x I)");
-  const hot::TensorView wv = view_2d(op, "weight", w, dev, true);
-  const hot::TensorView xv = view_2d(op, "x", x, dev, true);
-  hot::BackwardOutputs out;
-  out.grad_input = view_2d(op, "grad_input", gx, dev, true);
-  out.grad_weight = view_2d(op, "grad_weight", gw, dev, true);
-  if (gb != nullptr) out.grad_bias = view_1d(op, "grad_bias", *gb, dev, hot::DType::f32, true);
-  hot::backward_linear(gyv, wv, xv, config, seed, out, stream);
-}
-
 // ---- CPU handlers ------------------------------------------------------------------------------------------------
 
 ffi::Error compress_cpu(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> scale,
@@ -227,28 +231,16 @@ ffi::Error backward_bias_cpu(ffi::AnyBuffer gy, ffi::AnyBuffer w, ffi::AnyBuffer
   });
 }
 
+ffi::Error compress_columns_cpu(ffi::AnyBuffer m, ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> scale,
+                                int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t ph, int32_t pw, int32_t dh,
+                                int32_t dw, int32_t patches, int32_t rank) {
+  return guarded([&] {
+    compress_columns(hot::Device::cpu(), hot::Stream{}, m, *q, *scale, {kh, kw, sh, sw, ph, pw, dh, dw, patches, rank});
+  });
+}
+
 ffi::Error quantize_cpu(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> scale) {
   return guarded([&] { quantize_nearest(hot::Device::cpu(), hot::Stream{}, x, *q, *scale); });
-}
-
-ffi::Error backward_x_cpu(ffi::AnyBuffer gy, ffi::AnyBuffer w, ffi::AnyBuffer x, ffi::AnyBuffer seed,
-                          ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw, int64_t config) {
-  return guarded([&] {
-    const hot::Config c = make_config(config);
-    backward_raw(hot::Device::cpu(), hot::Stream{}, host_seed("hot.jax backward_linear", seed), gy, w, x, *gx, *gw,
-                 nullptr, c);
-  });
-}
-
-ffi::Error backward_x_bias_cpu(ffi::AnyBuffer gy, ffi::AnyBuffer w, ffi::AnyBuffer x, ffi::AnyBuffer seed,
-                               ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw,
-                               ffi::Result<ffi::AnyBuffer> gb, int64_t config) {
-  return guarded([&] {
-    const hot::Config c = make_config(config);
-    const ffi::AnyBuffer b = *gb;
-    backward_raw(hot::Device::cpu(), hot::Stream{}, host_seed("hot.jax backward_linear", seed), gy, w, x, *gx, *gw,
-                 &b, c);
-  });
 }
 
 // ---- CUDA handlers -----------------------------------------------------------------------------------------------
@@ -297,30 +289,18 @@ ffi::Error backward_bias_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffe
   });
 }
 
+ffi::Error compress_columns_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer m, ffi::Result<ffi::AnyBuffer> q,
+                                 ffi::Result<ffi::AnyBuffer> scale, int32_t kh, int32_t kw, int32_t sh, int32_t sw,
+                                 int32_t ph, int32_t pw, int32_t dh, int32_t dw, int32_t patches, int32_t rank) {
+  return guarded([&] {
+    compress_columns(hot::Device::cuda(device), hot::Stream{stream}, m, *q, *scale,
+                     {kh, kw, sh, sw, ph, pw, dh, dw, patches, rank});
+  });
+}
+
 ffi::Error quantize_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> q,
                          ffi::Result<ffi::AnyBuffer> scale) {
   return guarded([&] { quantize_nearest(hot::Device::cuda(device), hot::Stream{stream}, x, *q, *scale); });
-}
-
-ffi::Error backward_x_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer gy, ffi::AnyBuffer w, ffi::AnyBuffer x,
-                           ffi::AnyBuffer seed, ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw,
-                           int64_t config) {
-  return guarded([&] {
-    const hot::Config c = make_config(config);
-    const uint64_t s = device_seed("hot.jax backward_linear", seed, stream);
-    backward_raw(hot::Device::cuda(device), hot::Stream{stream}, s, gy, w, x, *gx, *gw, nullptr, c);
-  });
-}
-
-ffi::Error backward_x_bias_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer gy, ffi::AnyBuffer w,
-                                ffi::AnyBuffer x, ffi::AnyBuffer seed, ffi::Result<ffi::AnyBuffer> gx,
-                                ffi::Result<ffi::AnyBuffer> gw, ffi::Result<ffi::AnyBuffer> gb, int64_t config) {
-  return guarded([&] {
-    const hot::Config c = make_config(config);
-    const uint64_t s = device_seed("hot.jax backward_linear", seed, stream);
-    const ffi::AnyBuffer b = *gb;
-    backward_raw(hot::Device::cuda(device), hot::Stream{stream}, s, gy, w, x, *gx, *gw, &b, c);
-  });
 }
 
 #endif  // HOT_JAX_CUDA
@@ -334,18 +314,19 @@ HOT_JAX_EXPORT XLA_FFI_Error* HotJaxCompressCpu(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardCpu(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardBiasCpu(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxQuantizeCpu(XLA_FFI_CallFrame*);
-HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardXCpu(XLA_FFI_CallFrame*);
-HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardXBiasCpu(XLA_FFI_CallFrame*);
+HOT_JAX_EXPORT XLA_FFI_Error* HotJaxCompressColumnsCpu(XLA_FFI_CallFrame*);
 #if HOT_JAX_CUDA
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxCompressCuda(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardCuda(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardBiasCuda(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxQuantizeCuda(XLA_FFI_CallFrame*);
-HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardXCuda(XLA_FFI_CallFrame*);
-HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardXBiasCuda(XLA_FFI_CallFrame*);
+HOT_JAX_EXPORT XLA_FFI_Error* HotJaxCompressColumnsCuda(XLA_FFI_CallFrame*);
 #endif
 
 #define HOT_JAX_BACKWARD_ATTRS .Attr<int64_t>("config")
+#define HOT_JAX_COLUMNS_ATTRS                                                                                 \
+  .Attr<int32_t>("kh").Attr<int32_t>("kw").Attr<int32_t>("sh").Attr<int32_t>("sw").Attr<int32_t>("ph")         \
+      .Attr<int32_t>("pw").Attr<int32_t>("dh").Attr<int32_t>("dw").Attr<int32_t>("patches").Attr<int32_t>("rank")
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxCompressCpu, compress_cpu,
                               ffi::Ffi::Bind()
@@ -375,27 +356,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardBiasCpu, backward_bias_cpu,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>() HOT_JAX_BACKWARD_ATTRS);
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxCompressColumnsCpu, compress_columns_cpu,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>()
+                                  HOT_JAX_COLUMNS_ATTRS);
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxQuantizeCpu, quantize_cpu,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardXCpu, backward_x_cpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>() HOT_JAX_BACKWARD_ATTRS);
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardXBiasCpu, backward_x_bias_cpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>() HOT_JAX_BACKWARD_ATTRS);
 
 #if HOT_JAX_CUDA
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxCompressCuda, compress_cuda,
@@ -432,6 +398,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardBiasCuda, backward_bias_cuda,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>() HOT_JAX_BACKWARD_ATTRS);
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxCompressColumnsCuda, compress_columns_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>() HOT_JAX_COLUMNS_ATTRS);
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxQuantizeCuda, quantize_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
@@ -440,28 +414,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxQuantizeCuda, quantize_cuda,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardXCuda, backward_x_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>() HOT_JAX_BACKWARD_ATTRS);
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardXBiasCuda, backward_x_bias_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>() HOT_JAX_BACKWARD_ATTRS);
 #endif
 
 // 1 when the *Cuda handlers are compiled in.

@@ -277,22 +277,8 @@ def _raster_rows(t, Ho, Wo):
     return jnp.swapaxes(t, 2, 3).reshape((N, Ho, Wo) + rest)
 
 
-def im2col(x, kernel, stride, padding, dilation, patches=False):
-    """The im2col matrix of x (N, C, H, W): (N*Ho*Wo) x (kh*kw*C), rows (n, ho, wo) (or 4 x 4 patch order with
-    ``patches``), columns (i, j, c): the layout of ``hot.torch.ops.im2col``, from slices of x (exact in any dtype)."""
-    N, C, H, W = x.shape
-    (kh, kw), (ph, pw) = kernel, padding
-    Ho, Wo = _conv_out(H, kh, stride[0], ph, dilation[0]), _conv_out(W, kw, stride[1], pw, dilation[1])
-    xp = jnp.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else x
-    win = jnp.stack([xp[idx] for _, _, idx in _window_slices(H, W, Ho, Wo, kernel, stride, dilation)], axis=-1)
-    win = jnp.transpose(win.reshape(N, C, Ho, Wo, kh, kw), (0, 2, 3, 4, 5, 1))  # (N, Ho, Wo, kh, kw, C)
-    if patches:
-        win = _patch_rows(win, Ho, Wo)
-    return win.reshape(N * Ho * Wo, kh * kw * C)
-
-
 def col2im(cols, x_shape, kernel, stride, padding, dilation, patches=False):
-    """The adjoint of :func:`im2col` (``hot.torch.ops.col2im``): the kernel offsets' windows added onto a zero map in
+    """The adjoint of im2col (as ``hot.torch.ops.col2im``): the kernel offsets' windows added onto a zero map in
     (i, j) order, in float32 for 16-bit dtypes when windows overlap, rounded once to cols' dtype."""
     N, C, H, W = x_shape
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
@@ -327,12 +313,28 @@ def _conv(x, w, stride, padding, dilation):
 
 
 def _quantize_fmap(x):
-    """The int8 copy of a conv input (SPEC §8): per-tensor round-to-nearest, through the FFI target
-    hot_quantize_nearest (shape of x, scale float32 (1,))."""
+    """The int8 copy of a conv input x (N, C, H, W) (SPEC §8): per-tensor round-to-nearest of its channels-last map,
+    through the FFI target hot_quantize_nearest (q int8 (N, H, W, C), scale float32 (1,))."""
+    xh = jnp.transpose(x, (0, 2, 3, 1))
     call = jax.ffi.ffi_call("hot_quantize_nearest",
-                            (jax.ShapeDtypeStruct(x.shape, jnp.int8), jax.ShapeDtypeStruct((1,), jnp.float32)),
+                            (jax.ShapeDtypeStruct(xh.shape, jnp.int8), jax.ShapeDtypeStruct((1,), jnp.float32)),
                             vmap_method="sequential")
-    return call(x)
+    return call(xh)
+
+
+def _compress_columns(q, kernel, stride, padding, dilation, patches: bool, rank: int):
+    """The ABC buffer of the im2col columns of the int8 map q (N, H, W, C) (SPEC §8; ``hot.compress_columns``),
+    through the FFI target hot_compress_columns: (q_t int8 (kh*kw*C, K_pad), scale float32 (1,))."""
+    N, H, W, C = q.shape
+    Ho = (H + 2 * padding[0] - dilation[0] * (kernel[0] - 1) - 1) // stride[0] + 1
+    Wo = (W + 2 * padding[1] - dilation[1] * (kernel[1] - 1) - 1) // stride[1] + 1
+    K_pad = hot._C.padded_k(hot._C.hla_rows(N * Ho * Wo, rank))
+    call = jax.ffi.ffi_call("hot_compress_columns",
+                            (jax.ShapeDtypeStruct((kernel[0] * kernel[1] * C, K_pad), jnp.int8),
+                             jax.ShapeDtypeStruct((1,), jnp.float32)), vmap_method="sequential")
+    i32 = np.int32
+    return call(q, kh=i32(kernel[0]), kw=i32(kernel[1]), sh=i32(stride[0]), sw=i32(stride[1]), ph=i32(padding[0]),
+                pw=i32(padding[1]), dh=i32(dilation[0]), dw=i32(dilation[1]), patches=i32(patches), rank=i32(rank))
 
 
 def _pixel_rows(t, stride, Ho, Wo, patches):
@@ -360,7 +362,6 @@ def _pixel_unrows(rows, x_shape, stride, Ho, Wo, patches):
 def _conv2d_fn(code: int, stride, padding, dilation, x_hw, x_dtype, w_dtype, b_dtype):
     """The custom_vjp of hot.jax.conv2d for one configuration, geometry, input size (H, W) and set of dtypes."""
     cfg = hot.Config.from_code(code)
-    attrs = dict(config=np.int64(code))
     bias = b_dtype is not None
 
     def fwd(x, w, b, seed):
@@ -385,16 +386,11 @@ def _conv2d_fn(code: int, stride, padding, dilation, x_hw, x_dtype, w_dtype, b_d
             res = _backward_saved(code, x_dtype, w_dtype, b_dtype, g, w.reshape(O, C), q, scale, seed)
             gx = _pixel_unrows(res[0], (N, C, H, W), stride, Ho, Wo, patches)
             return (gx, res[1].reshape(w.shape), res[2] if bias else None, None)
-        # the int8 map's integer values in bfloat16 (exact: |q| <= 127); g_w = scale * (g_y^T Q), scaled after the
-        # GEMM in float32 (SPEC §8; as hot.torch.Conv2d)
-        xq = q.astype(jnp.bfloat16).reshape(N, C, H, W)
-        cols = im2col(xq, (kh, kw), stride, padding, dilation, patches)
-        outs = [jax.ShapeDtypeStruct(cols.shape, x_dtype), jax.ShapeDtypeStruct((O, kh * kw * C), jnp.float32)]
-        if bias:
-            outs.append(jax.ShapeDtypeStruct((O,), b_dtype))
-        call = jax.ffi.ffi_call("hot_backward_linear_x_bias" if bias else "hot_backward_linear_x", tuple(outs),
-                                vmap_method="sequential")
-        res = call(g, jnp.transpose(w, (0, 2, 3, 1)).reshape(O, kh * kw * C), cols, seed, **attrs)
+        # the ABC buffer of the columns of the int8 map's integers, formed from the map by the engine; g_w =
+        # scale * (g_y^T Q), scaled after the GEMM in float32 (SPEC §8; as hot.torch.Conv2d)
+        cq, cs = _compress_columns(q, (kh, kw), stride, padding, dilation, patches, cfg.rank)
+        res = _backward_saved(code, x_dtype, jnp.float32, b_dtype, g,
+                              jnp.transpose(w, (0, 2, 3, 1)).reshape(O, kh * kw * C), cq, cs, seed)
         gx = col2im(res[0], (N, C, H, W), (kh, kw), stride, padding, dilation, patches)
         gw = jnp.transpose((res[1] * scale[0]).astype(w_dtype).reshape(O, kh, kw, C), (0, 3, 1, 2))
         return (gx, gw, res[2] if bias else None, None)
@@ -414,9 +410,10 @@ def conv2d(x, w, b=None, *, key, stride=1, padding=0, dilation=1, config=None):
 
     The forward runs JAX's convolution and keeps x's int8 feature map (per-tensor, round-to-nearest; SPEC §8) instead
     of x (a pointwise conv, 1 x 1 without padding: the ABC buffer of the pixel rows it reads, and its backward is
-    :func:`dense`'s over those rows); the backward forms the im2col columns of its integers, runs hot's backward of
-    the GEMM ``L = N*Ho*Wo, I = C*kh*kw`` (the core compresses the columns; rows in 4 x 4 patch order below rank 16)
-    through an XLA custom call, multiplies g_w by the map's scale, then col2im: the same computation as
+    :func:`dense`'s over those rows); the backward forms the ABC buffer of the im2col columns of the map's integers
+    straight from the map (``hot.compress_columns``; rows in 4 x 4 patch order below rank 16), runs hot's backward of
+    the GEMM ``L = N*Ho*Wo, I = C*kh*kw`` from it through XLA custom calls, multiplies g_w by the map's scale, then
+    col2im: the same computation as
     ``hot.torch.Conv2d``'s backward. ``key`` and ``config`` as in :func:`dense`."""
     op = "hot.jax.conv2d"
     cfg = _config(op, config)

@@ -16,8 +16,7 @@ TARGETS = {
     "hot_backward_linear": "HotJaxBackward",
     "hot_backward_linear_bias": "HotJaxBackwardBias",
     "hot_quantize_nearest": "HotJaxQuantize",
-    "hot_backward_linear_x": "HotJaxBackwardX",
-    "hot_backward_linear_x_bias": "HotJaxBackwardXBias",
+    "hot_compress_columns": "HotJaxCompressColumns",
 }
 
 _lib = None

@@ -75,7 +75,8 @@ def test_the_mask_is_packed_in_memory_order(layout):
     logical order; a strided view (not dense) is packed in row-major order from a copy. The gradient test above
     checks it is unpacked back to the right positions."""
     x = torch.randn(2, 5, 3, 4)
-    x = {"contiguous": x, "channels_last": x.to(memory_format=torch.channels_last), "transposed": x[:, :, :, ::2]}[layout]
+    x = {"contiguous": x, "channels_last": x.to(memory_format=torch.channels_last),
+         "transposed": x[:, :, :, ::2]}[layout]
     x.requires_grad_(True)
     saved, y = saved_during(lambda: ht.ReLU()(x * 1 if layout != "transposed" else x[..., :]))
     (bits,) = [t for t in saved if t.dtype == torch.int8]
@@ -106,7 +107,8 @@ def test_the_engine_functions_equal_the_reference():
 
 @pytest.mark.parametrize("inplace", [False, True])
 def test_second_order_gradients(inplace):
-    """The ReLU's gradient is linear in g_y: its derivative (the double backward) is the same selection, as nn.ReLU's."""
+    """The ReLU's gradient is linear in g_y: its derivative (the double backward) is the same selection, as
+    nn.ReLU's."""
     x = _special_input((4, 6), torch.float32, "cpu", seed=5).nan_to_num(0.0)
     v = torch.randn(4, 6)
     res = []

@@ -14,7 +14,7 @@ Ops (namespace ``hot``):
     ``hot.backward_linear`` on the tensors' device; results not requested are empty tensors.
 ``hot::conv2d(x, weight, bias, seed, stride, padding, dilation, keep, config) -> (y, q, scale)``
     ``y = F.conv2d(...)``; with ``keep == 1`` the layer keeps the INPUT FEATURE MAP quantised to int8
-    (per-tensor round-to-nearest, ``hot.quantize``, channels-last: (N*H*W) x C), not the im2col matrix (SPEC §8); a
+    (per-tensor round-to-nearest, ``hot.quantize``; (N, C, H, W) in x's layout), not the im2col matrix (SPEC §8); a
     pointwise conv (1 x 1, no padding, :func:`pointwise`) keeps the ABC buffer of the pixel rows it reads instead, as
     a linear layer would.
 ``hot::conv2d_backward(...) -> (g_x, g_w, g_b)``
@@ -409,14 +409,17 @@ def _conv_out(size, k, s, p, d):
 
 
 def _quantize_fmap(x: Tensor) -> Tuple[Tensor, Tensor]:
-    """A conv input's int8 copy (SPEC §8): per-tensor round-to-nearest of the channels-last feature map, an
-    (N*H*W) x C matrix (a view of a channels-last x, one copy of another), and its scale."""
+    """A conv input's int8 copy (SPEC §8): per-tensor round-to-nearest of the feature map in x's own layout (a
+    channels-last x quantised as its (N*H*W) x C view, any other as the (N*C) x (H*W) matrix of x.contiguous(): no
+    copy of x either way unless x is neither), returned as an (N, C, H, W) int8 tensor with those strides, and its
+    scale. The backward needs the channels-last map; an NCHW one is transposed there, in int8."""
     N, C, H, W = x.shape
-    xh = x.permute(0, 2, 3, 1)
-    xc = (xh if xh.is_contiguous() else xh.contiguous()).reshape(N * H * W, C)
-    if xc.numel() == 0:  # an empty batch: an empty copy (hot.quantize refuses empty arrays)
-        return xc.to(torch.int8), x.new_ones((1,), dtype=torch.float32)
-    return _api._quantize(_call("quantize", xc), xc, tuple(xc.shape), 8, "tensor", "nearest")
+    if x.numel() == 0:  # an empty batch: an empty copy (hot.quantize refuses empty arrays)
+        return x.new_zeros(x.shape, dtype=torch.int8), x.new_ones((1,), dtype=torch.float32)
+    last = _channels_last(x)
+    xc = x.permute(0, 2, 3, 1).reshape(N * H * W, C) if last else x.contiguous().reshape(N * C, H * W)
+    q, scale = _api._quantize(_call("quantize", xc), xc, tuple(xc.shape), 8, "tensor", "nearest")
+    return (q.view(N, H, W, C).permute(0, 3, 1, 2) if last else q.view(N, C, H, W)), scale
 
 
 def pointwise(kernel, padding) -> bool:
@@ -487,9 +490,11 @@ def _conv2d_fake(x, weight, bias, seed, stride, padding, dilation, keep, config)
     if keep == KEEP_COMPRESSED:
         if pointwise((kh, kw), padding):  # the ABC buffer of the N*Ho*Wo pixel rows
             q_shape = (x.shape[1], padded_k(N * Ho * Wo, config_of(config).rank))
-        else:  # the int8 feature map, channels-last
-            q_shape = (N * H * W, x.shape[1])
-        return y, x.new_empty(q_shape, dtype=torch.int8), x.new_empty((1,), dtype=torch.float32)
+            q = x.new_empty(q_shape, dtype=torch.int8)
+        else:  # the int8 feature map, (N, C, H, W) in x's layout (channels-last or contiguous)
+            q = torch.empty_like(x, dtype=torch.int8, memory_format=torch.channels_last if _channels_last(x) else
+                                 torch.contiguous_format)
+        return y, q, x.new_empty((1,), dtype=torch.float32)
     return y, x.new_empty((0,), dtype=torch.int8), x.new_empty((0,), dtype=torch.float32)
 
 
@@ -587,7 +592,9 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
             cols = im2col(x, (kh, kw), stride, padding, dilation, patches)  # N*P x CKK, columns (i, j, c)
         else:  # the ABC buffer of the columns X = im2col(Q) of the map's integers, formed without X by the engine;
             # g_w = scale * (g_y^T X) is scaled after the GEMM, in float32 (SPEC §8)
-            qh = q.detach().view(N, H, W, C)
+            qh = q.detach().permute(0, 2, 3, 1)  # the channels-last map: a view, or an NCHW map transposed in int8
+            if not qh.is_contiguous():
+                qh = qh.contiguous()
             cq, cs = _api._compress_columns(_call("compress_columns", qh), qh, (N, C, H, W), (kh, kw), tuple(stride),
                                             tuple(padding), tuple(dilation), patches, cfg.rank)
             map_scale = scale.detach()

@@ -648,12 +648,14 @@ def _compress_columns(c: _Call, q_map, x_shape, kernel, stride, padding, dilatio
     return c.result(q, rq), c.result(scale, rs)
 
 
-def _relu_mask(c: _Call, x, y):
-    """relu_mask of the 1-D array x into y (x itself for the in-place ReLU; None: a new array): (y, bits)."""
+def _relu_mask(c: _Call, x, y, bits=None):
+    """relu_mask of the 1-D array x into y (x itself for the in-place ReLU; None: a new array) and bits (None: a new
+    int8 array): (y, bits)."""
     n = fws.shape(x)[0]
     if y is None:
         y = c.empty_as((n,), x)
-    bits = c.empty(((n + 7) // 8,), "int8")
+    if bits is None:
+        bits = c.empty(((n + 7) // 8,), "int8")
     ry, rb = c.call(_C.relu_mask, x, y, bits, c.stream)
     return c.result(y, ry), c.result(bits, rb)
 

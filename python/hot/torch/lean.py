@@ -35,12 +35,13 @@ _MASKED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 # ---- the engine's relu_mask on 1-D tensors: the bodies, and the custom ops that wrap them for torch.compile ----
 def _mask_body(x: Tensor, inplace: bool) -> Tuple[Tensor, Tensor]:
-    """(y, bits) of hot.relu_mask of the 1-D x (y is x itself when inplace)."""
-    return _api._relu_mask(_call("relu_mask", x), x, x if inplace else None)
+    """(y, bits) of hot.relu_mask of the 1-D x (y is x itself when inplace), into tensors allocated here."""
+    bits = torch.empty(((x.numel() + 7) // 8,), dtype=torch.int8, device=x.device)
+    return _api._relu_mask(_call("relu_mask", x), x, x if inplace else torch.empty_like(x), bits)
 
 
 def _mask_backward_body(g: Tensor, bits: Tensor) -> Tensor:
-    return _api._relu_mask_backward(_call("relu_mask_backward", g), g, bits, None)
+    return _api._relu_mask_backward(_call("relu_mask_backward", g), g, bits, torch.empty_like(g))
 
 
 @torch.library.custom_op("hot::relu_mask", mutates_args=())
@@ -88,15 +89,22 @@ def _relu_mask_backward(g: Tensor, bits: Tensor) -> Tensor:
     return _mask_backward_body(g, bits)
 
 
+_NHWC, _NCHW = [0, 2, 3, 1], [0, 3, 1, 2]  # the channels-last order of an (N, C, H, W) tensor, and its inverse
+
+
 def _memory_order(t: Tensor) -> Optional[List[int]]:
     """The permutation of t's dims that lists them from the largest stride to the smallest (t.permute(perm) is then
     contiguous for a dense t, e.g. a channels-last map), or None when t is contiguous already."""
     if t.is_contiguous():
         return None
+    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+        return _NHWC
     return sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.shape[d]))
 
 
 def _inverse(perm: List[int]) -> List[int]:
+    if perm is _NHWC:
+        return _NCHW
     return sorted(range(len(perm)), key=perm.__getitem__)
 
 

@@ -230,9 +230,9 @@ void check_elementwise(const char* op, const char* xname, const TensorView& x, c
                   " itself or not overlap it");
 }
 
-void check_mask_bits(const char* op, const TensorView& bits, const TensorView& x) {
+void check_mask_bits(const char* op, const TensorView& bits, const char* xname, const TensorView& x) {
   check_vector(op, "bits", bits, (x.shape[0] + 7) / 8, false, DType::s8);
-  HOT_CHECK_SAME_DEVICE(op, "x", x, "bits", bits);
+  HOT_CHECK_SAME_DEVICE(op, xname, x, "bits", bits);
 }
 
 }  // namespace
@@ -240,14 +240,14 @@ void check_mask_bits(const char* op, const TensorView& bits, const TensorView& x
 void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, Stream stream) {
   const char* op = "relu_mask";
   check_elementwise(op, "x", x, "y", y);
-  check_mask_bits(op, bits, x);
+  check_mask_bits(op, bits, "x", x);
   HOT_DISPATCH(x.device, relu_mask, x, y, bits, stream);
 }
 
 void relu_mask_backward(const TensorView& g_y, const TensorView& bits, const TensorView& g_x, Stream stream) {
   const char* op = "relu_mask_backward";
   check_elementwise(op, "g_y", g_y, "g_x", g_x);
-  check_mask_bits(op, bits, g_y);
+  check_mask_bits(op, bits, "g_y", g_y);
   HOT_DISPATCH(g_y.device, relu_mask_backward, g_y, bits, g_x, stream);
 }
 

@@ -343,8 +343,7 @@ def compress_columns(q_map, kernel, stride=1, padding=0, dilation=1, patches: bo
     kernel, stride = _pair(op, "kernel", kernel, 1), _pair(op, "stride", stride, 1)
     padding, dilation = _pair(op, "padding", padding, 0), _pair(op, "dilation", dilation, 1)
     q, scale = _compress_columns(c, q_map, (N, C, H, W), kernel, stride, padding, dilation, bool(patches), config.rank)
-    Ho = (H + 2 * padding[0] - dilation[0] * (kernel[0] - 1) - 1) // stride[0] + 1
-    Wo = (W + 2 * padding[1] - dilation[1] * (kernel[1] - 1) - 1) // stride[1] + 1
+    Ho, Wo = _conv_out_hw(H, W, kernel, stride, padding, dilation)
     return SavedActivation(q, scale, (N * Ho * Wo, kernel[0] * kernel[1] * C), config.rank)
 
 
@@ -604,6 +603,12 @@ def _compress(c: _Call, x, xs, config):
     return q, scale, core
 
 
+def _conv_out_hw(H: int, W: int, kernel, stride, padding, dilation):
+    """(Ho, Wo) of a convolution over an H x W map (may be <= 0: the core names the geometry then)."""
+    return tuple((n + 2 * p - d * (k - 1) - 1) // s + 1 for n, k, s, p, d in zip((H, W), kernel, stride, padding,
+                                                                                dilation))
+
+
 def _quantize(c: _Call, x, s, bits: int, scale: str, rounding: str, seed: int = 0, rng_stream: int = 0):
     """quantize of the non-empty array x of shape s (checked arguments): (q, scale) in c's framework."""
     rows = fws.prod(s[:-1])
@@ -626,8 +631,7 @@ def _col2im(c: _Call, cols, x_shape, kernel, stride, padding, dilation, patches:
 def _im2col(c: _Call, xh, x_shape, kernel, stride, padding, dilation, patches: bool):
     """im2col of the channels-last map xh (N, H, W, C) of the input x_shape (N, C, H, W)."""
     N, C, H, W = x_shape
-    Ho = (H + 2 * padding[0] - dilation[0] * (kernel[0] - 1) - 1) // stride[0] + 1
-    Wo = (W + 2 * padding[1] - dilation[1] * (kernel[1] - 1) - 1) // stride[1] + 1
+    Ho, Wo = _conv_out_hw(H, W, kernel, stride, padding, dilation)
     out = c.empty_as((N * Ho * Wo, kernel[0] * kernel[1] * C), xh) if Ho > 0 and Wo > 0 else None
     r = c.call(_C.im2col, xh, out, list(x_shape), list(kernel), list(stride), list(padding), list(dilation), patches,
                c.stream)
@@ -637,8 +641,7 @@ def _im2col(c: _Call, xh, x_shape, kernel, stride, padding, dilation, patches: b
 def _compress_columns(c: _Call, q_map, x_shape, kernel, stride, padding, dilation, patches: bool, rank: int):
     """compress_columns of the channels-last int8 map q_map (N, H, W, C) of x_shape (N, C, H, W): (q, scale)."""
     N, C, H, W = x_shape
-    Ho = (H + 2 * padding[0] - dilation[0] * (kernel[0] - 1) - 1) // stride[0] + 1
-    Wo = (W + 2 * padding[1] - dilation[1] * (kernel[1] - 1) - 1) // stride[1] + 1
+    Ho, Wo = _conv_out_hw(H, W, kernel, stride, padding, dilation)
     q = scale = None
     if Ho > 0 and Wo > 0:
         q = c.empty((kernel[0] * kernel[1] * C, _C.padded_k(_C.hla_rows(N * Ho * Wo, rank))), "int8")

@@ -87,6 +87,20 @@ void hla_dense(const TensorView& in, int rank, Mat& out) {
   });
 }
 
+// f(k, px) for the kernel offsets k = i * kw + j of im2col row r (conv_rules.h's row order): px is the channels-last map
+// row (n * H + h) * W + w the offset reads, or -1 where it falls in the padding.
+template <class F>
+void for_each_window_pixel(const Col2imParams& p, int64_t r, F&& f) {
+  int64_t n, ho, wo;
+  im2col_pixel(p, r, n, ho, wo);
+  for (int i = 0; i < p.kh; ++i)
+    for (int j = 0; j < p.kw; ++j) {
+      const int64_t h = ho * p.sh - p.ph + static_cast<int64_t>(i) * p.dh;
+      const int64_t w = wo * p.sw - p.pw + static_cast<int64_t>(j) * p.dw;
+      f(i * p.kw + j, h < 0 || h >= p.H || w < 0 || w >= p.W ? -1 : (n * p.H + h) * p.W + w);
+    }
+}
+
 // Quantise a dense fp32 matrix per tensor and write it transposed into q_t (cols x K_pad, zero past rows).
 void quantize_transposed(Mat& m, int qmax, Rounding rounding, uint64_t seed, uint32_t stream, const TensorView& q_t,
                          float* scale_out) {
@@ -199,18 +213,13 @@ void im2col(const TensorView& map, const ConvGeometry& g, const TensorView& cols
   auto* dst = static_cast<unsigned char*>(cols.data);
   parallel_for(cols.shape[0], row_grain(cols.shape[1]), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      int64_t n, ho, wo;
-      im2col_pixel(p, r, n, ho, wo);
       unsigned char* out = dst + r * cols.strides[0] * es;
-      for (int i = 0; i < g.kh; ++i)
-        for (int j = 0; j < g.kw; ++j, out += run) {
-          const int64_t h = ho * g.sh - g.ph + static_cast<int64_t>(i) * g.dh;
-          const int64_t w = wo * g.sw - g.pw + static_cast<int64_t>(j) * g.dw;
-          if (h < 0 || h >= g.H || w < 0 || w >= g.W)
-            std::memset(out, 0, run);
-          else
-            std::memcpy(out, src + ((n * g.H + h) * g.W + w) * map.strides[0] * es, run);
-        }
+      for_each_window_pixel(p, r, [&](int k, int64_t px) {
+        if (px < 0)
+          std::memset(out + k * run, 0, run);
+        else
+          std::memcpy(out + k * run, src + px * map.strides[0] * es, run);
+      });
     }
   });
 }
@@ -308,18 +317,12 @@ void compress_columns(const TensorView& map, const ConvGeometry& g, const Tensor
     for (int64_t blk = b0; blk < b1; ++blk) {
       std::fill(buf.begin(), buf.end(), 0.0f);
       for (int t = 0; t < 16 && blk * 16 + t < L; ++t) {
-        int64_t n, ho, wo;
-        im2col_pixel(p, blk * 16 + t, n, ho, wo);
         float* row = buf.data() + t * CKK;
-        for (int i = 0; i < g.kh; ++i)
-          for (int j = 0; j < g.kw; ++j) {
-            const int64_t h = ho * g.sh - g.ph + static_cast<int64_t>(i) * g.dh;
-            const int64_t w = wo * g.sw - g.pw + static_cast<int64_t>(j) * g.dw;
-            if (h < 0 || h >= g.H || w < 0 || w >= g.W) continue;
-            const int8_t* px = src + ((n * g.H + h) * g.W + w) * ldm;
-            float* dst = row + (static_cast<int64_t>(i) * g.kw + j) * C;
-            for (int64_t c = 0; c < C; ++c) dst[c] = static_cast<float>(px[c]);
-          }
+        for_each_window_pixel(p, blk * 16 + t, [&](int k, int64_t px) {
+          if (px < 0) return;  // the padding: zeros, as filled
+          const int8_t* in = src + px * ldm;
+          for (int64_t c = 0; c < C; ++c) row[k * C + c] = static_cast<float>(in[c]);
+        });
       }
       fwht_rows(buf.data(), 16, CKK, CKK);
       for (int k = 0; k < rank; ++k)

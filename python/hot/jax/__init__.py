@@ -326,8 +326,8 @@ def _compress_columns(q, kernel, stride, padding, dilation, patches: bool, rank:
     """The ABC buffer of the im2col columns of the int8 map q (N, H, W, C) (SPEC §8; ``hot.compress_columns``),
     through the FFI target hot_compress_columns: (q_t int8 (kh*kw*C, K_pad), scale float32 (1,))."""
     N, H, W, C = q.shape
-    Ho = (H + 2 * padding[0] - dilation[0] * (kernel[0] - 1) - 1) // stride[0] + 1
-    Wo = (W + 2 * padding[1] - dilation[1] * (kernel[1] - 1) - 1) // stride[1] + 1
+    Ho = _conv_out(H, kernel[0], stride[0], padding[0], dilation[0])
+    Wo = _conv_out(W, kernel[1], stride[1], padding[1], dilation[1])
     K_pad = hot._C.padded_k(hot._C.hla_rows(N * Ho * Wo, rank))
     call = jax.ffi.ffi_call("hot_compress_columns",
                             (jax.ShapeDtypeStruct((kernel[0] * kernel[1] * C, K_pad), jnp.int8),
@@ -413,8 +413,7 @@ def conv2d(x, w, b=None, *, key, stride=1, padding=0, dilation=1, config=None):
     :func:`dense`'s over those rows); the backward forms the ABC buffer of the im2col columns of the map's integers
     straight from the map (``hot.compress_columns``; rows in 4 x 4 patch order below rank 16), runs hot's backward of
     the GEMM ``L = N*Ho*Wo, I = C*kh*kw`` from it through XLA custom calls, multiplies g_w by the map's scale, then
-    col2im: the same computation as
-    ``hot.torch.Conv2d``'s backward. ``key`` and ``config`` as in :func:`dense`."""
+    col2im: the same computation as ``hot.torch.Conv2d``'s backward. ``key`` and ``config`` as in :func:`dense`."""
     op = "hot.jax.conv2d"
     cfg = _config(op, config)
     x = _array(op, "x", x)

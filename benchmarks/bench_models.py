@@ -716,6 +716,8 @@ def run_config(task: Task, model, opt, cands: set, device, dtype: str, batch: in
     amp = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bf16" else contextlib.nullcontext()
     torch.manual_seed(1234 + batch)
     x, y = task.make_batch(batch, device)
+    if a.channels_last and x.dim() == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
     res.update(status="ok", stage=None)
 
     def fwd():
@@ -994,7 +996,8 @@ def write_report(path_md, path_json, env, results, notes, titles, args):
     L.append(f"GPU: {env['gpu']}, driver {env['driver']}, CUDA (torch) {env['torch_cuda']}, torch {env['torch']}, "
              f"timm {env['timm']}, torchvision {env['torchvision']}, peft {env['peft']}, hot {env['hot']}, "
              f"Python {env['python']}; {env['date']}. TF32: matmul {env['matmul_tf32']}, cuDNN {env['cudnn_tf32']}; "
-             f"cudnn.benchmark {env['cudnn_benchmark']}.")
+             f"cudnn.benchmark {env['cudnn_benchmark']}." +
+             (" Images and 4-D parameters channels-last." if getattr(args, "channels_last", False) else ""))
     L += ["", "hot build: " + " / ".join(l.strip() for l in str(env["hot_build"]).splitlines()), ""]
     L += ["Models: " + "; ".join(f"`{k}` = {v}" for k, v in titles.items()) + "."]
     L += [f"Steps: {args.warmup} warm-up, memory step, attribution pass (forward only), median of {args.steps} timed "
@@ -1149,6 +1152,8 @@ def parse_args(argv=None):
     ap.add_argument("--lora-fallback", action="store_true", help="use the built-in LoRA wrapper even if peft imports")
     ap.add_argument("--llama-seq", type=int, default=2048)
     ap.add_argument("--llama-kv-heads", type=int, default=8)
+    ap.add_argument("--channels-last", action="store_true",
+                    help="images and the models' 4-D parameters channels-last (torch.channels_last)")
     ap.add_argument("--tf32", action="store_true", help="allow TF32 for fp32 matmuls (default: torch's default, off)")
     ap.add_argument("--merge", nargs="+", default=None, metavar="DIR",
                     help="merge the bench_models.json of earlier runs (e.g. one process per configuration, see "
@@ -1263,7 +1268,7 @@ def _main(a) -> int:
                 rep = ht.convert(model, hot.Config.paper() if mode == "hot-paper" else None,
                                  keep_less=mode != "hot-plain")
                 assert {n for n, _, _ in rep.converted} == cands
-            model = model.to(device)
+            model = model.to(device, memory_format=torch.channels_last) if a.channels_last else model.to(device)
             model.train()
             params = [p for p in model.parameters() if p.requires_grad]
             runs[mode] = (model, torch.optim.AdamW(params, lr=1e-4), cands, sum(p.numel() for p in params))

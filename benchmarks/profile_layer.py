@@ -3,6 +3,7 @@
 nn.Linear, exact against HOT (default configuration), kernels listed by total GPU time with their share.
 
 Usage (GPU): python benchmarks/profile_layer.py conv N,C,H,W,O,k,stride,pad [--dtype bf16] [--iters 5]
+                                                [--channels-last]
              python benchmarks/profile_layer.py linear L,I,O [--dtype bf16]
 e.g. ResNet-50 layer1.0.conv2 at batch 64: conv 64,64,56,56,64,3,1,1; its conv1: conv 64,64,56,56,64,1,1,0.
 """
@@ -53,13 +54,18 @@ def main():
     ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--channels-last", action="store_true", help="conv: the input and both layers channels-last")
     a = ap.parse_args()
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
     torch.manual_seed(0)
     exact, x = build(a.kind, a.spec, dt, "cuda")
     seq = nn.Sequential(build(a.kind, a.spec, dt, "cuda")[0])
     ht.convert(seq)
-    print(f"# {a.kind} {a.spec} {a.dtype} on {torch.cuda.get_device_name()}, torch {torch.__version__}: backward "
+    if a.channels_last and a.kind == "conv":
+        cl = torch.channels_last
+        exact, seq, x = exact.to(memory_format=cl), seq.to(memory_format=cl), x.contiguous(memory_format=cl)
+    layout = " channels-last" if a.channels_last and a.kind == "conv" else ""
+    print(f"# {a.kind} {a.spec} {a.dtype}{layout} on {torch.cuda.get_device_name()}, torch {torch.__version__}: backward "
           f"kernels, mean us per backward over {a.iters}")
     for name, m in (("exact", exact), ("HOT", seq[0])):
         per = profile(m, x.detach().clone(), a.iters)

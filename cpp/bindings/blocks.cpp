@@ -1,5 +1,5 @@
 // hot._C's building blocks: the Hadamard transform, HLA, quantise / dequantise, int4 packing, the integer GEMMs, im2col
-// and col2im, a convolution's ABC buffer from its int8 map, the ReLU mask.
+// and col2im, a convolution's ABC buffer from its int8 map, the batched transpose, the ReLU mask.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -177,6 +177,23 @@ void register_blocks(py::module_& m) {
       },
       py::arg("map"), py::arg("q"), py::arg("scale"), py::arg("x_shape"), py::arg("kernel"), py::arg("stride"),
       py::arg("padding"), py::arg("dilation"), py::arg("patches"), py::arg("rank"), py::arg("stream"));
+
+  m.def(
+      "transpose",
+      [](py::handle in, py::handle out, int64_t stream) {
+        const char* op = "transpose";
+        OpContext ctx(op, stream);
+        hot::TensorView iv = ctx.input(in, "in", hotpy::kFloat | hotpy::kS8, -2), ov;
+        HOT_CHECK_DIM(op, "in", iv, 3);
+        py::object r = output(ctx, out, "out", hotpy::kFloat | hotpy::kS8, iv.dtype,
+                              {iv.shape[0], iv.shape[2], iv.shape[1]}, ov, -2);
+        {
+          py::gil_scoped_release nogil;
+          hot::transpose(iv, ov, ctx.stream());
+        }
+        return r;
+      },
+      py::arg("in"), py::arg("out"), py::arg("stream"));
 
   m.def(
       "relu_mask",

@@ -48,13 +48,12 @@ HOT_HD void im2col_pixel(const Col2imParams& p, int64_t r, int64_t& n, int64_t& 
   wo = bw * 4 + iw;
 }
 
-// The value of input pixel (n, c, h, w); get(row, col) reads cols as fp32. The per-offset index arithmetic is 32-bit
-// (sizes of one map side; checked by hot::col2im) with a division-free path for unit strides: integer division,
-// 64-bit above all, costs tens of instructions on a GPU, and this runs kh*kw times per pixel.
-template <class Get>
-HOT_HD float col2im_pixel(const Col2imParams& p, int64_t n, int64_t c, int h, int w, const Get& get) {
-  float acc = 0.0f;
-  bool any = false;
+// The im2col entries that sum to input pixel (n, h, w): visit(row, ij) for each kernel offset ij = i * kw + j whose
+// window covers it, in (i, j) order (col2im's summation order, on every backend). The per-offset index arithmetic is
+// 32-bit (sizes of one map side; checked by hot::col2im) with a division-free path for unit strides: integer
+// division, 64-bit above all, costs tens of instructions on a GPU, and this runs kh*kw times per pixel.
+template <class Visit>
+HOT_HD void col2im_sources(const Col2imParams& p, int64_t n, int h, int w, const Visit& visit) {
   const int Ho = static_cast<int>(p.Ho), Wo = static_cast<int>(p.Wo);
   for (int i = 0; i < p.kh; ++i) {
     int ho = h + p.ph - i * p.dh;
@@ -72,11 +71,22 @@ HOT_HD float col2im_pixel(const Col2imParams& p, int64_t n, int64_t c, int h, in
         wo /= p.sw;
       }
       if (wo >= Wo) continue;
-      const float v = get(im2col_row(p, n, ho, wo), (static_cast<int64_t>(i) * p.kw + j) * p.C + c);
-      acc = (any || p.overlap) ? acc + v : v;
-      any = true;
+      visit(im2col_row(p, n, ho, wo), i * p.kw + j);
     }
   }
+}
+
+// The value of input pixel (n, c, h, w); get(row, col) reads cols as fp32. The first term is taken as it is (a lone
+// -0.0 stays -0.0) unless windows overlap.
+template <class Get>
+HOT_HD float col2im_pixel(const Col2imParams& p, int64_t n, int64_t c, int h, int w, const Get& get) {
+  float acc = 0.0f;
+  bool any = false;
+  col2im_sources(p, n, h, w, [&](int64_t r, int ij) {
+    const float v = get(r, static_cast<int64_t>(ij) * p.C + c);
+    acc = (any || p.overlap) ? acc + v : v;
+    any = true;
+  });
   return acc;
 }
 

@@ -237,6 +237,35 @@ void check_mask_bits(const char* op, const TensorView& bits, const char* xname, 
 
 }  // namespace
 
+void transpose(const TensorView& in, const TensorView& out, Stream stream) {
+  const char* op = "transpose";
+  HOT_CHECK_DIM(op, "in", in, 3);
+  HOT_CHECK_DIM(op, "out", out, 3);
+  const int bits = dtype_bits(in.dtype);
+  HOT_CHECK_TYPE(bits == 8 || bits == 16 || bits == 32, op, ": in must have an 8-, 16- or 32-bit dtype, got ",
+                 dtype_name(in.dtype));
+  HOT_CHECK_DTYPE(op, "out", out, out.dtype == in.dtype, dtype_name(in.dtype));
+  HOT_CHECK_SHAPE(op, "out", out, (std::vector<int64_t>{in.shape[0], in.shape[2], in.shape[1]}));
+  HOT_CHECK_SAME_DEVICE(op, "in", in, "out", out);
+  for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"in", &in}, {"out", &out}}) {
+    HOT_CHECK_VALUE(t->shape[2] <= 1 || t->strides[2] == 1, op, ": ", name,
+                    " needs unit stride in its last dim, got strides ", shape_str(t->strides));
+    HOT_CHECK_VALUE(t->strides[0] >= 0 && t->strides[1] >= 0, op, ": ", name, " needs non-negative strides, got ",
+                    shape_str(t->strides));
+  }
+  if (in.numel() == 0) return;
+  // the byte ranges each view spans (ends exclusive) must be disjoint
+  const auto span = [](const TensorView& t) {
+    const int64_t last = (t.shape[0] - 1) * t.strides[0] + (t.shape[1] - 1) * t.strides[1] + t.shape[2];
+    const auto* b = static_cast<const char*>(t.data);
+    return std::pair<const char*, const char*>{b, b + last * dtype_bits(t.dtype) / 8};
+  };
+  const auto [ib, ie] = span(in);
+  const auto [ob, oe] = span(out);
+  HOT_CHECK_VALUE(ie <= ob || oe <= ib, op, ": out must not overlap in");
+  HOT_DISPATCH(in.device, transpose, in, out, stream);
+}
+
 void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, Stream stream) {
   const char* op = "relu_mask";
   check_elementwise(op, "x", x, "y", y);

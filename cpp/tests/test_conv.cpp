@@ -5,6 +5,7 @@
 #include "test_util.h"
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 using namespace hot_test;
@@ -228,4 +229,48 @@ TEST(Cpu_CompressColumns, RefusesBadArguments) {
                          {"compress_columns", "q"}));
   EXPECT_TRUE(throws_hot([&] { hot::compress_columns(map, g, q, s, 17); }, hot::ErrorKind::value,
                          {"compress_columns", "rank"}));
+}
+
+// transpose against an element-by-element copy of the raw bytes (a copy: equal bits, NaN patterns included), with
+// the output's padding (row padding and rows between batches) left as it was.
+TEST(Cpu_Transpose, EqualsElementwiseCopy) {
+  uint64_t seed = 1200;
+  for (DType dt : {DType::f32, DType::bf16, DType::s8})
+    for (const TransposeCase& c : transpose_cases()) {
+      const size_t es = static_cast<size_t>(hot::dtype_bits(dt) / 8);
+      HostTensor in = HostTensor::make2d(dt, c.B * (c.R + c.gap), c.S, c.S + c.pad);
+      fill_random_bytes(in, seed++);
+      HostTensor out = HostTensor::make2d(dt, c.B * (c.S + c.gap), c.R, c.R + c.pad), before = out;
+      const TensorView iv = view3d(in, c.B, c.R, c.gap), ov = view3d(out, c.B, c.S, c.gap);
+      hot::transpose(iv, ov);
+      HostTensor want = before;
+      for (int64_t b = 0; b < c.B; ++b)
+        for (int64_t r = 0; r < c.R; ++r)
+          for (int64_t s = 0; s < c.S; ++s)
+            std::memcpy(want.bytes() + (b * ov.strides[0] + s * ov.strides[1] + r) * es,
+                        in.bytes() + (b * iv.strides[0] + r * iv.strides[1] + s) * es, es);
+      EXPECT_TRUE(bits_equal(want, out)) << hot::dtype_name(dt) << " " << c.B << "x" << c.R << "x" << c.S;
+    }
+}
+
+TEST(Cpu_Transpose, RefusesBadArguments) {
+  HostTensor in = HostTensor::make2d(DType::bf16, 6, 4), out = HostTensor::make2d(DType::bf16, 8, 3);
+  const TensorView iv = view3d(in, 2, 3, 0), ov = view3d(out, 2, 4, 0);
+  EXPECT_NO_THROW(hot::transpose(iv, ov));
+  EXPECT_TRUE(throws_hot([&] { hot::transpose(in.view(), ov); }, hot::ErrorKind::value, {"transpose", "in"}));
+  EXPECT_TRUE(throws_hot([&] { hot::transpose(iv, view3d(out, 2, 3, 0)); }, hot::ErrorKind::value,
+                         {"transpose", "out", "(2, 4, 3)"}));
+  HostTensor o32 = HostTensor::make2d(DType::f32, 8, 3);
+  EXPECT_TRUE(throws_hot([&] { hot::transpose(iv, view3d(o32, 2, 4, 0)); }, hot::ErrorKind::type,
+                         {"transpose", "out", "bfloat16"}));
+  HostTensor p4 = HostTensor::make2d(DType::s4, 6, 4), o4 = HostTensor::make2d(DType::s4, 8, 3);
+  EXPECT_TRUE(throws_hot([&] { hot::transpose(view3d(p4, 2, 3, 0), view3d(o4, 2, 4, 0)); }, hot::ErrorKind::type,
+                         {"transpose", "8-, 16- or 32-bit", "int4"}));
+  TensorView strided = iv;
+  strided.shape = {2, 4, 3}, strided.strides = {12, 1, 4};  // the transposed view: not unit stride in its last dim
+  EXPECT_TRUE(throws_hot([&] { hot::transpose(strided, view3d(in, 2, 3, 0)); }, hot::ErrorKind::value,
+                         {"transpose", "unit stride"}));
+  HostTensor sq = HostTensor::make2d(DType::bf16, 8, 4);
+  EXPECT_TRUE(throws_hot([&] { hot::transpose(view3d(sq, 2, 4, 0), view3d(sq, 2, 4, 0)); }, hot::ErrorKind::value,
+                         {"transpose", "overlap"}));
 }

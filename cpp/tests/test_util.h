@@ -379,6 +379,31 @@ inline std::vector<double> hadamard_f64(const std::vector<float>& v, int64_t R, 
 }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ---- transpose cases ---------------------------------------------------------------------------------
+// A 3-D view (B, R, S) of a 2-D tensor of at least B * (R + gap) rows of S columns: batch b starts at row
+// b * (R + gap), so a gap > 0 gives a batch stride beyond the rows.
+inline TensorView view3d(const TensorView& v2, int64_t B, int64_t R, int64_t gap) {
+  TensorView v = v2;
+  v.shape = {B, R, v2.shape[1]};
+  v.strides = {(R + gap) * v2.strides[0], v2.strides[0], 1};
+  return v;
+}
+
+// Random bytes in every byte of h (a float dtype gets every bit pattern, NaNs included: a transpose copies bits).
+inline void fill_random_bytes(HostTensor& h, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  for (size_t i = 0; i < h.nbytes(); ++i) h.bytes()[i] = static_cast<uint8_t>(g());
+}
+
+struct TransposeCase {
+  int64_t B, R, S, gap, pad;  // pad: extra elements per row on both sides
+};
+// Tiles cut at both edges, a single row or column, a batch stride beyond the rows, padded rows, and a map of
+// ResNet-50's layer-1 shape at batch 2 (C = 64, H*W = 3136).
+inline std::vector<TransposeCase> transpose_cases() {
+  return {{2, 5, 37, 0, 0}, {3, 33, 64, 2, 3}, {1, 1, 7, 0, 0}, {4, 40, 1, 1, 0}, {2, 64, 3136, 0, 0}};
+}
 inline int64_t round_up16(int64_t k) { return ceil_div(k, 16) * 16; }
 
 // fp32 replica of hla_project: L x C -> ceil(L/16)*rank x C.

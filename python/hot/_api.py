@@ -628,6 +628,14 @@ def _col2im(c: _Call, cols, x_shape, kernel, stride, padding, dilation, patches:
     return c.fw.permute(c.fw.reshape(c.result(out, r), (N, H, W, C)), (0, 3, 1, 2))
 
 
+def _transpose(c: _Call, x3):
+    """The batched transpose (B, S, R) of the 3-D array x3 (B, R, S), unit stride in its last dim (hot._C.transpose):
+    an NCHW map viewed as (N, C, H*W) becomes its channels-last rows (N, H*W, C), and back."""
+    B, R, S = fws.shape(x3)
+    out = c.empty_as((B, S, R), x3)
+    return c.result(out, c.call(_C.transpose, x3, out, c.stream))
+
+
 def _im2col(c: _Call, xh, x_shape, kernel, stride, padding, dilation, patches: bool):
     """im2col of the channels-last map xh (N, H, W, C) of the input x_shape (N, C, H, W)."""
     N, C, H, W = x_shape

@@ -80,6 +80,11 @@ void col2im(const TensorView& cols, const ConvGeometry& geometry, const TensorVi
 // backend. map and cols: one float dtype.
 void im2col(const TensorView& map, const ConvGeometry& geometry, const TensorView& cols, Stream stream = {});
 
+// Batched transpose: out[b][s][r] = in[b][r][s], bit for bit, for in (B, R, S) and out (B, S, R) of one 8-, 16- or
+// 32-bit dtype, each with unit stride in its last dim (any strides in the others); in and out must not overlap. An
+// NCHW map is (N, C, H*W): its channels-last rows are the transpose (N, H*W, C), and back.
+void transpose(const TensorView& in, const TensorView& out, Stream stream = {});
+
 // ReLU that records where its gradient is zero in one bit per element (SPEC §2, keep_less), one pass over x:
 // y = x with its negative elements replaced by +0 (NaN and -0 pass unchanged, as torch's ReLU), and bit j of byte k
 // of `bits` set where element 8k + j of y is <= 0 (x <= 0; a NaN's bit is clear), the last byte's unused bits zero.

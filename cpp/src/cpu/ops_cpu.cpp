@@ -224,6 +224,24 @@ void im2col(const TensorView& map, const ConvGeometry& g, const TensorView& cols
   });
 }
 
+// In 32 x 32 tiles (both sides' rows touched 32 elements at a time), one (batch, tile row) per task.
+void transpose(const TensorView& in, const TensorView& out, Stream) {
+  const int64_t B = in.shape[0], R = in.shape[1], S = in.shape[2], tr = (R + 31) / 32;
+  const size_t es = static_cast<size_t>(dtype_bits(in.dtype) / 8);
+  const auto* src = static_cast<const unsigned char*>(in.data);
+  auto* dst = static_cast<unsigned char*>(out.data);
+  parallel_for(B * tr, std::max<int64_t>(1, (1 << 14) / (32 * std::max<int64_t>(S, 1))), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / tr, r0 = (t % tr) * 32, r1 = std::min(R, r0 + 32);
+      for (int64_t s0 = 0; s0 < S; s0 += 32)
+        for (int64_t s = s0; s < std::min(S, s0 + 32); ++s)
+          for (int64_t r = r0; r < r1; ++r)
+            std::memcpy(dst + (b * out.strides[0] + s * out.strides[1] + r) * es,
+                        src + (b * in.strides[0] + r * in.strides[1] + s) * es, es);
+    }
+  });
+}
+
 // One byte of relu_mask per index k of [0, ceil(n / 8)): elements 8k..8k+7. A zeroed element is written as +0 (all
 // bits zero in every float dtype); the others are copied bit for bit.
 void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, Stream) {

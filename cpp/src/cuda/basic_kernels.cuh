@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 
 #include "common.cuh"
 #include "conv_rules.h"
@@ -135,22 +136,44 @@ __global__ void dequantize_kernel(Mat<const int8_t> q, const float* scale, bool 
   }
 }
 
-// col2im (conv_rules.h): one thread per input pixel and channel, the channel fastest, so that a warp's reads of one
-// kernel offset are consecutive columns (i*kw + j)*C + c of one im2col row, and its writes consecutive channels of
-// one pixel of the channels-last map: whole sectors both ways, each read or written once.
-template <typename T>
+// col2im (conv_rules.h): one thread per input pixel and unit of V channels (V * sizeof(T) = 16 bytes where the
+// channel run, both row strides and both pointers allow, else V = 1), the units fastest, so that a warp's reads of
+// one kernel offset are consecutive columns (i*kw + j)*C + c of one im2col row, and its writes consecutive channels of
+// one pixel of the channels-last map: whole sectors both ways, each read or written once. Each of the V channels sums
+// its terms in col2im_sources' order, as col2im_pixel does (the CPU's values, bit for bit).
+template <typename T, int V>
+struct alignas(V * sizeof(T)) Col2imUnit {
+  T x[V];
+};
+
+template <typename T, int V>
 __global__ void col2im_kernel(const T* __restrict__ cols, int64_t ld, Col2imParams p, T* __restrict__ out,
                               int64_t ldo) {
-  const int64_t n_out = p.N * p.C * p.H * p.W;
-  const auto get = [&](int64_t r, int64_t c) { return load_f(cols + r * ld + c); };
-  const int64_t cw = p.C * p.W;  // one row (n, h) of the channels-last order
+  using Unit = Col2imUnit<T, V>;
+  const int cu = static_cast<int>(p.C) / V;
+  const int64_t n_out = p.N * p.H * p.W * cu;
+  const int64_t row_units = static_cast<int64_t>(cu) * p.W;  // one row (n, h) of the channels-last order
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n_out;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t nh = e / cw;  // the one 64-bit division; the rest in 32 bits (hot::col2im checks the sizes)
-    const int r = static_cast<int>(e - nh * cw), w = r / static_cast<int>(p.C), c = r - w * static_cast<int>(p.C);
+    const int64_t nh = e / row_units;  // the one 64-bit division; the rest in 32 bits (hot::col2im checks the sizes)
+    const int r = static_cast<int>(e - nh * row_units), w = r / cu, c = (r - w * cu) * V;
     const int h = static_cast<int>(nh % p.H);
     const int64_t n = nh / p.H;
-    store_f(out + (nh * p.W + w) * ldo + c, col2im_pixel(p, n, c, h, w, get));
+    float acc[V] = {};
+    bool any = false;
+    col2im_sources(p, n, h, w, [&](int64_t row, int ij) {
+      const Unit u = *reinterpret_cast<const Unit*>(cols + row * ld + static_cast<int64_t>(ij) * p.C + c);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float v = load_f(&u.x[k]);
+        acc[k] = (any || p.overlap) ? acc[k] + v : v;
+      }
+      any = true;
+    });
+    Unit o;
+#pragma unroll
+    for (int k = 0; k < V; ++k) store_f(&o.x[k], acc[k]);
+    *reinterpret_cast<Unit*>(out + (nh * p.W + w) * ldo + c) = o;
   }
 }
 
@@ -186,6 +209,30 @@ __global__ void im2col_kernel(const U* __restrict__ map, int64_t ldm, Col2imPara
       cols[(r0 + rl) * ldc + rem] = v;
     }
     __syncthreads();  // the next rows' origins overwrite these
+  }
+}
+
+// transpose: one CTA of 256 threads (8 warps) per 32 x 32 tile of one batch entry (grid-stride over tiles): the warps read
+// the tile's rows (a warp: 32 consecutive elements of one input row), it goes through shared memory (a column of
+// padding: no bank conflicts on the transposed reads), and they write the tile's columns as rows of out.
+constexpr int kTransposeTile = 32;
+
+template <typename U>
+__global__ void transpose_kernel(const U* __restrict__ in, int64_t ib, int64_t ir, U* __restrict__ out, int64_t ob,
+                                 int64_t os, int64_t B, int64_t R, int64_t S) {
+  __shared__ U tile[kTransposeTile][kTransposeTile + 1];
+  const int64_t tr = (R + kTransposeTile - 1) / kTransposeTile, ts = (S + kTransposeTile - 1) / kTransposeTile;
+  const int tx = static_cast<int>(threadIdx.x) % kTransposeTile, ty = static_cast<int>(threadIdx.x) / kTransposeTile;
+  const int rows = static_cast<int>(blockDim.x) / kTransposeTile;
+  for (int64_t t = blockIdx.x; t < B * tr * ts; t += gridDim.x) {
+    const int64_t b = t / (tr * ts), rest = t - b * tr * ts, r0 = rest / ts * kTransposeTile,
+                  s0 = (rest % ts) * kTransposeTile;
+    for (int k = ty; k < kTransposeTile; k += rows)
+      if (r0 + k < R && s0 + tx < S) tile[k][tx] = in[b * ib + (r0 + k) * ir + s0 + tx];
+    __syncthreads();
+    for (int k = ty; k < kTransposeTile; k += rows)
+      if (s0 + k < S && r0 + tx < R) out[b * ob + (s0 + k) * os + r0 + tx] = tile[tx][k];
+    __syncthreads();  // the next tile overwrites this one
   }
 }
 
@@ -365,9 +412,37 @@ void dequantize_launch(const TensorView& q, const TensorView& scale, const Tenso
 
 template <typename T, typename Launch>
 void col2im_launch(const TensorView& cols, const ConvGeometry& g, const TensorView& out, const Launch& launch) {
-  launch(col2im_kernel<T>, dim3(grid_1d(out.numel(), kBasicThreads)), kBasicThreads, 0,
-         static_cast<const T*>(cols.data), cols.strides[0], col2im_params(g), static_cast<T*>(out.data),
-         out.strides[0]);
+  constexpr int kWide = 16 / static_cast<int>(sizeof(T));
+  const auto* c = static_cast<const T*>(cols.data);
+  auto* o = static_cast<T*>(out.data);
+  const bool wide = g.C % kWide == 0 && cols.strides[0] % kWide == 0 && out.strides[0] % kWide == 0 &&
+                    reinterpret_cast<uintptr_t>(c) % 16 == 0 && reinterpret_cast<uintptr_t>(o) % 16 == 0;
+  const auto go = [&](auto v) {
+    constexpr int V = decltype(v)::value;
+    launch(col2im_kernel<T, V>, dim3(grid_1d(out.numel() / V, kBasicThreads)), kBasicThreads, 0, c, cols.strides[0],
+           col2im_params(g), o, out.strides[0]);
+  };
+  if (wide)
+    go(std::integral_constant<int, kWide>{});
+  else
+    go(std::integral_constant<int, 1>{});
+}
+
+template <typename Launch>
+void transpose_launch(const TensorView& in, const TensorView& out, const Launch& launch) {
+  const int64_t B = in.shape[0], R = in.shape[1], S = in.shape[2];
+  const int64_t tiles = B * ceil_div(R, kTransposeTile) * ceil_div(S, kTransposeTile);
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, kMaxGridX)));
+  const auto go = [&](auto unit) {
+    using U = decltype(unit);
+    launch(transpose_kernel<U>, grid, kBasicThreads, 0, static_cast<const U*>(in.data), in.strides[0], in.strides[1],
+           static_cast<U*>(out.data), out.strides[0], out.strides[1], B, R, S);
+  };
+  switch (dtype_bits(in.dtype)) {
+    case 8: go(uint8_t{}); break;
+    case 16: go(uint16_t{}); break;
+    default: go(uint32_t{}); break;
+  }
 }
 
 template <typename Launch>

@@ -2,16 +2,24 @@
 // map Q (channels-last), never writing X. Included by layer_ops.cu (the backend) and by the host emulation test
 // (cpp/tests/emu), which runs these kernels on the CPU against the CPU backend, bit for bit.
 //
-// One CTA per 16-row block of X at a time (grid-stride): the block's rows' window origins are decoded once into
-// shared memory; each thread then takes columns (i, j, c) of X, c fastest (a warp's gathers read consecutive bytes of
-// one map pixel), gathers the column's 16 values (zero in the padding and past the last row), transforms them in
-// registers (fwht_regs<16>: integers of magnitude at most 16 * 127, exact in fp32, hence the CPU's values whatever the
-// butterfly order) and keeps the rank rows of kHlaOrder. Pass 1 takes their amax (a block max, one atomicMax per CTA);
-// pass 2 quantises them to nearest with the scale of that amax (hot/quant_rules.h), writes the rank bytes of column
-// (i, j, c) of block jb at q_t[(i, j, c)][jb * rank ...], and the CTA of the last block zeros the padding columns.
+// The output q_t is (kh*kw*C) x K_pad: row `col` of it holds, block after block, the rank kept coefficients of
+// column col of each 16-row block of X. A CTA takes a tile of TB consecutive blocks (TB*rank <= 128 bytes of every
+// output row, TB a multiple of 4), decodes its TB*16 rows' window origins into shared memory once (64-bit divisions,
+// once per row; rows past the last get an origin far outside the map, so they read as zeros), then walks the columns
+// in chunks of 256. A work item is one unit of V channels (V = 4: one 32-bit load per gathered pixel, when the map's
+// channel run and row stride allow; else V = 1) of one block: consecutive threads take consecutive units of one block
+// (a warp's gathers read consecutive words of one map pixel); the item gathers its 16 x V values, transforms each
+// column in registers (fwht_regs<16>: integers of magnitude at most 16 * 127, exact in fp32, hence the CPU's values
+// whatever the butterfly order) and keeps the rank rows of kHlaOrder.
+// Pass 1 (kQuant = false) takes their amax (a block max, one atomicMax per CTA). Pass 2 quantises them to nearest
+// with the scale of that amax (hot/quant_rules.h) into a shared tile, one row per column (rows of TB*rank + 4 bytes,
+// ordered by channel-in-unit first, so a warp's byte stores fall in distinct banks), then copies the tile out row by
+// row in 32-bit words: each output row gets TB*rank contiguous bytes, a warp stores 128 contiguous bytes. The tile
+// of the last block also writes the zeros of columns K..K_pad.
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 
 #include "common.cuh"
 #include "conv_rules.h"
@@ -23,60 +31,121 @@ namespace hot::cuda {
 namespace {
 
 constexpr int kColumnsThreads = 256;
+constexpr int kColumnsChunk = 256;       // columns per pass over the tile
+constexpr int kColumnsMaxTileRows = 512;  // TB * 16 <= this
+constexpr int kColumnsMaxPitch = 132;     // TB * rank + 4
 
-template <bool kQuant>
-__global__ void __launch_bounds__(kColumnsThreads)
-    compress_columns_kernel(const int8_t* __restrict__ map, int64_t ldm, Col2imParams p, int rank,
+// TB: the blocks of one tile (a multiple of 4, so that every tile starts on a 4-byte boundary of the output rows).
+inline int columns_tile_blocks(int rank) { return std::min(32, std::max(4, 128 / rank / 4 * 4)); }
+
+template <bool kQuant, int V>
+__global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (42 KB of shared memory each) per SM
+    compress_columns_kernel(const int8_t* __restrict__ map, int64_t ldm, Col2imParams p, int rank, int TB,
                             unsigned* __restrict__ key, float* __restrict__ scale, int8_t* __restrict__ q,
                             int64_t ldq, int64_t K, int64_t K_pad) {
-  __shared__ int64_t base[16];
-  __shared__ int hb[16], wb[16];
-  __shared__ bool live[16];
+  __shared__ int64_t base[kColumnsMaxTileRows];
+  __shared__ int hb[kColumnsMaxTileRows], wb[kColumnsMaxTileRows];
+  __shared__ __align__(16) int8_t tile[kColumnsChunk * kColumnsMaxPitch];
   __shared__ uint32_t red[32];
-  const int64_t L = p.N * p.Ho * p.Wo, nblk = (L + 15) / 16;
-  const int C = static_cast<int>(p.C), ckk = p.kh * p.kw * C;
+  const int64_t L = p.N * p.Ho * p.Wo, nblk = (L + 15) / 16, ntiles = (nblk + TB - 1) / TB;
+  const int C = static_cast<int>(p.C), cu = C / V, units = p.kh * p.kw * cu, chunk_units = kColumnsChunk / V;
+  const int pitch = TB * rank + 4, nthr = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
+  const bool words = ldq % 4 == 0 && reinterpret_cast<uintptr_t>(q) % 4 == 0;
   QuantScale qs{};
   if (kQuant) {
     qs = quant_scale_from_amax(amax_from_key(*key), 127);
     if (blockIdx.x == 0 && threadIdx.x == 0) *scale = qs.scale;
   }
   uint32_t m = 0;
-  for (int64_t jb = blockIdx.x; jb < nblk; jb += gridDim.x) {
-    if (threadIdx.x < 16) {
-      const int t = static_cast<int>(threadIdx.x);
-      const int64_t r = jb * 16 + t;
-      live[t] = r < L;
+  for (int64_t tl = blockIdx.x; tl < ntiles; tl += gridDim.x) {
+    const int64_t jb0 = tl * TB;
+    const int nb = nblk - jb0 < TB ? static_cast<int>(nblk - jb0) : TB;  // blocks of this tile
+    for (int t = tid; t < TB * 16; t += nthr) {
+      const int64_t r = jb0 * 16 + t;
       int64_t n = 0, ho = 0, wo = 0;
       if (r < L) im2col_pixel(p, r, n, ho, wo);
       base[t] = n * p.H;
-      hb[t] = static_cast<int>(ho) * p.sh - p.ph;
+      hb[t] = r < L ? static_cast<int>(ho) * p.sh - p.ph : -(1 << 30);  // a padding row: outside the map
       wb[t] = static_cast<int>(wo) * p.sw - p.pw;
     }
     __syncthreads();
-    for (int col = static_cast<int>(threadIdx.x); col < ckk; col += static_cast<int>(blockDim.x)) {
-      const int ij = col / C, c = col - ij * C, i = ij / p.kw, j = ij - i * p.kw;
-      float v[16];
+    for (int u0 = 0; u0 < units; u0 += chunk_units) {
+      const int nu = units - u0 < chunk_units ? units - u0 : chunk_units;  // units of this chunk
+      for (int e = tid; e < nu * nb; e += nthr) {
+        const int ul = e % nu, b = e / nu, gu = u0 + ul;
+        const int ij = gu / cu, c = (gu - ij * cu) * V, i = ij / p.kw, j = ij - i * p.kw;
+        uint32_t word[16];  // the 16 rows' V bytes (V = 1: one byte, sign-extended)
 #pragma unroll
-      for (int t = 0; t < 16; ++t) {
-        const int h = hb[t] + i * p.dh, w = wb[t] + j * p.dw;
-        const bool in = live[t] && h >= 0 && h < p.H && w >= 0 && w < p.W;
-        v[t] = in ? static_cast<float>(map[((base[t] + h) * p.W + w) * ldm + c]) : 0.0f;
+        for (int t = 0; t < 16; ++t) {
+          const int rt = b * 16 + t, h = hb[rt] + i * p.dh, w = wb[rt] + j * p.dw;
+          const bool in = h >= 0 && h < p.H && w >= 0 && w < p.W;
+          const int8_t* src = map + ((base[rt] + h) * p.W + w) * ldm + c;
+          if constexpr (V == 4)
+            word[t] = in ? *reinterpret_cast<const uint32_t*>(src) : 0u;
+          else
+            word[t] = in ? static_cast<uint32_t>(*src) : 0u;
+        }
+#pragma unroll
+        for (int s = 0; s < V; ++s) {  // one channel at a time: 16 floats live
+          float v[16];
+#pragma unroll
+          for (int t = 0; t < 16; ++t) v[t] = static_cast<float>(static_cast<int8_t>(word[t] >> (8 * s)));
+          fwht_regs<16>(v);
+          if (!kQuant) {
+#pragma unroll
+            for (int k = 0; k < 16; ++k)
+              if (k < rank) m = max(m, amax_key(v[hla_order(k)]));
+          } else {
+            int8_t* dst = tile + (s * nu + ul) * pitch + b * rank;
+            if (rank % 4 == 0) {  // whole 32-bit words (pitch and b * rank are multiples of 4)
+#pragma unroll
+              for (int k = 0; k < 16; k += 4)
+                if (k < rank) {
+                  uint32_t packed = 0;
+#pragma unroll
+                  for (int z = 0; z < 4; ++z)
+                    packed |= static_cast<uint32_t>(static_cast<uint8_t>(
+                                  quantize_nearest(v[hla_order(k + z)], qs, 127)))
+                              << (8 * z);
+                  *reinterpret_cast<uint32_t*>(dst + k) = packed;
+                }
+            } else {
+#pragma unroll
+              for (int k = 0; k < 16; ++k)
+                if (k < rank) dst[k] = quantize_nearest(v[hla_order(k)], qs, 127);
+            }
+          }
+        }
       }
-      fwht_regs<16>(v);
-      if (!kQuant) {
-#pragma unroll
-        for (int k = 0; k < 16; ++k)
-          if (k < rank) m = max(m, amax_key(v[hla_order(k)]));
-      } else {
-        int8_t* dst = q + col * ldq + jb * rank;
-#pragma unroll
-        for (int k = 0; k < 16; ++k)
-          if (k < rank) dst[k] = quantize_nearest(v[hla_order(k)], qs, 127);
-        if (jb == nblk - 1)
-          for (int64_t kk = K; kk < K_pad; ++kk) q[col * ldq + kk] = 0;
+      if (kQuant) {
+        __syncthreads();  // the tile is complete
+        // row rl of the tile: channel s of unit ul (rl = s * nu + ul) = output row (u0 + ul) * V + s; its bytes
+        // [jb0 * rank, end), and the zeros up to K_pad after the last block
+        const int64_t start = jb0 * rank, end = jb0 + nb == nblk ? K_pad : start + int64_t{nb} * rank;
+        const int seg = static_cast<int>(end - start), have = nb * rank;
+        if (words) {
+          const int nw = seg / 4;  // start, K_pad and TB * rank are multiples of 4
+          for (int e = tid; e < nu * V * nw; e += nthr) {
+            const int rl = e / nw, wi = e - rl * nw, s = rl / nu, ul = rl - s * nu;
+            const int8_t* src = tile + rl * pitch + wi * 4;
+            uint32_t word = 0;
+            if (wi * 4 + 4 <= have) {
+              word = *reinterpret_cast<const uint32_t*>(src);
+            } else {  // the last block's row ends inside this word, or the zeros past K
+              for (int z = 0; z < 4; ++z)
+                if (wi * 4 + z < have) word |= static_cast<uint32_t>(static_cast<uint8_t>(src[z])) << (8 * z);
+            }
+            *reinterpret_cast<uint32_t*>(q + (static_cast<int64_t>(u0 + ul) * V + s) * ldq + start + wi * 4) = word;
+          }
+        } else {
+          for (int e = tid; e < nu * V * seg; e += nthr) {
+            const int rl = e / seg, bi = e - rl * seg, s = rl / nu, ul = rl - s * nu;
+            q[(static_cast<int64_t>(u0 + ul) * V + s) * ldq + start + bi] = bi < have ? tile[rl * pitch + bi] : 0;
+          }
+        }
       }
+      __syncthreads();  // the tile (and, after the last chunk, the origins) are rewritten next
     }
-    __syncthreads();  // the next block's origins overwrite these
   }
   if (!kQuant) {
     m = block_max_u32(m, red);
@@ -93,16 +162,24 @@ void compress_columns_launch(const TensorView& map, const ConvGeometry& g, const
                              const TensorView& scale, int rank, unsigned* key, const Launch& launch) {
   const Col2imParams p = col2im_params(g);
   const int64_t nblk = ceil_div(g.N * p.Ho * p.Wo, 16);
+  const int TB = columns_tile_blocks(rank);
   const int64_t K = hla_rows(g.N * p.Ho * p.Wo, rank), K_pad = q_t.shape[1];
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(nblk, 8192)));
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(nblk, TB), 8192)));
   const auto* m = static_cast<const int8_t*>(map.data);
   auto* q = static_cast<int8_t*>(q_t.data);
   auto* s = static_cast<float*>(scale.data);
+  const auto go = [&](auto v) {
+    constexpr int V = decltype(v)::value;
+    launch(compress_columns_kernel<false, V>, grid, kColumnsThreads, 0, m, map.strides[0], p, rank, TB, key, s, q,
+           q_t.strides[0], K, K_pad);
+    launch(compress_columns_kernel<true, V>, grid, kColumnsThreads, 0, m, map.strides[0], p, rank, TB, key, s, q,
+           q_t.strides[0], K, K_pad);
+  };
   launch.zero(key, 4);
-  launch(compress_columns_kernel<false>, grid, kColumnsThreads, 0, m, map.strides[0], p, rank, key, s, q,
-         q_t.strides[0], K, K_pad);
-  launch(compress_columns_kernel<true>, grid, kColumnsThreads, 0, m, map.strides[0], p, rank, key, s, q,
-         q_t.strides[0], K, K_pad);
+  if (g.C % 4 == 0 && map.strides[0] % 4 == 0 && reinterpret_cast<uintptr_t>(m) % 4 == 0)
+    go(std::integral_constant<int, 4>{});
+  else
+    go(std::integral_constant<int, 1>{});
 }
 
 }  // namespace hot::cuda

@@ -50,6 +50,11 @@ void im2col(const TensorView& map, const ConvGeometry& g, const TensorView& cols
   im2col_launch(map, g, cols, StreamLaunch{to_cuda(st)});
 }
 
+void transpose(const TensorView& in, const TensorView& out, Stream st) {
+  DeviceGuard dg(in.device.index);
+  transpose_launch(in, out, StreamLaunch{to_cuda(st)});
+}
+
 void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, Stream st) {
   DeviceGuard dg(x.device.index);
   relu_mask_launch(x, y, bits, StreamLaunch{to_cuda(st)});

@@ -32,6 +32,7 @@ void im2col(const TensorView&, const ConvGeometry&, const TensorView&, Stream) {
 void compress_columns(const TensorView&, const ConvGeometry&, const TensorView&, const TensorView&, int, Stream) {
   missing();
 }
+void transpose(const TensorView&, const TensorView&, Stream) { missing(); }
 void relu_mask(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
 void relu_mask_backward(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
 void pack_int4(const TensorView&, const TensorView&, Stream) { missing(); }

@@ -206,6 +206,22 @@ TEST_F(Cuda_Im2col, BitExactVsCpu) {
       }
 }
 
+class Cuda_Transpose : public CudaTest {};
+TEST_F(Cuda_Transpose, BitExactVsCpu) {
+  uint64_t seed = 1300;
+  for (DType dt : {DType::f32, DType::bf16, DType::s8})
+    for (const hot_test::TransposeCase& c : hot_test::transpose_cases()) {
+      HostTensor in = HostTensor::make2d(dt, c.B * (c.R + c.gap), c.S, c.S + c.pad);
+      hot_test::fill_random_bytes(in, seed++);
+      HostTensor oc = out2d(dt, c.B * (c.S + c.gap), c.R, c.R + c.pad), og = oc;
+      DevTensor din(in), dout(og);
+      hot::transpose(hot_test::view3d(in, c.B, c.R, c.gap), hot_test::view3d(oc, c.B, c.S, c.gap));
+      hot::transpose(hot_test::view3d(din, c.B, c.R, c.gap), hot_test::view3d(dout, c.B, c.S, c.gap), st());
+      sync();
+      EXPECT_TRUE(all_bytes_equal(oc, dout.to_host())) << dt_name(dt) << " " << c.B << "x" << c.R << "x" << c.S;
+    }
+}
+
 class Cuda_CompressColumns : public CudaTest {};
 TEST_F(Cuda_CompressColumns, BitExactVsCpu) {
   uint64_t seed = 9100;

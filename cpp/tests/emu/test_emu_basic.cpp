@@ -150,14 +150,17 @@ TEST(Emu_Dequantize, BitExactVsCpu) {
 TEST(Emu_Col2im, BitExactVsCpu) {
   uint64_t seed = 950;
   for (DType dt : kDtypes)
-    for (const hot::ConvGeometry& g : hot_cuda_test::col2im_geometries()) {
-      const int64_t L = g.N * g.out_h() * g.out_w(), K = g.C * g.kh * g.kw;
-      HostTensor cols = rand_float(dt, L, K, seed++, K + 3);
-      HostTensor oc = out2d(dt, g.N * g.H * g.W, g.C, g.C + 2), o2 = oc;  // channels-last, a row stride
-      hot::cpu::col2im(cols, g, oc, {});
-      with_type(dt, [&](auto t, auto launch) { hot::cuda::col2im_launch<decltype(t)>(cols.view(), g, o2.view(), launch); });
-      EXPECT_TRUE(all_bytes_equal(oc, o2)) << hot::dtype_name(dt) << " case " << seed;
-    }
+    for (const hot::ConvGeometry& g : hot_cuda_test::col2im_geometries())
+      for (int64_t pad : {0, 3}) {  // dense rows (16-byte units where C allows) or row strides (element units)
+        const int64_t L = g.N * g.out_h() * g.out_w(), K = g.C * g.kh * g.kw;
+        HostTensor cols = rand_float(dt, L, K, seed++, K + pad);
+        HostTensor oc = out2d(dt, g.N * g.H * g.W, g.C, g.C + pad), o2 = oc;  // channels-last
+        hot::cpu::col2im(cols, g, oc, {});
+        with_type(dt, [&](auto t, auto launch) {
+          hot::cuda::col2im_launch<decltype(t)>(cols.view(), g, o2.view(), launch);
+        });
+        EXPECT_TRUE(all_bytes_equal(oc, o2)) << hot::dtype_name(dt) << " case " << seed;
+      }
 }
 
 TEST(Emu_Im2col, BitExactVsCpu) {
@@ -172,6 +175,20 @@ TEST(Emu_Im2col, BitExactVsCpu) {
         hot::cuda::im2col_launch(map.view(), g, ce.view(), hot_emu::Launch{});
         EXPECT_TRUE(all_bytes_equal(cc, ce)) << hot::dtype_name(dt) << " case " << seed;
       }
+}
+
+TEST(Emu_Transpose, BitExactVsCpu) {
+  uint64_t seed = 1300;
+  for (DType dt : {DType::f32, DType::bf16, DType::s8})
+    for (const hot_test::TransposeCase& c : hot_test::transpose_cases()) {
+      HostTensor in = HostTensor::make2d(dt, c.B * (c.R + c.gap), c.S, c.S + c.pad);
+      hot_test::fill_random_bytes(in, seed++);
+      HostTensor oc = out2d(dt, c.B * (c.S + c.gap), c.R, c.R + c.pad), oe = oc;
+      hot::cpu::transpose(hot_test::view3d(in, c.B, c.R, c.gap), hot_test::view3d(oc, c.B, c.S, c.gap), {});
+      hot::cuda::transpose_launch(hot_test::view3d(in, c.B, c.R, c.gap), hot_test::view3d(oe, c.B, c.S, c.gap),
+                                  hot_emu::Launch{});
+      EXPECT_TRUE(all_bytes_equal(oc, oe)) << hot::dtype_name(dt) << " " << c.B << "x" << c.R << "x" << c.S;
+    }
 }
 
 TEST(Emu_ReluMask, BitExactVsCpu) {

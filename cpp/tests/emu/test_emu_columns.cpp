@@ -25,7 +25,7 @@ TEST(Emu_CompressColumns, BitExactVsCpu) {
   const int ranks[] = {16};
 #else
   const std::vector<hot::ConvGeometry> geoms = hot_cuda_test::col2im_geometries();
-  const int ranks[] = {4, 16};
+  const int ranks[] = {1, 3, 8, 16};  // tiles of 32, 40, 16 and 8 blocks
 #endif
   uint64_t seed = 9100;
   for (const hot::ConvGeometry& g : geoms)

@@ -427,11 +427,34 @@ def pointwise(kernel, padding) -> bool:
     return tuple(kernel) == (1, 1) and tuple(padding) == (0, 0)
 
 
+def _transposable(t: Tensor) -> bool:
+    """Whether the engine's transpose takes t: contiguous, not empty, of a float dtype or int8."""
+    return t.numel() > 0 and t.is_contiguous() and t.dtype in (torch.float32, torch.float16, torch.bfloat16,
+                                                                 torch.int8)
+
+
+def _nchw_rows(t: Tensor) -> Tensor:
+    """The channels-last rows (N*H*W) x C of a contiguous (N, C, H, W) t: the engine's transpose of its (N, C, H*W)
+    view (one pass; torch's copy of the permuted view runs at a fraction of the bandwidth)."""
+    N, C, H, W = t.shape
+    t3 = t.reshape(N, C, H * W)
+    return _api._transpose(_call("transpose", t3), t3).reshape(N * H * W, C)
+
+
+def _rows_nchw(rows: Tensor, shape) -> Tensor:
+    """The contiguous (N, C, H, W) map of its channels-last rows (N*H*W) x C (the inverse of :func:`_nchw_rows`)."""
+    N, C, H, W = shape
+    r3 = rows.reshape(N, H * W, C)
+    return _api._transpose(_call("transpose", r3), r3).view(N, C, H, W)
+
+
 def _pixel_rows(t: Tensor, stride, patches: bool) -> Tensor:
     """The (N*Ho*Wo) x C row matrix of a pointwise conv's operand t (N, C, H, W): the pixels the kernel reads
     (every stride-th), rows in (n, ho, wo) order or in 4 x 4 patch order; a view for a channels-last t at stride 1
-    without patches, else one copy."""
+    without patches, the engine's transpose for a contiguous one, else one copy."""
     N, C = t.shape[:2]
+    if tuple(stride) == (1, 1) and not patches and _transposable(t) and not _channels_last(t):
+        return _nchw_rows(t) if C > 1 and t.shape[2] * t.shape[3] > 1 else t.reshape(-1, C)
     if tuple(stride) != (1, 1):
         t = t[:, :, ::stride[0], ::stride[1]]
     r = t.permute(0, 2, 3, 1)
@@ -440,9 +463,9 @@ def _pixel_rows(t: Tensor, stride, patches: bool) -> Tensor:
     return r.reshape(-1, C)
 
 
-def _pixel_unrows(rows: Tensor, x_shape, stride, Ho: int, Wo: int, patches: bool) -> Tensor:
+def _pixel_unrows(rows: Tensor, x_shape, stride, Ho: int, Wo: int, patches: bool, last: bool = False) -> Tensor:
     """The adjoint of :func:`_pixel_rows`: rows (N*Ho*Wo) x C back onto (N, C, H, W), zero at the pixels a stride
-    skips."""
+    skips; channels-last (a view of the rows at stride 1) where ``last``, else contiguous."""
     N, C, H, W = x_shape
     if patches:
         r = rows.reshape(N, Ho // 4, Wo // 4, 4, 4, C).permute(0, 1, 3, 2, 4, 5).reshape(N, Ho, Wo, C)
@@ -450,6 +473,11 @@ def _pixel_unrows(rows: Tensor, x_shape, stride, Ho: int, Wo: int, patches: bool
         r = rows.reshape(N, Ho, Wo, C)
     r = r.permute(0, 3, 1, 2)
     if tuple(stride) == (1, 1):
+        if last:
+            return r if r.is_contiguous(memory_format=torch.channels_last) else r.contiguous(
+                memory_format=torch.channels_last)
+        if _transposable(rows) and C > 1 and H * W > 1:
+            return _rows_nchw(rows if not patches else r.permute(0, 2, 3, 1).reshape(-1, C), x_shape)
         return r.contiguous()
     out = rows.new_zeros((N, C, H, W))
     out[:, :, ::stride[0], ::stride[1]] = r
@@ -580,7 +608,7 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
             rows = _pixel_rows(x, stride, patches).contiguous()
         grows, gw, gb = _backward_linear(g, weight.reshape(O, C).contiguous(), rows, q, scale, seed, cfg, need_gx,
                                          need_gw, need_gb, (N * P, C), reuse)
-        gx = _pixel_unrows(grows, x_shape, stride, Ho, Wo, patches) if need_gx else None
+        gx = _pixel_unrows(grows, x_shape, stride, Ho, Wo, patches, _channels_last(grad_y)) if need_gx else None
         return gx, gw.reshape(weight.shape) if gw is not None else None, gb
     cols = cq = cs = None
     map_scale = None  # the int8 map's scale, when g_w comes from the columns of its integers
@@ -594,7 +622,7 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
             # g_w = scale * (g_y^T X) is scaled after the GEMM, in float32 (SPEC §8)
             qh = q.detach().permute(0, 2, 3, 1)  # the channels-last map: a view, or an NCHW map transposed in int8
             if not qh.is_contiguous():
-                qh = qh.contiguous()
+                qh = _nchw_rows(q.detach()).view(N, H, W, C) if _transposable(q) else qh.contiguous()
             cq, cs = _api._compress_columns(_call("compress_columns", qh), qh, (N, C, H, W), (kh, kw), tuple(stride),
                                             tuple(padding), tuple(dilation), patches, cfg.rank)
             map_scale = scale.detach()
@@ -604,8 +632,9 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
     gx = None
     if need_gx:  # the engine's map is channels-last: kept so for a channels-last network (its g_y is), else NCHW
         gx = col2im(gcols, (N, C, H, W), (kh, kw), stride, padding, dilation, patches)
-        if not _channels_last(grad_y):
-            gx = gx.contiguous()
+        if not _channels_last(grad_y) and not gx.is_contiguous():
+            gh = gx.permute(0, 2, 3, 1)  # the engine's rows, (N, H, W, C) contiguous
+            gx = _rows_nchw(gh, (N, C, H, W)) if _transposable(gh) else gx.contiguous()
     if gw is not None:
         if map_scale is not None:
             gw = (gw * map_scale).to(grad_y.dtype)

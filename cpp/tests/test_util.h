@@ -399,10 +399,12 @@ inline void fill_random_bytes(HostTensor& h, uint64_t seed) {
 struct TransposeCase {
   int64_t B, R, S, gap, pad;  // pad: extra elements per row on both sides
 };
-// Tiles cut at both edges, a single row or column, a batch stride beyond the rows, padded rows, and a map of
+// Tiles cut at both edges, a single row or column, a batch stride beyond the rows, padded rows (element units on the
+// GPU), the same with every size and stride a multiple of 4 (32-bit words of 2 or 4 elements), and a map of
 // ResNet-50's layer-1 shape at batch 2 (C = 64, H*W = 3136).
 inline std::vector<TransposeCase> transpose_cases() {
-  return {{2, 5, 37, 0, 0}, {3, 33, 64, 2, 3}, {1, 1, 7, 0, 0}, {4, 40, 1, 1, 0}, {2, 64, 3136, 0, 0}};
+  return {{2, 5, 37, 0, 0},  {3, 33, 64, 2, 3},  {1, 1, 7, 0, 0},
+          {4, 40, 1, 1, 0},  {3, 36, 100, 1, 4}, {2, 64, 3136, 0, 0}};
 }
 inline int64_t round_up16(int64_t k) { return ceil_div(k, 16) * 16; }
 

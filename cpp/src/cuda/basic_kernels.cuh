@@ -212,26 +212,37 @@ __global__ void im2col_kernel(const U* __restrict__ map, int64_t ldm, Col2imPara
   }
 }
 
-// transpose: one CTA of 256 threads (8 warps) per 32 x 32 tile of one batch entry (grid-stride over tiles): the warps read
-// the tile's rows (a warp: 32 consecutive elements of one input row), it goes through shared memory (a column of
-// padding: no bank conflicts on the transposed reads), and they write the tile's columns as rows of out.
-constexpr int kTransposeTile = 32;
+// transpose: one CTA of 256 threads (8 warps) per tile of 32E x 32E elements of one batch entry (grid-stride over
+// tiles), moved in 32-bit words of E = 4 / sizeof(U) elements where both sides' runs, strides and pointers allow (else
+// E = 1 and words of one element): a warp reads one input row's 32 consecutive words (128 bytes), the tile goes through
+// shared memory (rows padded by one word: the column reads fall in distinct banks), and a warp writes 32 consecutive
+// words of one output row, each word packed from E input rows.
+constexpr int kTransposeWords = 32;  // words per tile side
 
-template <typename U>
+template <typename U, int E>
 __global__ void transpose_kernel(const U* __restrict__ in, int64_t ib, int64_t ir, U* __restrict__ out, int64_t ob,
                                  int64_t os, int64_t B, int64_t R, int64_t S) {
-  __shared__ U tile[kTransposeTile][kTransposeTile + 1];
-  const int64_t tr = (R + kTransposeTile - 1) / kTransposeTile, ts = (S + kTransposeTile - 1) / kTransposeTile;
-  const int tx = static_cast<int>(threadIdx.x) % kTransposeTile, ty = static_cast<int>(threadIdx.x) / kTransposeTile;
-  const int rows = static_cast<int>(blockDim.x) / kTransposeTile;
+  constexpr int kSide = kTransposeWords * E, kPitch = kSide + E;  // elements
+  using W = std::conditional_t<E == 1, U, uint32_t>;
+  __shared__ __align__(16) U tile[kSide * kPitch];
+  const int64_t tr = (R + kSide - 1) / kSide, ts = (S + kSide - 1) / kSide;
+  const int lane = static_cast<int>(threadIdx.x) % kTransposeWords;
+  const int warp = static_cast<int>(threadIdx.x) / kTransposeWords, warps = static_cast<int>(blockDim.x) / 32;
   for (int64_t t = blockIdx.x; t < B * tr * ts; t += gridDim.x) {
-    const int64_t b = t / (tr * ts), rest = t - b * tr * ts, r0 = rest / ts * kTransposeTile,
-                  s0 = (rest % ts) * kTransposeTile;
-    for (int k = ty; k < kTransposeTile; k += rows)
-      if (r0 + k < R && s0 + tx < S) tile[k][tx] = in[b * ib + (r0 + k) * ir + s0 + tx];
+    const int64_t b = t / (tr * ts), rest = t - b * tr * ts, r0 = rest / ts * kSide, s0 = (rest % ts) * kSide;
+    const int nr = static_cast<int>(R - r0 < kSide ? R - r0 : kSide), ns = static_cast<int>(S - s0 < kSide ? S - s0 : kSide);
+    for (int k = warp; k < nr; k += warps)  // input row r0 + k, word `lane`: elements s0 + E*lane ..
+      if (lane * E < ns)
+        *reinterpret_cast<W*>(tile + k * kPitch + lane * E) =
+            *reinterpret_cast<const W*>(in + b * ib + (r0 + k) * ir + s0 + lane * E);
     __syncthreads();
-    for (int k = ty; k < kTransposeTile; k += rows)
-      if (s0 + k < S && r0 + tx < R) out[b * ob + (s0 + k) * os + r0 + tx] = tile[tx][k];
+    for (int k = warp; k < ns; k += warps)  // output row s0 + k, word `lane`: elements r0 + E*lane ..
+      if (lane * E < nr) {
+        W w = 0;
+#pragma unroll
+        for (int e = 0; e < E; ++e) w |= static_cast<W>(tile[(lane * E + e) * kPitch + k]) << (8 * sizeof(U) * e);
+        *reinterpret_cast<W*>(out + b * ob + (s0 + k) * os + r0 + lane * E) = w;
+      }
     __syncthreads();  // the next tile overwrites this one
   }
 }
@@ -431,17 +442,33 @@ void col2im_launch(const TensorView& cols, const ConvGeometry& g, const TensorVi
 template <typename Launch>
 void transpose_launch(const TensorView& in, const TensorView& out, const Launch& launch) {
   const int64_t B = in.shape[0], R = in.shape[1], S = in.shape[2];
-  const int64_t tiles = B * ceil_div(R, kTransposeTile) * ceil_div(S, kTransposeTile);
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(tiles, kMaxGridX)));
-  const auto go = [&](auto unit) {
+  const auto go = [&](auto unit, auto e) {
     using U = decltype(unit);
-    launch(transpose_kernel<U>, grid, kBasicThreads, 0, static_cast<const U*>(in.data), in.strides[0], in.strides[1],
-           static_cast<U*>(out.data), out.strides[0], out.strides[1], B, R, S);
+    constexpr int E = decltype(e)::value;
+    const int64_t side = int64_t{kTransposeWords} * E;
+    const int64_t tiles = B * ceil_div(R, side) * ceil_div(S, side);
+    launch(transpose_kernel<U, E>, dim3(static_cast<unsigned>(std::min<int64_t>(tiles, kMaxGridX))), kBasicThreads, 0,
+           static_cast<const U*>(in.data), in.strides[0], in.strides[1], static_cast<U*>(out.data), out.strides[0],
+           out.strides[1], B, R, S);
   };
+  const auto words = [&](int64_t e) {  // whole 32-bit words of e elements on both sides
+    const auto ok = [e](const TensorView& t) {
+      return t.shape[2] % e == 0 && t.strides[0] % e == 0 && t.strides[1] % e == 0 &&
+             reinterpret_cast<uintptr_t>(t.data) % 4 == 0;
+    };
+    return ok(in) && ok(out);
+  };
+  using I1 = std::integral_constant<int, 1>;
   switch (dtype_bits(in.dtype)) {
-    case 8: go(uint8_t{}); break;
-    case 16: go(uint16_t{}); break;
-    default: go(uint32_t{}); break;
+    case 8:
+      if (words(4)) go(uint8_t{}, std::integral_constant<int, 4>{});
+      else go(uint8_t{}, I1{});
+      break;
+    case 16:
+      if (words(2)) go(uint16_t{}, std::integral_constant<int, 2>{});
+      else go(uint16_t{}, I1{});
+      break;
+    default: go(uint32_t{}, I1{}); break;
   }
 }
 

@@ -15,9 +15,8 @@ extern template bool dequant_gemm<cutlass::bfloat16_t>(const int8_t*, int64_t, c
 
 bool store_gemm(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, int32_t* d, int64_t ldd, int M, int N,
                 int K, int device, cudaStream_t stream) {
-  using Cfg = GemmConfig<int32_t, StoreEVT>;
   typename StoreEVT::Arguments fusion{{}, {}};
-  return run_gemm<Cfg>(a, lda, b, ldb, d, ldd, M, N, K, fusion, device, stream);
+  return run_gemm_for_m<int32_t, StoreEVT>(a, lda, b, ldb, d, ldd, M, N, K, fusion, device, stream);
 }
 
 namespace {

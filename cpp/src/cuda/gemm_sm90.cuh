@@ -3,9 +3,11 @@
 // accumulators (gemm_s8s8s32) or dequantises them in registers:
 //     D = cast<ElementD>(float(acc) * ((sa[m or 0] * sb[0]) * factor))
 // (fp32 multiplications in this order, round to nearest; the CPU backend uses the same order).
-// One kernel configuration: 128x256x128 tile, cluster 2x1, cooperative schedule with the stream-K tile
-// scheduler, which splits K when there are too few output tiles to fill the GPU (the g_w GEMM: M = O,
-// N = I, K = L/2). Integer partial sums are exact in any order, so stream-K is bit-exact.
+// One kernel configuration: 128x256x128 tile, cooperative schedule with the stream-K tile scheduler, which splits K
+// when there are too few output tiles to fill the GPU (the g_w GEMM: M = O, N = I, K = L/2), in clusters of 2x1
+// (a pair of M tiles shares B's loads through TMA multicast) or, where M fits one tile (M <= 128: a conv's g_w GEMM
+// with O = 64 or 128), of 1x1: a pair would leave one CTA of each cluster without an M tile. Integer partial sums are
+// exact in any order, so stream-K is bit-exact.
 // Included only by *_sm90.cu files, which CMake compiles only for sm_90a.
 #pragma once
 
@@ -27,7 +29,6 @@ using namespace cute;
 namespace fu = cutlass::epilogue::fusion;
 
 using TileShape = cute::Shape<_128, _256, _128>;
-using ClusterShape = cute::Shape<_2, _1, _1>;
 constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
 
 // Dequantising epilogue tree: acc * ((sa[m] * sb) * factor), cast to ElementD (the CPU backend forms
@@ -45,8 +46,9 @@ using DequantEVT = fu::Sm90EVT<
 using StoreEVT = fu::Sm90EVT<fu::Sm90Compute<cutlass::epilogue::thread::Identity, int32_t, int32_t, kRound>,
                              fu::Sm90AccFetch>;
 
-template <typename ElementD, typename EVT>
+template <typename ElementD, typename EVT, int kClusterM>
 struct GemmConfig {
+  using ClusterShape = cute::Shape<cute::Int<kClusterM>, _1, _1>;
   static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
@@ -121,11 +123,19 @@ bool run_gemm(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, void* 
   return true;
 }
 
+// run_gemm with the cluster shape for M (see the top of this file).
+template <typename ElementD, typename EVT, typename FusionArgs>
+bool run_gemm_for_m(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, void* d, int64_t ldd, int M, int N,
+                    int K, const FusionArgs& fusion, int device, cudaStream_t stream) {
+  if (M <= size<0>(TileShape{}))
+    return run_gemm<GemmConfig<ElementD, EVT, 1>>(a, lda, b, ldb, d, ldd, M, N, K, fusion, device, stream);
+  return run_gemm<GemmConfig<ElementD, EVT, 2>>(a, lda, b, ldb, d, ldd, M, N, K, fusion, device, stream);
+}
+
 template <typename ElementD>
 bool dequant_gemm(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, ElementD* d, int64_t ldd, int M, int N,
                   int K, const float* sa, bool sa_per_row, const float* sb, float factor, int device,
                   cudaStream_t stream) {
-  using Cfg = GemmConfig<ElementD, DequantEVT<ElementD>>;
   typename DequantEVT<ElementD>::Arguments fusion{
       {},                                                // acc
       {                                                  // alpha = (sa * sb) * factor
@@ -136,7 +146,7 @@ bool dequant_gemm(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, El
        {{factor}, {nullptr}},                            // factor (host scalar)
        {}},                                              // multiplies
       {}};                                               // acc * alpha, cast
-  return run_gemm<Cfg>(a, lda, b, ldb, d, ldd, M, N, K, fusion, device, stream);
+  return run_gemm_for_m<ElementD, DequantEVT<ElementD>>(a, lda, b, ldb, d, ldd, M, N, K, fusion, device, stream);
 }
 
 bool store_gemm(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, int32_t* d, int64_t ldd, int M, int N,

@@ -269,13 +269,17 @@ __device__ __forceinline__ void gx_unit_quant_store(const QgoParams& p, const fl
 }
 
 // The g_x transform: G~ = g_y blockdiag(H_b) on units (row, 16 columns), 4 per thread; its amax (pass 1) or its
-// codes in q_g (pass 2).
+// codes in q_g (pass 2). Only the tile's column groups below max(O, O_pad) are walked (a narrow g_y, O = 64, has 4 of
+// the 16: the threads share those instead of 3 in 4 transforming zeros), except with per-token scales, whose amax
+// reduction needs 16 consecutive lanes on one row.
 template <int PASS, class Tile>
 __device__ __forceinline__ void gx_transform(const QgoParams& p, const Tile& tile, int64_t r0, int64_t c0,
                                              uint32_t& amax_gx) {
+  const int64_t width = std::max(p.O, p.O_pad) - c0;  // > 0 for every column tile
+  const int groups = p.gx_per_row || width >= kTileCols ? kTileCols / 16 : static_cast<int>((width + 15) / 16);
 #pragma unroll 1
-  for (int u = threadIdx.x; u < kTileRows * (kTileCols / 16); u += kThreads) {
-    const int row = u / 16, g16 = (u % 16) * 16;
+  for (int u = threadIdx.x; u < kTileRows * groups; u += kThreads) {
+    const int row = u / groups, g16 = (u % groups) * 16;
     const int64_t r = r0 + row, c = c0 + g16;
     float x[16];
     tile.load16(row, g16, x);

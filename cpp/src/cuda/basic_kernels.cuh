@@ -230,7 +230,8 @@ __global__ void transpose_kernel(const U* __restrict__ in, int64_t ib, int64_t i
   const int warp = static_cast<int>(threadIdx.x) / kTransposeWords, warps = static_cast<int>(blockDim.x) / 32;
   for (int64_t t = blockIdx.x; t < B * tr * ts; t += gridDim.x) {
     const int64_t b = t / (tr * ts), rest = t - b * tr * ts, r0 = rest / ts * kSide, s0 = (rest % ts) * kSide;
-    const int nr = static_cast<int>(R - r0 < kSide ? R - r0 : kSide), ns = static_cast<int>(S - s0 < kSide ? S - s0 : kSide);
+    const int nr = static_cast<int>(R - r0 < kSide ? R - r0 : kSide);
+    const int ns = static_cast<int>(S - s0 < kSide ? S - s0 : kSide);
     for (int k = warp; k < nr; k += warps)  // input row r0 + k, word `lane`: elements s0 + E*lane ..
       if (lane * E < ns)
         *reinterpret_cast<W*>(tile + k * kPitch + lane * E) =

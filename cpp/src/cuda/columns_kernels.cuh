@@ -12,10 +12,12 @@
 // column in registers (fwht_regs<16>: integers of magnitude at most 16 * 127, exact in fp32, hence the CPU's values
 // whatever the butterfly order) and keeps the rank rows of kHlaOrder.
 // Pass 1 (kQuant = false) takes their amax (a block max, one atomicMax per CTA). Pass 2 quantises them to nearest
-// with the scale of that amax (hot/quant_rules.h) into a shared tile, one row per column (rows of TB*rank + 4 bytes,
-// ordered by channel-in-unit first, so a warp's byte stores fall in distinct banks), then copies the tile out row by
-// row in 32-bit words: each output row gets TB*rank contiguous bytes, a warp stores 128 contiguous bytes. The tile
-// of the last block also writes the zeros of columns K..K_pad.
+// with the scale of that amax (q_nearest: hot/quant_rules.h's rule in fewer instructions, the same bits for these
+// finite values) into a shared tile, one row per column (rows of TB*rank + 4 bytes, ordered by channel-in-unit first,
+// so a warp's stores fall in distinct banks), then copies the tile out row by row in 32-bit words: each output row
+// gets TB*rank contiguous bytes, a warp stores 128 contiguous bytes. The tile of the last block also writes the zeros
+// of columns K..K_pad. The gathers' addresses: each row's window origin as an element offset into the map (shared
+// memory) plus the item's kernel-offset-and-channel offset, with unsigned bounds checks.
 #pragma once
 
 #include <algorithm>
@@ -43,7 +45,7 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
     compress_columns_kernel(const int8_t* __restrict__ map, int64_t ldm, Col2imParams p, int rank, int TB,
                             unsigned* __restrict__ key, float* __restrict__ scale, int8_t* __restrict__ q,
                             int64_t ldq, int64_t K, int64_t K_pad) {
-  __shared__ int64_t base[kColumnsMaxTileRows];
+  __shared__ int64_t pix[kColumnsMaxTileRows];  // the window origin's element offset in the map (may lie outside)
   __shared__ int hb[kColumnsMaxTileRows], wb[kColumnsMaxTileRows];
   __shared__ __align__(16) int8_t tile[kColumnsChunk * kColumnsMaxPitch];
   __shared__ uint32_t red[32];
@@ -64,9 +66,11 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
       const int64_t r = jb0 * 16 + t;
       int64_t n = 0, ho = 0, wo = 0;
       if (r < L) im2col_pixel(p, r, n, ho, wo);
-      base[t] = n * p.H;
-      hb[t] = r < L ? static_cast<int>(ho) * p.sh - p.ph : -(1 << 30);  // a padding row: outside the map
-      wb[t] = static_cast<int>(wo) * p.sw - p.pw;
+      const int h0 = r < L ? static_cast<int>(ho) * p.sh - p.ph : -(1 << 30);  // a padding row: outside the map
+      const int w0 = static_cast<int>(wo) * p.sw - p.pw;
+      hb[t] = h0;
+      wb[t] = w0;
+      pix[t] = r < L ? ((n * p.H + h0) * p.W + w0) * ldm : 0;
     }
     __syncthreads();
     for (int u0 = 0; u0 < units; u0 += chunk_units) {
@@ -74,12 +78,15 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
       for (int e = tid; e < nu * nb; e += nthr) {
         const int ul = e % nu, b = e / nu, gu = u0 + ul;
         const int ij = gu / cu, c = (gu - ij * cu) * V, i = ij / p.kw, j = ij - i * p.kw;
+        const int idh = i * p.dh, jdw = j * p.dw;
+        const int64_t off = (static_cast<int64_t>(idh) * p.W + jdw) * ldm + c;  // of kernel offset (i, j), channel c
         uint32_t word[16];  // the 16 rows' V bytes (V = 1: one byte, sign-extended)
 #pragma unroll
         for (int t = 0; t < 16; ++t) {
-          const int rt = b * 16 + t, h = hb[rt] + i * p.dh, w = wb[rt] + j * p.dw;
-          const bool in = h >= 0 && h < p.H && w >= 0 && w < p.W;
-          const int8_t* src = map + ((base[rt] + h) * p.W + w) * ldm + c;
+          const int rt = b * 16 + t, h = hb[rt] + idh, w = wb[rt] + jdw;
+          const bool in = static_cast<unsigned>(h) < static_cast<unsigned>(p.H) &&
+                          static_cast<unsigned>(w) < static_cast<unsigned>(p.W);
+          const int8_t* src = map + (pix[rt] + off);
           if constexpr (V == 4)
             word[t] = in ? *reinterpret_cast<const uint32_t*>(src) : 0u;
           else
@@ -105,14 +112,14 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
 #pragma unroll
                   for (int z = 0; z < 4; ++z)
                     packed |= static_cast<uint32_t>(static_cast<uint8_t>(
-                                  quantize_nearest(v[hla_order(k + z)], qs, 127)))
+                                  q_nearest(v[hla_order(k + z)], qs.inv, qs.pre, 127)))
                               << (8 * z);
                   *reinterpret_cast<uint32_t*>(dst + k) = packed;
                 }
             } else {
 #pragma unroll
               for (int k = 0; k < 16; ++k)
-                if (k < rank) dst[k] = quantize_nearest(v[hla_order(k)], qs, 127);
+                if (k < rank) dst[k] = q_nearest(v[hla_order(k)], qs.inv, qs.pre, 127);
             }
           }
         }

@@ -39,6 +39,21 @@ constexpr bool hla_order_matches() {
 }
 static_assert(hla_order_matches(), "hla_order must equal hot::kHlaOrder");
 
+// The rules of hot/quant_rules.h with fewer instructions, bit-identical for the inputs their callers pass (the g_y
+// pass, compress_columns): the callers handle inv == 0 (an all-zero or non-finite amax: every code is 0) once per
+// unit of work, or pass only finite v, for which inv == 0 gives 0 here too; otherwise these run only with inv != 0,
+// which implies a finite, non-zero amax, so |v * inv| <= qmax and v * inv + u < qmax + 1: the float rounding + float
+// clamp + conversion becomes one rounding conversion and an integer clamp. (A check of inv in here became a branch
+// per element in the unrolled loops: two more instructions each, in SASS.)
+__device__ __forceinline__ int8_t q_nearest(float v, float inv, float pre, int qmax) {
+  const int i = __float2int_rn(__fmul_rn(__fmul_rn(v, pre), inv));
+  return static_cast<int8_t>(max(-qmax, min(qmax, i)));
+}
+__device__ __forceinline__ int8_t q_stochastic(float v, float inv, float pre, int qmax, float u) {
+  const int i = __float2int_rd(__fadd_rn(__fmul_rn(__fmul_rn(v, pre), inv), u));
+  return static_cast<int8_t>(max(-qmax, min(qmax, i)));
+}
+
 // scale[i] / inv[i] / pre[i] of n quantisers from their amax keys (hot/quant_rules.h), grid-stride over the
 // threads of the launch.
 __device__ __forceinline__ void store_scales_from_keys(const unsigned* keys, int64_t n, int qmax, float* scale,

@@ -107,20 +107,6 @@ __device__ __noinline__ void quant_slow(const float* v, int n, float inv, float 
                       : quantize_nearest(v[i], qs, qmax);
 }
 
-// The rules of hot/quant_rules.h with fewer instructions, bit-identical for the inputs they see here: the
-// callers handle inv == 0 (an all-zero or non-finite amax: every code is 0) once per unit of work, so these
-// run only with inv != 0, which implies a finite, non-zero amax, so |v * inv| <= qmax and v * inv + u < qmax + 1:
-// the float rounding + float clamp + conversion becomes one rounding conversion and an integer clamp. (A check
-// of inv in here became a branch per element in the unrolled loops: two more instructions each, in SASS.)
-__device__ __forceinline__ int8_t q_nearest(float v, float inv, float pre, int qmax) {
-  const int i = __float2int_rn(__fmul_rn(__fmul_rn(v, pre), inv));
-  return static_cast<int8_t>(max(-qmax, min(qmax, i)));
-}
-__device__ __forceinline__ int8_t q_stochastic(float v, float inv, float pre, int qmax, float u) {
-  const int i = __float2int_rd(__fadd_rn(__fmul_rn(__fmul_rn(v, pre), inv), u));
-  return static_cast<int8_t>(max(-qmax, min(qmax, i)));
-}
-
 // Rounding of 4 consecutive logical elements e0 .. e0+3 of one row, n of them valid (n <= 4), where the
 // 8-element RNG fast paths do not apply: inline round-to-nearest, else the out-of-line generic path.
 __device__ __forceinline__ void quant4(const float (&v)[4], int n, float inv, float pre, int qmax, bool stochastic, uint64_t seed,

@@ -201,20 +201,34 @@ def test_column_order_permutes_the_gradients_bit_for_bit(config):
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_conv_input_gradient_keeps_the_network_layout(channels_last):
-    """The engine's col2im writes a channels-last map: a channels-last network (its g_y is) gets it as it is, an NCHW
-    one a contiguous copy, so the ops before the conv see the layout they produced."""
+@pytest.mark.parametrize("kernel,stride,padding", [(3, 1, 1), (1, 1, 0), (1, 2, 0)])
+def test_conv_input_gradient_keeps_the_network_layout(channels_last, kernel, stride, padding):
+    """g_x comes back in the network's layout (its g_y's): the engine's col2im writes a channels-last map, which a
+    channels-last network gets as it is and an NCHW one transposed (hot::transpose); a pointwise conv's pixel rows go
+    back the same way, at stride 2 onto a zero map of that layout. The values are the same either way (round-to-nearest:
+    no per-call random bits)."""
+    import hot
     import hot.torch as ht
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1))
-    ht.convert(model)
+    model = nn.Sequential(nn.Conv2d(4, 8, kernel, stride=stride, padding=padding))
+    ht.convert(model, hot.Config(rounding="nearest"))
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    model = model.to(memory_format=fmt)
-    x = torch.randn(2, 4, 8, 8).to(memory_format=fmt).requires_grad_(True)
-    y = model(x)
-    y.backward(torch.randn_like(y))
-    assert x.grad.is_contiguous(memory_format=fmt)
+    x0, g0 = torch.randn(2, 4, 8, 8), None
+    grads = {}
+    for f in (torch.contiguous_format, fmt):
+        m = model.to(memory_format=f)
+        leaf = x0.clone(memory_format=f).requires_grad_(True)
+        x = leaf * 1.0  # not a leaf: its hook sees g_x as the conv's backward returns it (a leaf's .grad is restrided)
+        seen = []
+        x.register_hook(seen.append)
+        y = m(x)
+        if g0 is None:
+            g0 = torch.randn(y.shape)
+        y.backward(g0.to(memory_format=f))
+        assert seen[0].is_contiguous(memory_format=f)
+        grads[f] = seen[0]
+    assert torch.equal(grads[torch.contiguous_format], grads[fmt])
 
 
 @pytest.mark.parametrize("patches", [False, True])

@@ -465,7 +465,8 @@ def _pixel_rows(t: Tensor, stride, patches: bool) -> Tensor:
 
 def _pixel_unrows(rows: Tensor, x_shape, stride, Ho: int, Wo: int, patches: bool, last: bool = False) -> Tensor:
     """The adjoint of :func:`_pixel_rows`: rows (N*Ho*Wo) x C back onto (N, C, H, W), zero at the pixels a stride
-    skips; channels-last (a view of the rows at stride 1) where ``last``, else contiguous."""
+    skips; channels-last (a view of the rows at stride 1) where ``last`` (the network's g_y is channels-last: its
+    other ops' backward then sees the layout it runs in), else contiguous."""
     N, C, H, W = x_shape
     if patches:
         r = rows.reshape(N, Ho // 4, Wo // 4, 4, 4, C).permute(0, 1, 3, 2, 4, 5).reshape(N, Ho, Wo, C)
@@ -479,7 +480,8 @@ def _pixel_unrows(rows: Tensor, x_shape, stride, Ho: int, Wo: int, patches: bool
         if _transposable(rows) and C > 1 and H * W > 1:
             return _rows_nchw(rows if not patches else r.permute(0, 2, 3, 1).reshape(-1, C), x_shape)
         return r.contiguous()
-    out = rows.new_zeros((N, C, H, W))
+    out = torch.empty((N, C, H, W), dtype=rows.dtype, device=rows.device,
+                      memory_format=torch.channels_last if last else torch.contiguous_format).zero_()
     out[:, :, ::stride[0], ::stride[1]] = r
     return out
 

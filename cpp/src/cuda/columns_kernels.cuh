@@ -44,7 +44,7 @@ template <bool kQuant, int V>
 __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (42 KB of shared memory each) per SM
     compress_columns_kernel(const int8_t* __restrict__ map, int64_t ldm, Col2imParams p, int rank, int TB,
                             unsigned* __restrict__ key, float* __restrict__ scale, int8_t* __restrict__ q,
-                            int64_t ldq, int64_t K, int64_t K_pad) {
+                            int64_t ldq, int64_t K_pad) {
   __shared__ int64_t pix[kColumnsMaxTileRows];  // the window origin's element offset in the map (may lie outside)
   __shared__ int hb[kColumnsMaxTileRows], wb[kColumnsMaxTileRows];
   __shared__ __align__(16) int8_t tile[kColumnsChunk * kColumnsMaxPitch];
@@ -170,7 +170,7 @@ void compress_columns_launch(const TensorView& map, const ConvGeometry& g, const
   const Col2imParams p = col2im_params(g);
   const int64_t nblk = ceil_div(g.N * p.Ho * p.Wo, 16);
   const int TB = columns_tile_blocks(rank);
-  const int64_t K = hla_rows(g.N * p.Ho * p.Wo, rank), K_pad = q_t.shape[1];
+  const int64_t K_pad = q_t.shape[1];  // K = nblk * rank, then the zero padding
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(nblk, TB), 8192)));
   const auto* m = static_cast<const int8_t*>(map.data);
   auto* q = static_cast<int8_t*>(q_t.data);
@@ -178,9 +178,9 @@ void compress_columns_launch(const TensorView& map, const ConvGeometry& g, const
   const auto go = [&](auto v) {
     constexpr int V = decltype(v)::value;
     launch(compress_columns_kernel<false, V>, grid, kColumnsThreads, 0, m, map.strides[0], p, rank, TB, key, s, q,
-           q_t.strides[0], K, K_pad);
+           q_t.strides[0], K_pad);
     launch(compress_columns_kernel<true, V>, grid, kColumnsThreads, 0, m, map.strides[0], p, rank, TB, key, s, q,
-           q_t.strides[0], K, K_pad);
+           q_t.strides[0], K_pad);
   };
   launch.zero(key, 4);
   if (g.C % 4 == 0 && map.strides[0] % 4 == 0 && reinterpret_cast<uintptr_t>(m) % 4 == 0)

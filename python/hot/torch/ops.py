@@ -434,16 +434,24 @@ def _transposable(t: Tensor) -> bool:
 
 
 def _nchw_rows(t: Tensor) -> Tensor:
-    """The channels-last rows (N*H*W) x C of a contiguous (N, C, H, W) t: the engine's transpose of its (N, C, H*W)
-    view (one pass; torch's copy of the permuted view runs at a fraction of the bandwidth)."""
+    """The channels-last rows (N*H*W) x C of an (N, C, H, W) t: a view where t's memory is in that order already, the
+    engine's transpose of the (N, C, H*W) view of a contiguous t (one pass; torch's copy of the permuted view runs at a
+    fraction of the bandwidth), else torch's copy."""
     N, C, H, W = t.shape
+    r = t.permute(0, 2, 3, 1)
+    if r.is_contiguous() or not _transposable(t):
+        return r.reshape(N * H * W, C)
     t3 = t.reshape(N, C, H * W)
     return _api._transpose(_call("transpose", t3), t3).reshape(N * H * W, C)
 
 
 def _rows_nchw(rows: Tensor, shape) -> Tensor:
-    """The contiguous (N, C, H, W) map of its channels-last rows (N*H*W) x C (the inverse of :func:`_nchw_rows`)."""
+    """The contiguous (N, C, H, W) map of its channels-last rows (N*H*W) x C, or of the same as an (N, H, W, C) tensor
+    (the inverse of :func:`_nchw_rows`): a view where their memory is in that order already, else one transpose."""
     N, C, H, W = shape
+    r = rows.reshape(N, H, W, C).permute(0, 3, 1, 2)
+    if r.is_contiguous() or not _transposable(rows):
+        return r.contiguous()
     r3 = rows.reshape(N, H * W, C)
     return _api._transpose(_call("transpose", r3), r3).view(N, C, H, W)
 
@@ -453,8 +461,8 @@ def _pixel_rows(t: Tensor, stride, patches: bool) -> Tensor:
     (every stride-th), rows in (n, ho, wo) order or in 4 x 4 patch order; a view for a channels-last t at stride 1
     without patches, the engine's transpose for a contiguous one, else one copy."""
     N, C = t.shape[:2]
-    if tuple(stride) == (1, 1) and not patches and _transposable(t) and not _channels_last(t):
-        return _nchw_rows(t) if C > 1 and t.shape[2] * t.shape[3] > 1 else t.reshape(-1, C)
+    if tuple(stride) == (1, 1) and not patches:
+        return _nchw_rows(t)
     if tuple(stride) != (1, 1):
         t = t[:, :, ::stride[0], ::stride[1]]
     r = t.permute(0, 2, 3, 1)
@@ -477,9 +485,7 @@ def _pixel_unrows(rows: Tensor, x_shape, stride, Ho: int, Wo: int, patches: bool
         if last:
             return r if r.is_contiguous(memory_format=torch.channels_last) else r.contiguous(
                 memory_format=torch.channels_last)
-        if _transposable(rows) and C > 1 and H * W > 1:
-            return _rows_nchw(rows if not patches else r.permute(0, 2, 3, 1).reshape(-1, C), x_shape)
-        return r.contiguous()
+        return _rows_nchw(r.permute(0, 2, 3, 1), x_shape)
     out = torch.empty((N, C, H, W), dtype=rows.dtype, device=rows.device,
                       memory_format=torch.channels_last if last else torch.contiguous_format).zero_()
     out[:, :, ::stride[0], ::stride[1]] = r
@@ -622,9 +628,7 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
             cols = im2col(x, (kh, kw), stride, padding, dilation, patches)  # N*P x CKK, columns (i, j, c)
         else:  # the ABC buffer of the columns X = im2col(Q) of the map's integers, formed without X by the engine;
             # g_w = scale * (g_y^T X) is scaled after the GEMM, in float32 (SPEC §8)
-            qh = q.detach().permute(0, 2, 3, 1)  # the channels-last map: a view, or an NCHW map transposed in int8
-            if not qh.is_contiguous():
-                qh = _nchw_rows(q.detach()).view(N, H, W, C) if _transposable(q) else qh.contiguous()
+            qh = _nchw_rows(q.detach()).view(N, H, W, C)  # the channels-last map: a view, or NCHW transposed in int8
             cq, cs = _api._compress_columns(_call("compress_columns", qh), qh, (N, C, H, W), (kh, kw), tuple(stride),
                                             tuple(padding), tuple(dilation), patches, cfg.rank)
             map_scale = scale.detach()
@@ -634,9 +638,8 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
     gx = None
     if need_gx:  # the engine's map is channels-last: kept so for a channels-last network (its g_y is), else NCHW
         gx = col2im(gcols, (N, C, H, W), (kh, kw), stride, padding, dilation, patches)
-        if not _channels_last(grad_y) and not gx.is_contiguous():
-            gh = gx.permute(0, 2, 3, 1)  # the engine's rows, (N, H, W, C) contiguous
-            gx = _rows_nchw(gh, (N, C, H, W)) if _transposable(gh) else gx.contiguous()
+        if not _channels_last(grad_y):
+            gx = _rows_nchw(gx.permute(0, 2, 3, 1), (N, C, H, W))  # the engine's rows, (N, H, W, C) contiguous
     if gw is not None:
         if map_scale is not None:
             gw = (gw * map_scale).to(grad_y.dtype)

@@ -113,8 +113,8 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
     top = {r: collections.Counter() for r in RANGES}
     if not kernels:
         gc.enable()
-    gc.unfreeze()
-    return walls, by, top, host
+        gc.unfreeze()
+        return walls, by, top, host
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):  # each range ends with a synchronize inside it: its window holds all its GPU work

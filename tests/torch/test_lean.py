@@ -58,6 +58,23 @@ def test_gradient_equals_nn_relu_bit_for_bit(device, dtype, inplace, layout):
         assert torch.equal(e.nan_to_num(0.0), h.nan_to_num(0.0))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_gradient_of_a_broadcast_grad_output(device, layout):
+    """A g_y that autograd hands over as a broadcast view (stride 0: the backward of a sum or a mean) gives nn.ReLU's
+    gradient, not an error from the engine's contiguity check."""
+    x = _special_input((2, 3, 4, 5), torch.float32, device, seed=3)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    grads = []
+    for mod in (nn.ReLU(), ht.ReLU()):
+        a = x.detach().clone().requires_grad_(True)
+        (mod(a * 1).sum() * 3).backward()
+        grads.append(a.grad)
+    assert torch.equal(grads[0], grads[1])
+    assert grads[1].abs().sum() > 0
+
+
 @pytest.mark.parametrize("shape", [(5,), (4, 9), (2, 3, 5, 5)])
 def test_keeps_one_bit_per_element(shape):
     x = torch.randn(shape, requires_grad=True)

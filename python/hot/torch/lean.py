@@ -111,7 +111,8 @@ def _inverse(perm: List[int]) -> List[int]:
 def _masked_grad(g: Tensor, bits: Tensor, perm: Optional[List[int]]) -> Tensor:
     """g_x = g_y where the bit is clear, 0 where set, with g_y laid out by the mask's permutation."""
     gp = g if perm is None else g.permute(perm)
-    gx = _relu_mask_backward(gp.reshape(-1), bits).view(gp.shape)  # reshape: a copy only for another layout
+    # contiguous: a copy only for another layout, or for a broadcast g_y (the expanded ones of a sum's backward)
+    gx = _relu_mask_backward(gp.contiguous().view(-1), bits).view(gp.shape)
     return gx if perm is None else gx.permute(_inverse(perm))
 
 

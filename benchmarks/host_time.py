@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Host time per call of hot.torch's layers against torch's own, on tensors so small that the GPU is idle most of
+the time: the time per call is then what the host spends enqueueing it (Python, dispatch, launches). Each figure is
+the best of 5 rounds of N calls, synchronised once per round.
+
+Usage (GPU): python benchmarks/host_time.py [--device cuda] [--n 300] [--profile]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+from torch import nn
+
+import hot.torch as ht
+
+
+def per_call_us(f, n: int, sync) -> float:
+    for _ in range(20):
+        f()
+    sync()
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(n):
+            f()
+        sync()
+        best = min(best, (time.perf_counter() - t) / n)
+    return best * 1e6
+
+
+def converted(m: nn.Module) -> nn.Module:
+    s = nn.Sequential(m)
+    ht.convert(s, verbose=False) if "verbose" in ht.convert.__code__.co_varnames else ht.convert(s)
+    return s[0]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--n", type=int, default=300)
+    ap.add_argument("--profile", action="store_true", help="cProfile the HOT calls (top functions by own time)")
+    a = ap.parse_args()
+    dev = torch.device(a.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    torch.manual_seed(0)
+    xl = torch.randn(64, 64, device=dev, requires_grad=True)
+    xc = torch.randn(2, 16, 8, 8, device=dev, requires_grad=True)
+    cases = []
+    lin = nn.Linear(64, 64).to(dev)
+    hlin = converted(nn.Linear(64, 64).to(dev))
+    cases.append(("Linear 64x64, forward", lambda: lin(xl), lambda: hlin(xl)))
+    cases.append(("Linear 64x64, forward + backward", lambda: lin(xl).sum().backward(),
+                  lambda: hlin(xl).sum().backward()))
+    for k, p in ((1, 0), (3, 1)):
+        c = nn.Conv2d(16, 16, k, padding=p, bias=False).to(dev)
+        hc = converted(nn.Conv2d(16, 16, k, padding=p, bias=False).to(dev))
+        cases.append((f"Conv2d {k}x{k} 16->16 8x8, forward", lambda c=c: c(xc), lambda hc=hc: hc(xc)))
+        cases.append((f"Conv2d {k}x{k} 16->16 8x8, forward + backward", lambda c=c: c(xc).sum().backward(),
+                      lambda hc=hc: hc(xc).sum().backward()))
+    r, hr = nn.ReLU(), ht.ReLU()
+    cases.append(("ReLU, forward + backward", lambda: r(xc).sum().backward(), lambda: hr(xc).sum().backward()))
+    print(f"# host time per call, {torch.cuda.get_device_name() if dev.type == 'cuda' else 'CPU'}, "
+          f"torch {torch.__version__}, best of 5 x {a.n} calls\n")
+    print("| call | torch us | hot us | extra us |\n|---|---|---|---|")
+    for name, fe, fh in cases:
+        for amp in (False, True):
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
+                te, th = per_call_us(fe, a.n, sync), per_call_us(fh, a.n, sync)
+            print(f"| {name}{', bf16 autocast' if amp else ''} | {te:.1f} | {th:.1f} | {th - te:.1f} |")
+    if a.profile:
+        for name, _, fh in cases:
+            pr = cProfile.Profile()
+            with torch.autocast(dev.type, dtype=torch.bfloat16):
+                pr.enable()
+                for _ in range(a.n):
+                    fh()
+                sync()
+                pr.disable()
+            buf = io.StringIO()
+            pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(18)
+            print(f"\n## cProfile, hot: {name}, bf16 autocast, {a.n} calls\n```")
+            print("\n".join(ln for ln in buf.getvalue().splitlines() if ln.strip())[:4000])
+            print("```")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

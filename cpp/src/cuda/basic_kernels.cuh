@@ -212,106 +212,147 @@ __global__ void im2col_kernel(const U* __restrict__ map, int64_t ldm, Col2imPara
   }
 }
 
-// transpose: one CTA of 256 threads (8 warps) per tile of 32E x 32E elements of one batch entry (grid-stride over
-// tiles), moved in 32-bit words of E = 4 / sizeof(U) elements where both sides' runs, strides and pointers allow (else
-// E = 1 and words of one element): a warp reads one input row's 32 consecutive words (128 bytes), the tile goes through
-// shared memory (rows padded by one word: the column reads fall in distinct banks), and a warp writes 32 consecutive
-// words of one output row, each word packed from E input rows.
+// transpose: one CTA of kBasicThreads = 256 threads (8 warps) per tile of 32E x 32E elements of one batch entry
+// (grid-stride over tiles), moved in 32-bit words of E = 4 / sizeof(U) elements where both sides' runs, strides and
+// pointers allow (else E = 1 and words of one element): a warp reads one input row's 32 consecutive words (128 bytes),
+// the tile goes through shared memory (rows padded by one word: the column reads fall in distinct banks), and a warp
+// writes 32 consecutive words of one output row, each word packed from E input rows. Each warp takes 4E of the tile's
+// rows: all 4E words of a thread are loaded before any is stored to shared memory, so that they are in flight together.
 constexpr int kTransposeWords = 32;  // words per tile side
 
 template <typename U, int E>
-__global__ void transpose_kernel(const U* __restrict__ in, int64_t ib, int64_t ir, U* __restrict__ out, int64_t ob,
-                                 int64_t os, int64_t B, int64_t R, int64_t S) {
+__global__ void __launch_bounds__(kBasicThreads) transpose_kernel(const U* __restrict__ in, int64_t ib, int64_t ir,
+                                                                  U* __restrict__ out, int64_t ob, int64_t os,
+                                                                  int64_t B, int64_t R, int64_t S) {
   constexpr int kSide = kTransposeWords * E, kPitch = kSide + E;  // elements
+  constexpr int kWarps = kBasicThreads / 32, kPer = kSide / kWarps;  // rows per warp
   using W = std::conditional_t<E == 1, U, uint32_t>;
   __shared__ __align__(16) U tile[kSide * kPitch];
   const int64_t tr = (R + kSide - 1) / kSide, ts = (S + kSide - 1) / kSide;
   const int lane = static_cast<int>(threadIdx.x) % kTransposeWords;
-  const int warp = static_cast<int>(threadIdx.x) / kTransposeWords, warps = static_cast<int>(blockDim.x) / 32;
+  const int warp = static_cast<int>(threadIdx.x) / kTransposeWords;
   for (int64_t t = blockIdx.x; t < B * tr * ts; t += gridDim.x) {
     const int64_t b = t / (tr * ts), rest = t - b * tr * ts, r0 = rest / ts * kSide, s0 = (rest % ts) * kSide;
     const int nr = static_cast<int>(R - r0 < kSide ? R - r0 : kSide);
     const int ns = static_cast<int>(S - s0 < kSide ? S - s0 : kSide);
-    for (int k = warp; k < nr; k += warps)  // input row r0 + k, word `lane`: elements s0 + E*lane ..
-      if (lane * E < ns)
-        *reinterpret_cast<W*>(tile + k * kPitch + lane * E) =
-            *reinterpret_cast<const W*>(in + b * ib + (r0 + k) * ir + s0 + lane * E);
+    W v[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {  // input row r0 + k, word `lane`: elements s0 + E*lane ..
+      const int k = warp + i * kWarps;
+      if (k < nr && lane * E < ns) v[i] = *reinterpret_cast<const W*>(in + b * ib + (r0 + k) * ir + s0 + lane * E);
+    }
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int k = warp + i * kWarps;
+      if (k < nr && lane * E < ns) *reinterpret_cast<W*>(tile + k * kPitch + lane * E) = v[i];
+    }
     __syncthreads();
-    for (int k = warp; k < ns; k += warps)  // output row s0 + k, word `lane`: elements r0 + E*lane ..
-      if (lane * E < nr) {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {  // output row s0 + k, word `lane`: elements r0 + E*lane ..
+      const int k = warp + i * kWarps;
+      if (k < ns && lane * E < nr) {
         W w = 0;
 #pragma unroll
         for (int e = 0; e < E; ++e) w |= static_cast<W>(tile[(lane * E + e) * kPitch + k]) << (8 * sizeof(U) * e);
         *reinterpret_cast<W*>(out + b * ob + (s0 + k) * os + r0 + lane * E) = w;
       }
+    }
     __syncthreads();  // the next tile overwrites this one
   }
 }
 
 // relu_mask on the raw bits R of a float format with sign bit kSign and +Inf kInf, so that every element is copied or
 // zeroed bit for bit: m = |x|'s bits; x <= 0 where m == 0 or (sign and m <= kInf); x < 0 where also m != 0 (NaN: m >
-// kInf, neither). One warp per chunk of kMaskChunk = 32 x 32 elements a step: lane l holds elements 32k + l (k < 32),
-// all loaded before anything is stored (x and y may be one array, the in-place ReLU, so neither is __restrict__ and
-// the compiler could not hoist a load above a store: each load would wait for the last), which keeps 32 loads per
-// lane in flight. Ballot k gives word k of the chunk's mask (bit l: element 32k + l), kept by lane k, which then
-// writes its 4 bytes: the warp's 128 bytes of mask in one coalesced store.
-constexpr int64_t kMaskChunk = 32 * 32;
+// kInf, neither). A thread takes groups of 8 consecutive elements, the elements of one mask byte: 8 x 16 or 8 x 32 bits
+// move as one or two 16-byte vectors when the arrays are 16-byte aligned (`vec`, a group past the end of n and
+// unaligned arrays go element by element), and the thread writes the group's byte itself, so a warp stores 32
+// consecutive bytes of mask. kMaskUnroll groups a step per thread, all loaded before anything is stored (x and y may be
+// one array, the in-place ReLU, so neither is __restrict__ and the compiler could not hoist a load above a store).
+constexpr int kMaskUnroll = 4;
 
-template <typename R, R kSign, R kInf>
-__global__ void relu_mask_kernel(const R* x, R* y, int64_t n, uint8_t* __restrict__ bits) {
-  const int lane = static_cast<int>(threadIdx.x & 31u);
-  const int64_t nbytes = (n + 7) / 8;
-  const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
-  for (int64_t c = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; c * kMaskChunk < n;
-       c += nwarps) {
-    const int64_t e0 = c * kMaskChunk + lane;
-    R v[32];
+template <typename R>
+__device__ __forceinline__ void load_group8(const R* p, int64_t e0, int64_t n, bool vec, R (&v)[8]) {
+  if (vec && e0 + 8 <= n) {
+    constexpr int kWords = static_cast<int>(sizeof(R)) / 2;  // 16-byte words in 8 elements: 1 (16-bit) or 2 (32-bit)
+    uint4 w[kWords];
 #pragma unroll
-    for (int k = 0; k < 32; ++k) v[k] = e0 + 32 * k < n ? x[e0 + 32 * k] : R(0);
-    unsigned mine = 0;
+    for (int k = 0; k < kWords; ++k) w[k] = reinterpret_cast<const uint4*>(p + e0)[k];
+    memcpy(v, w, sizeof(v));
+  } else {
 #pragma unroll
-    for (int k = 0; k < 32; ++k) {
-      const int64_t i = e0 + 32 * k;
-      const R m = static_cast<R>(v[k] & static_cast<R>(~kSign));
-      const bool sign = (v[k] & kSign) != 0;
-      const bool zero = i < n && (m == 0 || (sign && m <= kInf));
-      if (i < n) {
-        if (sign && m != 0 && m <= kInf) {
-          y[i] = 0;
-        } else if (y != x) {
-          y[i] = v[k];
-        }
-      }
-      const unsigned w = __ballot_sync(0xffffffffu, zero);
-      if (lane == k) mine = w;
-    }
-    const int64_t b0 = (c * 32 + lane) * 4;
-    for (int b = 0; b < 4; ++b)
-      if (b0 + b < nbytes) bits[b0 + b] = static_cast<uint8_t>(mine >> (8 * b));
+    for (int j = 0; j < 8; ++j) v[j] = e0 + j < n ? p[e0 + j] : R(0);
   }
 }
 
-// The backward in the same chunks: lane l loads its 32 gradients and their mask bytes (each byte shared by 8 lanes)
-// before it stores (g_x may be g_y itself).
 template <typename R>
-__global__ void relu_mask_backward_kernel(const R* gy, const uint8_t* __restrict__ bits, int64_t n, R* gx) {
-  const int lane = static_cast<int>(threadIdx.x & 31u);
-  const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
-  for (int64_t c = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; c * kMaskChunk < n;
-       c += nwarps) {
-    const int64_t e0 = c * kMaskChunk + lane;
-    R v[32];
-    uint8_t b[32];
+__device__ __forceinline__ void store_group8(R* p, int64_t e0, int64_t n, bool vec, const R (&v)[8]) {
+  if (vec && e0 + 8 <= n) {
+    constexpr int kWords = static_cast<int>(sizeof(R)) / 2;
+    uint4 w[kWords];
+    memcpy(w, v, sizeof(v));
 #pragma unroll
-    for (int k = 0; k < 32; ++k) {
-      const int64_t i = e0 + 32 * k;
-      v[k] = i < n ? gy[i] : R(0);
-      b[k] = i < n ? bits[i >> 3] : uint8_t{0};
+    for (int k = 0; k < kWords; ++k) reinterpret_cast<uint4*>(p + e0)[k] = w[k];
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (e0 + j < n) p[e0 + j] = v[j];
+  }
+}
+
+template <typename R, R kSign, R kInf>
+__global__ void relu_mask_kernel(const R* x, R* y, int64_t n, uint8_t* __restrict__ bits, bool vec) {
+  const int64_t groups = (n + 7) / 8;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t g0 = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g0 < groups;
+       g0 += kMaskUnroll * step) {
+    R v[kMaskUnroll][8];
+#pragma unroll
+    for (int u = 0; u < kMaskUnroll; ++u)
+      if (g0 + u * step < groups) load_group8(x, (g0 + u * step) * 8, n, vec, v[u]);
+#pragma unroll
+    for (int u = 0; u < kMaskUnroll; ++u) {
+      const int64_t g = g0 + u * step;
+      if (g >= groups) break;
+      unsigned zero = 0, neg = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const R m = static_cast<R>(v[u][j] & static_cast<R>(~kSign));
+        const bool sign = (v[u][j] & kSign) != 0;
+        if (g * 8 + j < n && (m == 0 || (sign && m <= kInf))) zero |= 1u << j;
+        if (sign && m != 0 && m <= kInf) {
+          neg |= 1u << j;
+          v[u][j] = 0;
+        }
+      }
+      if (y != x || neg != 0) store_group8(y, g * 8, n, vec, v[u]);  // in place: only groups with a negative
+      bits[g] = static_cast<uint8_t>(zero);
     }
+  }
+}
+
+// The backward in the same groups: g_x = +0 where the element's bit is set, g_y elsewhere (g_x may be g_y itself).
+template <typename R>
+__global__ void relu_mask_backward_kernel(const R* gy, const uint8_t* __restrict__ bits, int64_t n, R* gx, bool vec) {
+  const int64_t groups = (n + 7) / 8;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t g0 = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g0 < groups;
+       g0 += kMaskUnroll * step) {
+    R v[kMaskUnroll][8];
+    unsigned b[kMaskUnroll];
 #pragma unroll
-    for (int k = 0; k < 32; ++k) {
-      const int64_t i = e0 + 32 * k;
-      if (i < n) gx[i] = (b[k] >> (i & 7)) & 1u ? R(0) : v[k];
+    for (int u = 0; u < kMaskUnroll; ++u)
+      if (g0 + u * step < groups) {
+        load_group8(gy, (g0 + u * step) * 8, n, vec, v[u]);
+        b[u] = bits[g0 + u * step];
+      }
+#pragma unroll
+    for (int u = 0; u < kMaskUnroll; ++u) {
+      const int64_t g = g0 + u * step;
+      if (g >= groups) break;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if ((b[u] >> j) & 1u) v[u][j] = 0;
+      store_group8(gx, g * 8, n, vec, v[u]);
     }
   }
 }
@@ -522,8 +563,11 @@ void relu_mask_launch(const TensorView& x, const TensorView& y, const TensorView
   dispatch_raw_float(x.dtype, "relu_mask", [&](auto fmt) {
     using F = decltype(fmt);
     using R = typename F::type;
-    launch(relu_mask_kernel<R, F::sign, F::inf>, dim3(grid_1d(ceil_div(n, kMaskChunk) * 32, kBasicThreads)),
-           kBasicThreads, 0, static_cast<const R*>(x.data), static_cast<R*>(y.data), n, static_cast<uint8_t*>(bits.data));
+    const bool vec =
+        reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && reinterpret_cast<uintptr_t>(y.data) % 16 == 0;
+    launch(relu_mask_kernel<R, F::sign, F::inf>, dim3(grid_1d(ceil_div(ceil_div(n, 8), kMaskUnroll), kBasicThreads)),
+           kBasicThreads, 0, static_cast<const R*>(x.data), static_cast<R*>(y.data), n, static_cast<uint8_t*>(bits.data),
+           vec);
   });
 }
 
@@ -533,8 +577,11 @@ void relu_mask_backward_launch(const TensorView& gy, const TensorView& bits, con
   const int64_t n = gy.shape[0];
   dispatch_raw_float(gy.dtype, "relu_mask_backward", [&](auto fmt) {
     using R = typename decltype(fmt)::type;
-    launch(relu_mask_backward_kernel<R>, dim3(grid_1d(ceil_div(n, kMaskChunk) * 32, kBasicThreads)), kBasicThreads,
-           0, static_cast<const R*>(gy.data), static_cast<const uint8_t*>(bits.data), n, static_cast<R*>(gx.data));
+    const bool vec =
+        reinterpret_cast<uintptr_t>(gy.data) % 16 == 0 && reinterpret_cast<uintptr_t>(gx.data) % 16 == 0;
+    launch(relu_mask_backward_kernel<R>, dim3(grid_1d(ceil_div(ceil_div(n, 8), kMaskUnroll), kBasicThreads)),
+           kBasicThreads, 0, static_cast<const R*>(gy.data), static_cast<const uint8_t*>(bits.data), n,
+           static_cast<R*>(gx.data), vec);
   });
 }
 

@@ -216,6 +216,23 @@ TEST(Emu_ReluMask, BitExactVsCpu) {
       hot::cpu::relu_mask_backward(gy, bc, gc, {});
       hot::cuda::relu_mask_backward_launch(gy.view(), be.view(), ge.view(), hot_emu::Launch{});
       EXPECT_TRUE(all_bytes_equal(gc, ge));
+      if (n < 2) continue;
+      // Arrays that start one element past a 16-byte boundary take the element-by-element path: the same bits.
+      const auto from1 = [](const HostTensor& t) {
+        hot::TensorView v = t.view();
+        v.data = static_cast<char*>(v.data) + hot::dtype_bits(v.dtype) / 8;
+        v.shape[0] -= 1;
+        return v;
+      };
+      HostTensor yu = out1d(dt, n), bu = out1d(DType::s8, (n + 6) / 8), bcu = bu, gu = out1d(dt, n), gcu = gu;
+      HostTensor ycu = yu;
+      hot::cpu::relu_mask(from1(x), from1(ycu), bcu.view(), {});
+      hot::cuda::relu_mask_launch(from1(x), from1(yu), bu.view(), hot_emu::Launch{});
+      EXPECT_TRUE(all_bytes_equal(ycu, yu));
+      EXPECT_TRUE(all_bytes_equal(bcu, bu));
+      hot::cpu::relu_mask_backward(from1(gy), bcu.view(), from1(gcu), {});
+      hot::cuda::relu_mask_backward_launch(from1(gy), bu.view(), from1(gu), hot_emu::Launch{});
+      EXPECT_TRUE(all_bytes_equal(gcu, gu));
     }
 }
 

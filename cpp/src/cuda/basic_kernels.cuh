@@ -316,14 +316,14 @@ __global__ void relu_mask_kernel(const R* x, R* y, int64_t n, uint8_t* __restric
       unsigned zero = 0, neg = 0;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const R m = static_cast<R>(v[u][j] & static_cast<R>(~kSign));
-        const bool sign = (v[u][j] & kSign) != 0;
-        if (g * 8 + j < n && (m == 0 || (sign && m <= kInf))) zero |= 1u << j;
-        if (sign && m != 0 && m <= kInf) {
-          neg |= 1u << j;
-          v[u][j] = 0;
-        }
+        // x < 0 (not NaN, not -0): kSign < bits <= kSign + kInf, one unsigned compare; x <= 0: that, or |x| == 0
+        const uint32_t r = v[u][j];
+        const bool lt = r - (uint32_t{kSign} + 1u) <= uint32_t{kInf} - 1u;
+        neg |= static_cast<unsigned>(lt) << j;
+        zero |= static_cast<unsigned>(lt || (r & ~uint32_t{kSign}) == 0) << j;
+        v[u][j] = lt ? R(0) : v[u][j];
       }
+      if (g * 8 + 8 > n) zero &= (1u << (n - g * 8)) - 1u;  // the last group's bits past n stay clear
       if (y != x || neg != 0) store_group8(y, g * 8, n, vec, v[u]);  // in place: only groups with a negative
       bits[g] = static_cast<uint8_t>(zero);
     }

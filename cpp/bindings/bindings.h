@@ -5,8 +5,10 @@
 #include <pybind11/pybind11.h>
 
 #include <string>
+#include <vector>
 
 #include "hot/error.h"
+#include "hot/ops.h"
 #include "hot/tensor.h"
 #include "interop.h"
 
@@ -40,6 +42,23 @@ inline pybind11::object output(OpContext& ctx, pybind11::handle obj, const char*
 inline hot::TensorView nonempty(const hot::TensorView& v, const char* op, const char* name) {
   HOT_CHECK_NONEMPTY(op, name, v);
   return v;
+}
+
+// The ConvGeometry of the convolution operations from the Python arguments (the core checks the values).
+inline hot::ConvGeometry geometry(const char* op, const std::vector<int64_t>& nchw, const std::vector<int>& kernel,
+                           const std::vector<int>& stride, const std::vector<int>& padding,
+                           const std::vector<int>& dilation, bool patches) {
+  const auto pair = [op](const std::vector<int>& v, const char* name) {
+    HOT_CHECK_VALUE(v.size() == 2, op, ": ", name, " needs 2 values (height, width), got ", v.size());
+  };
+  HOT_CHECK_VALUE(nchw.size() == 4, op, ": x_shape needs 4 values (N, C, H, W), got ", nchw.size());
+  pair(kernel, "kernel"), pair(stride, "stride"), pair(padding, "padding"), pair(dilation, "dilation");
+  hot::ConvGeometry g;
+  g.N = nchw[0], g.C = nchw[1], g.H = nchw[2], g.W = nchw[3];
+  g.kh = kernel[0], g.kw = kernel[1], g.sh = stride[0], g.sw = stride[1];
+  g.ph = padding[0], g.pw = padding[1], g.dh = dilation[0], g.dw = dilation[1];
+  g.patches = patches;
+  return g;
 }
 
 }  // namespace hotpy

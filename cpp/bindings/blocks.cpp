@@ -16,27 +16,6 @@ namespace py = pybind11;
 
 namespace hotpy {
 
-namespace {
-
-// The ConvGeometry of col2im / im2col from the Python arguments (the core checks the values).
-hot::ConvGeometry geometry(const char* op, const std::vector<int64_t>& nchw, const std::vector<int>& kernel,
-                           const std::vector<int>& stride, const std::vector<int>& padding,
-                           const std::vector<int>& dilation, bool patches) {
-  const auto pair = [op](const std::vector<int>& v, const char* name) {
-    HOT_CHECK_VALUE(v.size() == 2, op, ": ", name, " needs 2 values (height, width), got ", v.size());
-  };
-  HOT_CHECK_VALUE(nchw.size() == 4, op, ": x_shape needs 4 values (N, C, H, W), got ", nchw.size());
-  pair(kernel, "kernel"), pair(stride, "stride"), pair(padding, "padding"), pair(dilation, "dilation");
-  hot::ConvGeometry g;
-  g.N = nchw[0], g.C = nchw[1], g.H = nchw[2], g.W = nchw[3];
-  g.kh = kernel[0], g.kw = kernel[1], g.sh = stride[0], g.sw = stride[1];
-  g.ph = padding[0], g.pw = padding[1], g.dh = dilation[0], g.dw = dilation[1];
-  g.patches = patches;
-  return g;
-}
-
-}  // namespace
-
 void register_blocks(py::module_& m) {
   m.def(
       "hadamard_transform",

@@ -183,6 +183,52 @@ void register_layers(py::module_& m) {
       py::arg("config"), py::arg("seed"), py::arg("stream"), py::arg("weight_q") = py::none(),
       "hot::backward_linear: (grad_input, grad_weight, grad_bias), each None where the caller gave the array or did "
       "not ask for it. saved: a SavedActivation, the raw x, or None without g_w.");
+
+  m.def(
+      "backward_conv2d",
+      [](py::handle grad_output, py::handle weight, py::handle saved, py::handle grad_input, py::handle grad_weight,
+         py::handle grad_bias, bool need_grad_input, bool need_grad_weight, bool bias, std::vector<int64_t> nchw,
+         std::vector<int> kernel, std::vector<int> stride, std::vector<int> padding, std::vector<int> dilation,
+         bool patches, const hot::Config& config, uint64_t seed, int64_t stream, py::handle weight_q) {
+        const char* op = "backward_conv2d";
+        const hot::ConvGeometry g = geometry(op, nchw, kernel, stride, padding, dilation, patches);
+        OpContext ctx(op, stream);
+        hot::TensorView gy = nonempty(ctx.input(grad_output, "grad_output", hotpy::kFloat), op, "grad_output");
+        hot::TensorView wv = nonempty(ctx.input(weight, "weight", hotpy::kFloat), op, "weight");
+        const hot::SavedActivation* sp = nullptr;
+        if (need_grad_weight) {
+          HOT_CHECK_TYPE(py::isinstance<PySaved>(saved), op,
+                         ": need_grad_weight=True needs `saved`, the ABC buffer of the columns (a SavedActivation), "
+                         "got ", std::string(py::str(py::type::of(saved).attr("__name__"))));
+          sp = saved.cast<const PySaved&>().s.get();
+        }
+        const hot::QuantizedWeight* wq = nullptr;
+        if (!weight_q.is_none()) {
+          HOT_CHECK_TYPE(py::isinstance<PyQuantizedWeight>(weight_q), op,
+                         ": weight_q must be a QuantizedWeight (hot.quantize_weight) or None, got ",
+                         std::string(py::str(py::type::of(weight_q).attr("__name__"))));
+          wq = weight_q.cast<const PyQuantizedWeight&>().w.get();
+        }
+        const int64_t O = gy.shape[0] > 0 && gy.ndim() == 2 ? gy.shape[1] : 0, CKK = wv.ndim() == 2 ? wv.shape[1] : 0;
+        hot::BackwardOutputs outs;
+        py::object rx = py::none(), rw = py::none(), rb = py::none();
+        if (need_grad_input)
+          rx = output(ctx, grad_input, "grad_input", hotpy::kFloat, gy.dtype, {g.N * g.H * g.W, g.C}, outs.grad_input);
+        if (need_grad_weight)
+          rw = output(ctx, grad_weight, "grad_weight", hotpy::kFloat, gy.dtype, {O, CKK}, outs.grad_weight);
+        if (bias) rb = output(ctx, grad_bias, "grad_bias", hotpy::kFloat, gy.dtype, {O}, outs.grad_bias, -2);
+        {
+          py::gil_scoped_release nogil;
+          hot::backward_conv2d(gy, wv, sp, g, config, seed, outs, ctx.stream(), wq);
+        }
+        return py::make_tuple(rx, rw, rb);
+      },
+      py::arg("grad_output"), py::arg("weight"), py::arg("saved"), py::arg("grad_input"), py::arg("grad_weight"),
+      py::arg("grad_bias"), py::arg("need_grad_input"), py::arg("need_grad_weight"), py::arg("bias"),
+      py::arg("x_shape"), py::arg("kernel"), py::arg("stride"), py::arg("padding"), py::arg("dilation"),
+      py::arg("patches"), py::arg("config"), py::arg("seed"), py::arg("stream"), py::arg("weight_q") = py::none(),
+      "hot::backward_conv2d: (grad_input as the channels-last map N*H*W x C, grad_weight, grad_bias), each None where "
+      "the caller gave the array or did not ask for it. saved: the columns' SavedActivation, or None without g_w.");
 }
 
 }  // namespace hotpy

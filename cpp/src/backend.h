@@ -63,6 +63,12 @@ struct GradOutputQuant {
      says the operands hold 4-bit values, so a backend may run an s4 GEMM */                               \
   void gemm_s8_dequant(const TensorView& a, const TensorView& b, const TensorView& sa, const TensorView& sb, \
                        float factor, int bits, const TensorView& out, Stream s);                           \
+  /* g_x of a stride-1 convolution from the codes of G~ (SPEC §8): out (N*H*W x C, float, the channels-last  \
+     map, any row stride) = ((s_g * s_w) * factor) * sum over (i, j, o) of q_g[(n, h + ph - i dh, w + pw - j dw), \
+     o] q_wt[(i, j, c), o] (int32, exact); q_g: N*Ho*Wo x O_pad s8, q_wt: kh*kw*C x O_pad s8 */            \
+  void conv_grad_input(const TensorView& q_g, const TensorView& q_wt, const TensorView& s_g,                \
+                       const TensorView& s_w, float factor, const ConvGeometry& g, const TensorView& out,  \
+                       Stream s);                                                                          \
   /* out (O, float) = sum over rows of gy (L x O), fp32 accumulation */                                    \
   void bias_grad(const TensorView& gy, const TensorView& out, Stream s);                                   \
   /* acc (R x C f32) += in (R x C, float) converted to fp32: one IEEE fp32 addition per element (the sum  \

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
 #include <utility>
 
 #include "backend.h"
@@ -433,8 +434,11 @@ TensorView as_row(const TensorView& v) {
 
 // One integer backward over the rows of gy (L x O) whose g_w contraction fits one GEMM: q and scale are the ABC
 // buffer of those rows (I x >= padded_k(hla_rows(L, rank)) s8, [1] f32; used when out.grad_weight is requested).
+// conv: a stride-1 convolution whose g_x (the rows' images' channels-last map) is the transposed convolution of the
+// codes of G~ (conv_grad_input), else nullptr (g_x = G~ W~ as a GEMM).
 void backward_rows(const TensorView& gy, const QuantizedWeight& wq, const TensorView& q, const TensorView& scale,
-                   const Config& config, uint64_t seed, const BackwardOutputs& out, Stream stream) {
+                   const Config& config, uint64_t seed, const BackwardOutputs& out, Stream stream,
+                   const ConvGeometry* conv = nullptr) {
   const bool gx = requested(out.grad_input), gw = requested(out.grad_weight), gb = requested(out.grad_bias);
   const int64_t L = gy.shape[0], O = gy.shape[1];
   const Device dev = gy.device;
@@ -470,7 +474,10 @@ void backward_rows(const TensorView& gy, const QuantizedWeight& wq, const Tensor
   if (gb) qo.g_b = out.grad_bias;
   HOT_DISPATCH(dev, quantize_grad_output, gy, plan, qo, stream);
 
-  if (gx)
+  if (gx && conv != nullptr)
+    HOT_DISPATCH(dev, conv_grad_input, q_g.view(), wq.q_wt.view(), s_g.view(), wq.s_w.view(), 1.0f / block, *conv,
+                 out.grad_input, stream);
+  else if (gx)
     HOT_DISPATCH(dev, gemm_s8_dequant, q_g.view(), wq.q_wt.view(), s_g.view(), wq.s_w.view(), 1.0f / block,
                  config.gx_bits, out.grad_input, stream);
   if (gw)
@@ -585,7 +592,111 @@ void backward_linear_impl(const TensorView& gy, const TensorView& w, const Saved
   if (gb) HOT_DISPATCH(dev, cast_f32, acc_b.view(), as_row(out.grad_bias), stream);
 }
 
+// Images per g_w chunk of a convolution whose g_x is a transposed convolution (SPEC §8): whole images (a window never
+// leaves its image, so each chunk's g_x is its images' alone), at most gw_chunk_rows rows, and a multiple of 256 rows
+// so that the chunk's HLA blocks and padded columns of the ABC buffer are its own. 0 when no such count exists.
+int64_t conv_chunk_images(int64_t P, int rank) {
+  const int64_t step = gw_chunk_rows(rank);
+  const int64_t m = 256 / std::gcd(P, int64_t{256});  // images per 256-row multiple
+  return step / P / m * m;
+}
+
 }  // namespace
+
+void backward_conv2d(const TensorView& gy, const TensorView& w, const SavedActivation* saved, const ConvGeometry& g,
+                     const Config& config, uint64_t seed, const BackwardOutputs& out, Stream stream,
+                     const QuantizedWeight* weight_q) {
+  const char* op = "backward_conv2d";
+  config.validate();
+  HOT_CHECK_VALUE(!config.exact, op, ": config.exact is set; the exact backward of a convolution is not hot's");
+  const auto [Ho, Wo] = check_conv_geometry(op, g);
+  const int64_t P = Ho * Wo, L = g.N * P, CKK = static_cast<int64_t>(g.kh) * g.kw * g.C;
+  check_float_matrix(op, "grad_output", gy);
+  HOT_CHECK_VALUE(gy.shape[0] == L, op, ": grad_output has ", gy.shape[0], " rows but the geometry has N * Ho * Wo = ",
+                  L, " output pixels");
+  HOT_CHECK_DIM(op, "weight", w, 2);
+  HOT_CHECK_VALUE(w.shape[1] == CKK, op, ": weight has ", w.shape[1], " columns but the geometry has kh * kw * C = ",
+                  CKK);
+  const bool gx = requested(out.grad_input), gw = requested(out.grad_weight);
+  const int64_t O = gy.shape[1];
+  const Device dev = gy.device;
+  if (gx) {
+    check_float_matrix(op, "grad_input", out.grad_input);
+    HOT_CHECK_SHAPE(op, "grad_input", out.grad_input, (std::vector<int64_t>{g.N * g.H * g.W, g.C}));
+    HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "grad_input", out.grad_input);
+  }
+  if (gw) {
+    HOT_CHECK_VALUE(saved != nullptr, op, ": grad_weight requested but no saved activation was given");
+    HOT_CHECK_VALUE(saved->rows == L && saved->cols == CKK && saved->rank == config.rank, op,
+                    ": saved activation is ", saved->rows, " x ", saved->cols, " at rank ", saved->rank, "; expected ",
+                    L, " x ", CKK, " at rank ", config.rank);
+    check_typed_matrix(op, "saved.q", saved->q.view(), DType::s8);
+    check_out_shape(op, "saved.q", saved->q.view(), CKK, padded_k(hla_rows(L, config.rank)));
+    HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "saved.q", saved->q.view());
+  }
+  // g_x straight from the codes of G~ where a window's sum has one scale and fits int32 (SPEC §8)
+  const int qmax = qmax_for_bits(config.gx_bits);
+  const int64_t o_pad = padded_k(O), images = gw ? conv_chunk_images(P, config.rank) : g.N;
+  const bool direct = gx && g.sh == 1 && g.sw == 1 && !g.patches && config.gx_scale == ScaleMode::tensor &&
+                      g.ph <= static_cast<int64_t>(g.dh) * (g.kh - 1) && g.pw <= static_cast<int64_t>(g.dw) * (g.kw - 1) &&
+                      static_cast<int64_t>(g.kh) * g.kw * o_pad <= std::numeric_limits<int32_t>::max() / (qmax * qmax) &&
+                      images >= 1;
+  if (!direct) {  // the g_x GEMM into the columns, then col2im (and backward_linear's row chunks)
+    Tensor cols;
+    BackwardOutputs lo = out;
+    if (gx) {
+      cols = Tensor::empty(out.grad_input.dtype, {L, CKK}, dev, stream);
+      lo.grad_input = cols.view();
+    }
+    backward_linear_impl(gy, w, saved, nullptr, config, seed, lo, stream, weight_q);
+    if (gx) HOT_DISPATCH(dev, col2im, cols.view(), g, out.grad_input, stream);
+    return;
+  }
+  BackwardOutputs rest = out;  // backward_linear's checks of the other outputs (g_x's are above)
+  rest.grad_input = TensorView{};
+  int64_t L_, O_, I_;
+  check_backward_common(op, gy, w, rest, L_, O_, I_);
+  QuantizedWeight wq = weight_q != nullptr ? *weight_q : quantize_weight(w, config.gx_bits, stream);
+  if (weight_q != nullptr) {
+    HOT_CHECK_VALUE(weight_q->out_features == O && weight_q->in_features == CKK && weight_q->gx_bits == config.gx_bits,
+                    op, ": weight_q was formed from a ", weight_q->out_features, " x ", weight_q->in_features,
+                    " weight at ", weight_q->gx_bits, " bits; expected ", O, " x ", CKK, " at ", config.gx_bits);
+    HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "weight_q.q_wt", weight_q->q_wt.view());
+  }
+  const bool gb = requested(out.grad_bias);
+  if (images >= g.N) {  // one chunk
+    backward_rows(gy, wq, gw ? saved->q.view() : TensorView{}, gw ? saved->scale.view() : TensorView{}, config, seed,
+                  out, stream, &g);
+    return;
+  }
+  // Chunks of whole images (SPEC §8), each the backward of its images alone with seed + n * 0x9E3779B97F4A7C15;
+  // g_w and g_b summed in fp32 in chunk order, as backward_linear's row chunks.
+  const int64_t I = CKK;
+  Tensor acc_w = Tensor::zeros(DType::f32, {O, I}, dev, stream);
+  Tensor part_w = Tensor::empty(out.grad_weight.dtype, {O, I}, dev, stream);
+  Tensor acc_b, part_b;
+  if (gb) {
+    acc_b = Tensor::zeros(DType::f32, {1, O}, dev, stream);
+    part_b = Tensor::empty(out.grad_bias.dtype, {O}, dev, stream);
+  }
+  uint64_t n = 0;
+  for (int64_t n0 = 0; n0 < g.N; n0 += images, ++n) {
+    const int64_t n1 = std::min(g.N, n0 + images), r0 = n0 * P, r1 = n1 * P;
+    const int64_t k0 = hla_rows(r0, config.rank), k_pad = padded_k(hla_rows(r1 - r0, config.rank));
+    ConvGeometry gc = g;
+    gc.N = n1 - n0;
+    BackwardOutputs part;
+    part.grad_input = row_range(out.grad_input, n0 * g.H * g.W, n1 * g.H * g.W);
+    part.grad_weight = part_w.view();
+    if (gb) part.grad_bias = part_b.view();
+    backward_rows(row_range(gy, r0, r1), wq, col_range(saved->q.view(), k0, k0 + k_pad), saved->scale.view(), config,
+                  seed + n * 0x9E3779B97F4A7C15ull, part, stream, &gc);
+    HOT_DISPATCH(dev, accumulate_f32, part_w.view(), acc_w.view(), stream);
+    if (gb) HOT_DISPATCH(dev, accumulate_f32, as_row(part_b.view()), acc_b.view(), stream);
+  }
+  HOT_DISPATCH(dev, cast_f32, acc_w.view(), out.grad_weight, stream);
+  if (gb) HOT_DISPATCH(dev, cast_f32, acc_b.view(), as_row(out.grad_bias), stream);
+}
 
 QuantizedWeight quantize_weight(const TensorView& w, int gx_bits, Stream stream) {
   const char* op = "quantize_weight";

@@ -274,3 +274,155 @@ TEST(Cpu_Transpose, RefusesBadArguments) {
   EXPECT_TRUE(throws_hot([&] { hot::transpose(view3d(sq, 2, 4, 0), view3d(sq, 2, 4, 0)); }, hot::ErrorKind::value,
                          {"transpose", "overlap"}));
 }
+
+// backward_conv2d (SPEC §8). At stride 1 its g_x is the transposed convolution of the codes of G~ with W~: the
+// test's replica of the g_y pass and of W~ (ref_backward: the same quantisation rules and random draws) gives the
+// codes, their int64 sum over (i, j, o) per input pixel and channel, times (s_g s_w) / b in float64, bounds the
+// result by the epilogue's few fp32 roundings. Every other geometry (stride 2, patch order) gives col2im of
+// backward_linear's columns bit for bit, and g_w and g_b are backward_linear's over the columns bit for bit.
+namespace {
+
+struct ConvRun {
+  HostTensor gx, gw, gb, cols_gx;
+};
+
+ConvRun run_conv_backward(const Geom& g, int64_t O, const std::vector<float>& gy, const std::vector<float>& w,
+                          const std::vector<int64_t>& map_ints, const hot::Config& cfg, uint64_t seed, DType out_dt) {
+  const hot::ConvGeometry cg = to_core(g);
+  const int64_t L = g.N * cg.out_h() * cg.out_w(), CKK = g.C * g.kh * g.kw, P = g.N * g.H * g.W;
+  const HostTensor gyt = host_from(DType::f32, L, O, gy), wt = host_from(DType::f32, O, CKK, w);
+  HostTensor map = host_from_int(DType::s8, P, g.C, map_ints);
+  hot::SavedActivation saved;
+  saved.rows = L, saved.cols = CKK, saved.rank = cfg.rank;
+  saved.q = hot::Tensor::empty(DType::s8, {CKK, hot::padded_k(hot::hla_rows(L, cfg.rank))}, hot::Device::cpu());
+  saved.scale = hot::Tensor::empty(DType::f32, {1}, hot::Device::cpu());
+  hot::compress_columns(map, cg, saved.q.view(), saved.scale.view(), cfg.rank);
+  ConvRun r;
+  r.gx = HostTensor::make2d(out_dt, P, g.C);
+  r.gw = HostTensor::make2d(out_dt, O, CKK);
+  r.gb = HostTensor::make1d(out_dt, O);
+  hot::backward_conv2d(gyt, wt, &saved, cg, cfg, seed, {r.gx.view(), r.gw.view(), r.gb.view()});
+  // backward_linear over the columns, for g_w, g_b and the column path's g_x
+  HostTensor cols = HostTensor::make2d(out_dt, L, CKK), gw = HostTensor::make2d(out_dt, O, CKK);
+  HostTensor gb = HostTensor::make1d(out_dt, O);
+  hot::backward_linear(gyt, wt, &saved, cfg, seed, {cols.view(), gw.view(), gb.view()});
+  if (L <= hot::gw_chunk_rows(cfg.rank)) {  // (longer calls: whole images per chunk, the next test)
+    EXPECT_TRUE(bits_equal(r.gw, gw));
+    EXPECT_TRUE(bits_equal(r.gb, gb));
+  }
+  r.cols_gx = HostTensor::make2d(out_dt, P, g.C);
+  hot::col2im(cols, cg, r.cols_gx);
+  return r;
+}
+
+}  // namespace
+
+TEST(Cpu_BackwardConv2d, GxIsTheTransposedConvolutionOfTheCodes) {
+  uint64_t seed = 3300;
+  for (const Geom& g : kGeoms)
+    for (int bits : {8, 4})
+      for (DType out_dt : {DType::f32, DType::bf16}) {
+        const hot::ConvGeometry cg = to_core(g);
+        const int64_t Ho = cg.out_h(), Wo = cg.out_w(), L = g.N * Ho * Wo, CKK = g.C * g.kh * g.kw;
+        const int64_t O = 20;  // O_pad 32, Hadamard block 4
+        hot::Config cfg;
+        cfg.gx_bits = bits;
+        const std::vector<float> gy = randn(static_cast<size_t>(L * O), seed++, 0.01f);
+        const std::vector<float> w = randn(static_cast<size_t>(O * CKK), seed++, 0.1f);
+        const std::vector<int64_t> ints = randint(static_cast<size_t>(g.N * g.H * g.W * g.C), seed++, -127, 127);
+        const ConvRun r = run_conv_backward(g, O, gy, w, ints, cfg, seed, out_dt);
+        SCOPED_TRACE(testing::Message() << "geometry " << (&g - kGeoms.data()) << " bits " << bits << " out "
+                                        << dtype_name(out_dt));
+        const bool direct = g.sh == 1 && g.sw == 1 && !g.patches && g.ph <= g.dh * (g.kh - 1) &&
+                            g.pw <= g.dw * (g.kw - 1);
+        if (!direct) {
+          EXPECT_TRUE(bits_equal(r.gx, r.cols_gx));
+          continue;
+        }
+        const RefBackward ref = ref_backward(gy, w, {}, L, O, CKK, cfg, seed);
+        std::vector<double> want(static_cast<size_t>(g.N * g.H * g.W * g.C), 0.0);
+        const double scale = ref.qg.scale[0] * static_cast<double>(ref.qw.scale[0]) / ref.block;
+        for (int64_t n = 0; n < g.N; ++n)
+          for (int64_t h = 0; h < g.H; ++h)
+            for (int64_t x = 0; x < g.W; ++x)
+              for (int64_t c = 0; c < g.C; ++c) {
+                int64_t acc = 0;
+                for (int i = 0; i < g.kh; ++i)
+                  for (int j = 0; j < g.kw; ++j) {
+                    const int64_t ho = h + g.ph - i * g.dh, wo = x + g.pw - j * g.dw;
+                    if (ho < 0 || ho >= Ho || wo < 0 || wo >= Wo) continue;
+                    const int64_t row = (n * Ho + ho) * Wo + wo, col = (i * g.kw + j) * g.C + c;
+                    for (int64_t o = 0; o < O; ++o) acc += ref.qg.q[row * O + o] * ref.qw.q[o * CKK + col];
+                  }
+                want[static_cast<size_t>(((n * g.H + h) * g.W + x) * g.C + c)] = static_cast<double>(acc) * scale;
+              }
+        EXPECT_TRUE(all_close(r.gx.to_f32(), want, 8 * std::ldexp(1.0, -24) + unit_roundoff(out_dt), 1e-30));
+      }
+}
+
+// Past gw_chunk_rows rows the call runs in chunks of whole images (2 of 224 x 224 here): each chunk is the call on its
+// images alone, with seed + n * 0x9E3779B97F4A7C15 and its columns of the ABC buffer (whose one scale it keeps): equal
+// g_x rows, and g_w the fp32 sum of the chunks' g_w in chunk order.
+TEST(Cpu_BackwardConv2d, LongContractionsGoInChunksOfWholeImages) {
+  const Geom g{3, 8, 224, 224, 3, 3, 1, 1, 1, 1, 1, 1, false};
+  const hot::ConvGeometry cg = to_core(g);
+  const int64_t O = 16, P = 224 * 224, CKK = 72, L = 3 * P;
+  const hot::Config cfg;  // the default: 8 bits, rank 16, stochastic
+  ASSERT_GT(L, hot::gw_chunk_rows(cfg.rank));
+  const std::vector<float> gy = randn(static_cast<size_t>(L * O), 41, 0.01f);
+  const std::vector<float> w = randn(static_cast<size_t>(O * CKK), 42, 0.1f);
+  HostTensor map = host_from_int(DType::s8, L, g.C, randint(static_cast<size_t>(L * g.C), 43, -127, 127));
+  const HostTensor gyt = host_from(DType::f32, L, O, gy), wt = host_from(DType::f32, O, CKK, w);
+  const int64_t K_pad = hot::padded_k(hot::hla_rows(L, cfg.rank));
+  hot::SavedActivation saved;
+  saved.rows = L, saved.cols = CKK, saved.rank = cfg.rank;
+  saved.q = hot::Tensor::empty(DType::s8, {CKK, K_pad}, hot::Device::cpu());
+  saved.scale = hot::Tensor::empty(DType::f32, {1}, hot::Device::cpu());
+  hot::compress_columns(map, cg, saved.q.view(), saved.scale.view(), cfg.rank);
+  const uint64_t seed = 77;
+  HostTensor gx = HostTensor::make2d(DType::f32, L, g.C), gw = HostTensor::make2d(DType::f32, O, CKK);
+  hot::backward_conv2d(gyt, wt, &saved, cg, cfg, seed, {gx.view(), gw.view(), {}});
+  std::vector<float> acc(static_cast<size_t>(O * CKK), 0.0f);
+  const int64_t split[][2] = {{0, 2}, {2, 3}};
+  for (int k = 0; k < 2; ++k) {
+    const int64_t n0 = split[k][0], n1 = split[k][1], rows = (n1 - n0) * P;
+    hot::ConvGeometry gc = cg;
+    gc.N = n1 - n0;
+    const int64_t k0 = hot::hla_rows(n0 * P, cfg.rank), kp = hot::padded_k(hot::hla_rows(rows, cfg.rank));
+    hot::SavedActivation part;
+    part.rows = rows, part.cols = CKK, part.rank = cfg.rank, part.scale = saved.scale;
+    part.q = hot::Tensor::empty(DType::s8, {CKK, kp}, hot::Device::cpu());
+    for (int64_t r = 0; r < CKK; ++r)
+      std::memcpy(static_cast<int8_t*>(part.q.view().data) + r * kp,
+                  static_cast<const int8_t*>(saved.q.view().data) + r * K_pad + k0, static_cast<size_t>(kp));
+    const std::vector<float> gyc(gy.begin() + n0 * P * O, gy.begin() + n1 * P * O);
+    HostTensor pgx = HostTensor::make2d(DType::f32, rows, g.C), pgw = HostTensor::make2d(DType::f32, O, CKK);
+    hot::backward_conv2d(host_from(DType::f32, rows, O, gyc), wt, &part, gc, cfg,
+                         seed + static_cast<uint64_t>(k) * 0x9E3779B97F4A7C15ull, {pgx.view(), pgw.view(), {}});
+    for (int64_t e = 0; e < rows * g.C; ++e)
+      ASSERT_EQ(f32_bits(gx.getf(n0 * P * g.C + e)), f32_bits(pgx.getf(e))) << "chunk " << k << " " << e;
+    for (int64_t e = 0; e < O * CKK; ++e) acc[static_cast<size_t>(e)] += pgw.getf(e);
+  }
+  for (int64_t e = 0; e < O * CKK; ++e) ASSERT_EQ(f32_bits(gw.getf(e)), f32_bits(acc[static_cast<size_t>(e)])) << e;
+}
+
+TEST(Cpu_BackwardConv2d, RefusesBadArguments) {
+  const Geom g{1, 4, 6, 6, 3, 3, 1, 1, 1, 1, 1, 1, false};
+  const hot::ConvGeometry cg = to_core(g);
+  HostTensor gy = HostTensor::make2d(DType::f32, 36, 8), w = HostTensor::make2d(DType::f32, 8, 36);
+  HostTensor gx = HostTensor::make2d(DType::f32, 36, 4);
+  const hot::Config cfg;
+  EXPECT_NO_THROW(hot::backward_conv2d(gy, w, nullptr, cg, cfg, 1, {gx.view(), {}, {}}));
+  HostTensor gy_bad = HostTensor::make2d(DType::f32, 35, 8);
+  EXPECT_TRUE(throws_hot([&] { hot::backward_conv2d(gy_bad, w, nullptr, cg, cfg, 1, {gx.view(), {}, {}}); },
+                         hot::ErrorKind::value, {"backward_conv2d", "grad_output", "36"}));
+  HostTensor w_bad = HostTensor::make2d(DType::f32, 8, 35);
+  EXPECT_TRUE(throws_hot([&] { hot::backward_conv2d(gy, w_bad, nullptr, cg, cfg, 1, {gx.view(), {}, {}}); },
+                         hot::ErrorKind::value, {"backward_conv2d", "weight", "kh * kw * C"}));
+  HostTensor gx_bad = HostTensor::make2d(DType::f32, 36, 3);
+  EXPECT_TRUE(throws_hot([&] { hot::backward_conv2d(gy, w, nullptr, cg, cfg, 1, {gx_bad.view(), {}, {}}); },
+                         hot::ErrorKind::value, {"backward_conv2d", "grad_input"}));
+  HostTensor gw = HostTensor::make2d(DType::f32, 8, 36);
+  EXPECT_TRUE(throws_hot([&] { hot::backward_conv2d(gy, w, nullptr, cg, cfg, 1, {{}, gw.view(), {}}); },
+                         hot::ErrorKind::value, {"backward_conv2d", "saved"}));
+}

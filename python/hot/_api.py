@@ -714,6 +714,23 @@ def _backward_linear(c: _Call, gy, w, saved, gi_shape, need_gi: bool, need_gw: b
     )
 
 
+def _backward_conv2d(c: _Call, gy, w, saved, x_shape, kernel, stride, padding, dilation, patches: bool,
+                     need_gi: bool, need_gw: bool, bias: bool, config, seed: int, weight_q=None, gw_dtype=None):
+    """backward_conv2d of a convolution's g_y rows gy (N*Ho*Wo x O) and w (O x kh*kw*C, columns (i, j, c)), saved the
+    columns' SavedActivation (_wrap_saved) when need_gw: (g_x as the channels-last map N*H*W x C, g_w, g_b), None
+    where not requested, in gy's dtype (g_w in gw_dtype when given)."""
+    N, C, H, W = x_shape
+    O, CKK = fws.shape(w)
+    gi = c.empty_as((N * H * W, C), gy) if need_gi else None
+    gw = (c.empty((O, CKK), gw_dtype) if gw_dtype is not None else c.empty_as((O, CKK), gy)) if need_gw else None
+    gb = c.empty_as((O,), gy) if bias else None
+    rx, rw, rb = c.call(_C.backward_conv2d, gy, w, saved if need_gw else None, gi, gw, gb, need_gi, need_gw, bias,
+                        list(x_shape), list(kernel), list(stride), list(padding), list(dilation), patches, config,
+                        seed, c.stream, weight_q)
+    return (c.result(gi, rx) if need_gi else None, c.result(gw, rw) if need_gw else None,
+            c.result(gb, rb) if bias else None)
+
+
 def _exact_operand(c, op, name, a, dt):
     """a in grad_output's dtype dt for exact mode: a cast of a floating array (a cast would silently turn bool, integer
     or complex arrays into floats)."""

@@ -175,6 +175,18 @@ void backward_linear(const TensorView& grad_output, const TensorView& weight, co
                      const Config& config, uint64_t seed, const BackwardOutputs& out, Stream stream = {},
                      const QuantizedWeight* weight_q = nullptr);
 
+// HOT backward of a convolution over its im2col rows (SPEC §8): grad_output N*Ho*Wo x O (rows in geometry's raster
+// or patch order), weight O x kh*kw*C (columns (i, j, c)), saved the ABC buffer of the columns (compress_columns;
+// needed for grad_weight); out.grad_input is the channels-last map N*H*W x C. g_w and g_b are backward_linear's over
+// the columns. g_x: at stride 1 (raster order, per-tensor g_x scale, padding <= dilation * (k - 1)) the transposed
+// convolution of the int8 codes of G~ with W~, one exact int32 sum over (i, j, o) per element scaled once by
+// (s_g * s_w) / b and rounded once to grad_input's dtype; long contractions then go in chunks of whole images (the
+// largest multiple of 256 rows up to gw_chunk_rows, seeds as backward_linear's chunks). Otherwise the g_x GEMM
+// writes the columns in grad_input's dtype and col2im adds them onto the map (backward_linear's row chunks).
+void backward_conv2d(const TensorView& grad_output, const TensorView& weight, const SavedActivation* saved,
+                     const ConvGeometry& geometry, const Config& config, uint64_t seed, const BackwardOutputs& out,
+                     Stream stream = {}, const QuantizedWeight* weight_q = nullptr);
+
 // Exact (unquantised) backward from the raw x (L x I): fp32 accumulation (cuBLAS on CUDA).
 void backward_linear_exact(const TensorView& grad_output, const TensorView& weight, const TensorView* x,
                            const BackwardOutputs& out, Stream stream = {});

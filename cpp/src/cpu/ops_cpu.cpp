@@ -206,6 +206,41 @@ void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out
   });
 }
 
+void conv_grad_input(const TensorView& q_g, const TensorView& q_wt, const TensorView& s_g, const TensorView& s_w,
+                     float factor, const ConvGeometry& g, const TensorView& out, Stream) {
+  const int64_t Ho = g.out_h(), Wo = g.out_w(), o_pad = q_g.shape[1], C = g.C;
+  const float alpha = s_g.ptr<float>()[0] * s_w.ptr<float>()[0] * factor;
+  const auto* qg = static_cast<const int8_t*>(q_g.data);
+  const auto* qw = static_cast<const int8_t*>(q_wt.data);
+  const int64_t ldg = q_g.strides[0], ldw = q_wt.strides[0];
+  parallel_for(g.N * g.H * g.W, row_grain(C * g.kh * g.kw * o_pad / 16), [&](int64_t r0, int64_t r1) {
+    std::vector<int32_t> acc(static_cast<size_t>(C));
+    std::vector<float> row(static_cast<size_t>(C));
+    for (int64_t r = r0; r < r1; ++r) {  // input pixel (n, h, w)
+      const int64_t n = r / (g.H * g.W), hw = r % (g.H * g.W), h = hw / g.W, w = hw % g.W;
+      std::fill(acc.begin(), acc.end(), 0);
+      for (int i = 0; i < g.kh; ++i) {
+        const int64_t ho = h + g.ph - static_cast<int64_t>(i) * g.dh;  // stride 1: the output row that read h
+        if (ho < 0 || ho >= Ho) continue;
+        for (int j = 0; j < g.kw; ++j) {
+          const int64_t wo = w + g.pw - static_cast<int64_t>(j) * g.dw;
+          if (wo < 0 || wo >= Wo) continue;
+          const int8_t* gr = qg + ((n * Ho + ho) * Wo + wo) * ldg;
+          const int8_t* wr = qw + (static_cast<int64_t>(i) * g.kw + j) * C * ldw;
+          for (int64_t c = 0; c < C; ++c) {
+            const int8_t* wc = wr + c * ldw;
+            int32_t d = 0;
+            for (int64_t o = 0; o < o_pad; ++o) d += static_cast<int32_t>(gr[o]) * static_cast<int32_t>(wc[o]);
+            acc[static_cast<size_t>(c)] += d;
+          }
+        }
+      }
+      for (int64_t c = 0; c < C; ++c) row[static_cast<size_t>(c)] = static_cast<float>(acc[static_cast<size_t>(c)]) * alpha;
+      store_row(out, r, row.data());
+    }
+  });
+}
+
 void im2col(const TensorView& map, const ConvGeometry& g, const TensorView& cols, Stream) {
   const Col2imParams p = col2im_params(g);
   const size_t es = static_cast<size_t>(dtype_bits(map.dtype) / 8), run = static_cast<size_t>(g.C) * es;

@@ -28,6 +28,10 @@ void hla_project(const TensorView&, const TensorView&, int, Stream) { missing();
 void quantize(const TensorView&, const TensorView&, const TensorView&, const QuantizeParams&, Stream) { missing(); }
 void dequantize(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
 void col2im(const TensorView&, const ConvGeometry&, const TensorView&, Stream) { missing(); }
+void conv_grad_input(const TensorView&, const TensorView&, const TensorView&, const TensorView&, float,
+                     const ConvGeometry&, const TensorView&, Stream) {
+  missing();
+}
 void im2col(const TensorView&, const ConvGeometry&, const TensorView&, Stream) { missing(); }
 void compress_columns(const TensorView&, const ConvGeometry&, const TensorView&, const TensorView&, int, Stream) {
   missing();

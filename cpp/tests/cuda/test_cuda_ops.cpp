@@ -651,6 +651,53 @@ TEST_F(Cuda_BackwardLinear, BitExactVsCpu) {
         }
 }
 
+// backward_conv2d: g_x by the transposed convolution of G~'s codes (CUTLASS's int8 conv on sm_80+, the element-wise
+// kernel elsewhere) or by columns and col2im (strided, patch order), long calls in chunks of whole images: all equal
+// to the CPU's bytes.
+class Cuda_BackwardConv2d : public CudaTest {};
+TEST_F(Cuda_BackwardConv2d, BitExactVsCpu) {
+  uint64_t seed = 9500;
+  std::vector<hot::ConvGeometry> geoms = col2im_geometries();
+  if (!small_run()) {
+    hot::ConvGeometry g;  // ResNet-50 layer1's 3x3 at batch 4; then 3 images of 224 x 224: 2 chunks of whole images
+    g.N = 4, g.C = 64, g.H = 56, g.W = 56, g.kh = 3, g.kw = 3, g.ph = 1, g.pw = 1;
+    geoms.push_back(g);
+    g.N = 3, g.C = 8, g.H = 224, g.W = 224;
+    geoms.push_back(g);
+  }
+  for (const hot::ConvGeometry& g : geoms)
+    for (DType dt : kFloatTypes)
+      for (int64_t O : {16, 40}) {
+        const int64_t L = g.N * g.out_h() * g.out_w(), CKK = g.C * g.kh * g.kw, P = g.N * g.H * g.W;
+        hot::Config cfg;
+        SCOPED_TRACE(testing::Message() << dt_name(dt) << " N " << g.N << " C " << g.C << " H " << g.H << " k "
+                                        << g.kh << " stride " << g.sh << " O " << O);
+        HostTensor map = rand_int(DType::s8, P, g.C, -127, 127, seed++);
+        HostTensor w = rand_float(dt, O, CKK, seed++, -1, 0.05f);
+        HostTensor gy = rand_float(dt, L, O, seed++);
+        DevTensor dmap(map), dw(w), dgy(gy);
+        const int64_t Kp = hot::padded_k(hot::hla_rows(L, cfg.rank));
+        hot::SavedActivation sc, sg;
+        for (hot::SavedActivation* s : {&sc, &sg}) {
+          s->rows = L, s->cols = CKK, s->rank = cfg.rank;
+          const hot::Device d = s == &sc ? hot::Device::cpu() : dgy.view().device;
+          s->q = hot::Tensor::empty(DType::s8, {CKK, Kp}, d, st());
+          s->scale = hot::Tensor::empty(DType::f32, {1}, d, st());
+        }
+        hot::compress_columns(map, g, sc.q.view(), sc.scale.view(), cfg.rank);
+        hot::compress_columns(dmap, g, sg.q.view(), sg.scale.view(), cfg.rank, st());
+        HostTensor gxc = out2d(dt, P, g.C), gwc = out2d(DType::f32, O, CKK), gbc = out1d(dt, O);
+        HostTensor gxg = gxc, gwg = gwc, gbg = gbc;
+        DevTensor dgx(gxg), dgw(gwg), dgb(gbg);
+        hot::backward_conv2d(gy, w, &sc, g, cfg, 42, {gxc, gwc, gbc});
+        hot::backward_conv2d(dgy, dw, &sg, g, cfg, 42, {dgx, dgw, dgb}, st());
+        sync();
+        EXPECT_TRUE(all_bytes_equal(gxc, dgx.to_host())) << "grad_input";
+        EXPECT_TRUE(all_bytes_equal(gwc, dgw.to_host())) << "grad_weight";
+        EXPECT_TRUE(all_bytes_equal(gbc, dgb.to_host())) << "grad_bias";
+      }
+}
+
 // ---- sm_90a: the wgmma kernels themselves -------------------------------------------------------------
 
 class Cuda_Sm90_GemmS8 : public CudaTest {};

@@ -157,6 +157,22 @@ def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tens
     return _api._backward_linear(c, g, w, saved, gx_shape, need_gx, need_gw, need_gb, cfg, seed, wq, gw_dtype)
 
 
+def _backward_conv2d(g: Tensor, w: Tensor, q: Optional[Tensor], scale: Optional[Tensor], seed: int, cfg, x_shape,
+                     kernel, stride, padding, dilation, patches: bool, need_gx: bool, need_gw: bool, need_gb: bool,
+                     reuse=None, gw_dtype: Optional[str] = None):
+    """``hot::backward_conv2d`` of a non-empty convolution (not exact) from its contiguous g_y rows g (N*Ho*Wo x O),
+    its weight columns w (O x kh*kw*C) and the ABC buffer (q, scale) of its im2col columns (given when g_w is
+    needed): (g_x as the channels-last map N*H*W x C, g_w, g_b). reuse and gw_dtype as in :func:`_backward_linear`."""
+    if not 0 <= seed <= _UINT64_MAX:
+        _api._seed("backward_conv2d", seed)  # raises, naming the seed
+    c = _call("backward_conv2d", g)
+    L, CKK = g.shape[0], w.shape[1]
+    saved = _api._wrap_saved(c, q, scale, L, CKK, cfg.rank, "backward_conv2d") if need_gw else None
+    wq = reuse[0]._get(c, w, cfg, reuse[1], reuse[2]) if reuse is not None and need_gx else None
+    return _api._backward_conv2d(c, g, w, saved, x_shape, kernel, stride, padding, dilation, patches, need_gx,
+                                 need_gw, need_gb, cfg, seed, wq, gw_dtype)
+
+
 class WeightReuse:
     """The W~ (SPEC §3, hot.quantize_weight) of each layer called inside one :func:`weight_reuse` block, formed by the
     layer's first backward in the block and used by the next ones while the weight is unchanged."""
@@ -632,14 +648,20 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
             cq, cs = _api._compress_columns(_call("compress_columns", qh), qh, (N, C, H, W), (kh, kw), tuple(stride),
                                             tuple(padding), tuple(dilation), patches, cfg.rank)
             map_scale = scale.detach()
-    gcols, gw, gb = _backward_linear(g, conv_weight_cols(weight), cols, cq, cs, seed, cfg, need_gx,
-                                     need_gw, need_gb, (N * P, CKK), reuse,
-                                     "float32" if map_scale is not None else None)
+    gw_dtype = "float32" if map_scale is not None else None
     gx = None
-    if need_gx:  # the engine's map is channels-last: kept so for a channels-last network (its g_y is), else NCHW
-        gx = col2im(gcols, (N, C, H, W), (kh, kw), stride, padding, dilation, patches)
-        if not _channels_last(grad_y):
-            gx = _rows_nchw(gx.permute(0, 2, 3, 1), (N, C, H, W))  # the engine's rows, (N, H, W, C) contiguous
+    if cfg.exact or min(N * P, O, CKK) == 0:  # the exact backward (or empty operands): the columns' GEMMs, col2im
+        gcols, gw, gb = _backward_linear(g, conv_weight_cols(weight), cols, cq, cs, seed, cfg, need_gx, need_gw,
+                                         need_gb, (N * P, CKK), reuse, gw_dtype)
+        if need_gx:
+            gx = col2im(gcols, (N, C, H, W), (kh, kw), stride, padding, dilation, patches)
+    else:  # the engine's conv backward: g_x as the transposed convolution of G~'s codes where it can (SPEC §8)
+        gxr, gw, gb = _backward_conv2d(g, conv_weight_cols(weight), cq, cs, seed, cfg, (N, C, H, W), (kh, kw), stride,
+                                       padding, dilation, patches, need_gx, need_gw, need_gb, reuse, gw_dtype)
+        if need_gx:
+            gx = gxr.view(N, H, W, C).permute(0, 3, 1, 2)
+    if need_gx and not _channels_last(grad_y):  # the engine's map is channels-last: kept so for a channels-last
+        gx = _rows_nchw(gx.permute(0, 2, 3, 1), (N, C, H, W))  # network (its g_y is), else NCHW
     if gw is not None:
         if map_scale is not None:
             gw = (gw * map_scale).to(grad_y.dtype)

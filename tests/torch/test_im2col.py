@@ -282,3 +282,42 @@ def test_conv_weight_gradient_is_the_linear_backward_of_the_integer_columns(chan
     _, gw, _ = hot.backward_linear(g, tops.conv_weight_cols(conv.weight.detach()), cols, config=conv.hot_config,
                                    seed=seed)
     assert torch.equal(conv.weight.grad, tops.conv_weight_from_cols(gw * s, conv.weight.shape))
+
+
+@pytest.mark.parametrize("stride,dilation", [(1, 1), (1, 2), (2, 1)])
+def test_conv_input_gradient_is_the_transposed_convolution_of_the_codes(stride, dilation):
+    """SPEC §8: at stride 1 a converted conv's g_x is the transposed convolution of the int8 codes of G~ (g_y's rows
+    times blockdiag(H_b), per tensor) with those of W~ (H_b W), one exact integer sum per element scaled once by
+    s_g s_w / b: float64's conv_transpose2d of the integer codes, scaled, bounds it to a few fp32 roundings. At stride
+    2 g_x is col2im of the g_x columns (the sums of 9 rounded terms): the same bound does not hold there, a looser one
+    does."""
+    import hot
+    import hot.torch as ht
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    N, C, H, W, O, k, p = 2, 8, 10, 9, 24, 3, dilation  # O = 24: Hadamard block 8
+    model = nn.Sequential(nn.Conv2d(C, O, k, stride=stride, padding=p, dilation=dilation, bias=False))
+    cfg = hot.Config(rounding="nearest")  # no per-call random bits: the codes follow from g_y alone
+    ht.convert(model, cfg)
+    x = torch.randn(N, C, H, W, requires_grad=True)
+    y = model(x)
+    gy = torch.randn(y.shape)
+    y.backward(gy)
+    Ho, Wo = y.shape[2], y.shape[3]
+    b = 8
+    g_rows = gy.permute(0, 2, 3, 1).reshape(-1, O)
+    qg, sg = hot.quantize(hot.hadamard_transform(g_rows, block=b, axis=1), bits=8, rounding="nearest")
+    w = model[0].weight.detach()  # (O, C, k, k)
+    qw, sw = hot.quantize(hot.hadamard_transform(w.reshape(O, -1), block=b, axis=0), bits=8, rounding="nearest")
+    codes_g = qg.double().reshape(N, Ho, Wo, O).permute(0, 3, 1, 2)
+    codes_w = qw.double().reshape(O, C, k, k)
+    sums = F.conv_transpose2d(codes_g, codes_w, stride=stride, padding=p, dilation=dilation,
+                              output_padding=tuple(n - ((m - 1) * stride - 2 * p + dilation * (k - 1) + 1)
+                                                   for n, m in ((H, Ho), (W, Wo))))
+    want = sums * (float(sg[0]) * float(sw[0]) / b)
+    err = (x.grad.double() - want).abs()
+    if stride == 1:
+        assert torch.all(err <= 8 * 2.0 ** -24 * want.abs() + 1e-30)
+    else:
+        assert torch.all(err <= 2.0 ** -18 * want.abs().max())

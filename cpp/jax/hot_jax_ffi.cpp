@@ -13,6 +13,11 @@
 //                                                                -> g_x (..., I), g_w (O, I)
 //   hot_backward_linear_bias     the same                        -> g_x, g_w, g_b (O,)
 //                                attribute of both: config:i64 (hot::Config::code(), the whole configuration)
+//   hot_backward_conv2d          g_y (N*Ho*Wo, O), w (O, kh*kw*C), q (kh*kw*C, K_pad) s8, scale f32 (1,), seed u32 (2,)
+//                                                                -> g_x (N*H*W, C) (the channels-last map), g_w (O, kh*kw*C)
+//   hot_backward_conv2d_bias     the same                        -> g_x, g_w, g_b (O,)
+//                                attributes of both: n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, patches (0/1): i32,
+//                                config: i64 (hot::backward_conv2d, SPEC §8)
 //   hot_quantize_nearest         x (..., C) float                -> q s8 (..., C), scale f32 (1,)
 //                                (Q8 per tensor, round-to-nearest: a convolution's kept feature map, SPEC §8)
 //   hot_compress_columns         q_map (N, H, W, C) s8           -> q s8 (kh*kw*C, K_pad), scale f32 (1,)
@@ -181,6 +186,33 @@ void backward(hot::Device dev, hot::Stream stream, uint64_t seed, const ffi::Any
   hot::backward_linear(gyv, wv, &saved, config, seed, out, stream);
 }
 
+// The geometry attributes of hot_backward_conv2d, in the handlers' order.
+struct ConvAttrs {
+  int32_t n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, patches;
+};
+
+void backward_conv(hot::Device dev, hot::Stream stream, uint64_t seed, const ffi::AnyBuffer& gy,
+                   const ffi::AnyBuffer& w, const ffi::AnyBuffer& q, const ffi::AnyBuffer& scale, ffi::AnyBuffer gx,
+                   ffi::AnyBuffer gw, const ffi::AnyBuffer* gb, const hot::Config& config, const ConvAttrs& a) {
+  const char* op = "hot.jax backward_conv2d";
+  hot::ConvGeometry g;
+  g.N = a.n, g.C = a.c, g.H = a.h, g.W = a.w, g.kh = a.kh, g.kw = a.kw, g.sh = a.sh, g.sw = a.sw;
+  g.ph = a.ph, g.pw = a.pw, g.dh = a.dh, g.dw = a.dw, g.patches = a.patches != 0;
+  const hot::TensorView gyv = view_2d(op, "grad_output", gy, dev, true);
+  const hot::TensorView wv = view_2d(op, "weight", w, dev, true);
+  hot::SavedActivation saved;
+  saved.rows = gyv.shape[0];
+  saved.cols = wv.shape[1];
+  saved.rank = config.rank;
+  saved.q = hot::Tensor::wrap(view_2d(op, "saved.q", q, dev, false), nullptr);
+  saved.scale = hot::Tensor::wrap(view_1d(op, "saved.scale", scale, dev, hot::DType::f32, false), nullptr);
+  hot::BackwardOutputs out;
+  out.grad_input = view_2d(op, "grad_input", gx, dev, true);
+  out.grad_weight = view_2d(op, "grad_weight", gw, dev, true);
+  if (gb != nullptr) out.grad_bias = view_1d(op, "grad_bias", *gb, dev, hot::DType::f32, true);
+  hot::backward_conv2d(gyv, wv, &saved, g, config, seed, out, stream);
+}
+
 void quantize_nearest(hot::Device dev, hot::Stream stream, const ffi::AnyBuffer& x, ffi::AnyBuffer q,
                       ffi::AnyBuffer scale) {
   const char* op = "hot.jax quantize";
@@ -228,6 +260,29 @@ ffi::Error backward_bias_cpu(ffi::AnyBuffer gy, ffi::AnyBuffer w, ffi::AnyBuffer
     const ffi::AnyBuffer b = *gb;
     backward(hot::Device::cpu(), hot::Stream{}, host_seed("hot.jax backward_linear", seed), gy, w, q, scale, *gx, *gw,
              &b, c);
+  });
+}
+
+ffi::Error backward_conv_cpu(ffi::AnyBuffer gy, ffi::AnyBuffer w, ffi::AnyBuffer q, ffi::AnyBuffer scale,
+                             ffi::AnyBuffer seed, ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw,
+                             int32_t n, int32_t c, int32_t h, int32_t wd, int32_t kh, int32_t kw, int32_t sh,
+                             int32_t sw, int32_t ph, int32_t pw, int32_t dh, int32_t dw, int32_t patches,
+                             int64_t config) {
+  return guarded([&] {
+    backward_conv(hot::Device::cpu(), hot::Stream{}, host_seed("hot.jax backward_conv2d", seed), gy, w, q, scale, *gx,
+                  *gw, nullptr, make_config(config), {n, c, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, patches});
+  });
+}
+
+ffi::Error backward_conv_bias_cpu(ffi::AnyBuffer gy, ffi::AnyBuffer w, ffi::AnyBuffer q, ffi::AnyBuffer scale,
+                                  ffi::AnyBuffer seed, ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw,
+                                  ffi::Result<ffi::AnyBuffer> gb, int32_t n, int32_t c, int32_t h, int32_t wd,
+                                  int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t ph, int32_t pw, int32_t dh,
+                                  int32_t dw, int32_t patches, int64_t config) {
+  return guarded([&] {
+    const ffi::AnyBuffer b = *gb;
+    backward_conv(hot::Device::cpu(), hot::Stream{}, host_seed("hot.jax backward_conv2d", seed), gy, w, q, scale, *gx,
+                  *gw, &b, make_config(config), {n, c, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, patches});
   });
 }
 
@@ -289,6 +344,32 @@ ffi::Error backward_bias_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffe
   });
 }
 
+ffi::Error backward_conv_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer gy, ffi::AnyBuffer w,
+                              ffi::AnyBuffer q, ffi::AnyBuffer scale, ffi::AnyBuffer seed,
+                              ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw, int32_t n, int32_t c,
+                              int32_t h, int32_t wd, int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t ph,
+                              int32_t pw, int32_t dh, int32_t dw, int32_t patches, int64_t config) {
+  return guarded([&] {
+    const uint64_t s = device_seed("hot.jax backward_conv2d", seed, stream);
+    backward_conv(hot::Device::cuda(device), hot::Stream{stream}, s, gy, w, q, scale, *gx, *gw, nullptr,
+                  make_config(config), {n, c, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, patches});
+  });
+}
+
+ffi::Error backward_conv_bias_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer gy, ffi::AnyBuffer w,
+                                   ffi::AnyBuffer q, ffi::AnyBuffer scale, ffi::AnyBuffer seed,
+                                   ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw,
+                                   ffi::Result<ffi::AnyBuffer> gb, int32_t n, int32_t c, int32_t h, int32_t wd,
+                                   int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t ph, int32_t pw, int32_t dh,
+                                   int32_t dw, int32_t patches, int64_t config) {
+  return guarded([&] {
+    const uint64_t s = device_seed("hot.jax backward_conv2d", seed, stream);
+    const ffi::AnyBuffer b = *gb;
+    backward_conv(hot::Device::cuda(device), hot::Stream{stream}, s, gy, w, q, scale, *gx, *gw, &b,
+                  make_config(config), {n, c, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, patches});
+  });
+}
+
 ffi::Error compress_columns_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer m, ffi::Result<ffi::AnyBuffer> q,
                                  ffi::Result<ffi::AnyBuffer> scale, int32_t kh, int32_t kw, int32_t sh, int32_t sw,
                                  int32_t ph, int32_t pw, int32_t dh, int32_t dw, int32_t patches, int32_t rank) {
@@ -315,15 +396,23 @@ HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardCpu(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardBiasCpu(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxQuantizeCpu(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxCompressColumnsCpu(XLA_FFI_CallFrame*);
+HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardConvCpu(XLA_FFI_CallFrame*);
+HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardConvBiasCpu(XLA_FFI_CallFrame*);
 #if HOT_JAX_CUDA
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxCompressCuda(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardCuda(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardBiasCuda(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxQuantizeCuda(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxCompressColumnsCuda(XLA_FFI_CallFrame*);
+HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardConvCuda(XLA_FFI_CallFrame*);
+HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardConvBiasCuda(XLA_FFI_CallFrame*);
 #endif
 
 #define HOT_JAX_BACKWARD_ATTRS .Attr<int64_t>("config")
+#define HOT_JAX_CONV_ATTRS                                                                                    \
+  .Attr<int32_t>("n").Attr<int32_t>("c").Attr<int32_t>("h").Attr<int32_t>("w").Attr<int32_t>("kh")             \
+      .Attr<int32_t>("kw").Attr<int32_t>("sh").Attr<int32_t>("sw").Attr<int32_t>("ph").Attr<int32_t>("pw")      \
+      .Attr<int32_t>("dh").Attr<int32_t>("dw").Attr<int32_t>("patches").Attr<int64_t>("config")
 #define HOT_JAX_COLUMNS_ATTRS                                                                                 \
   .Attr<int32_t>("kh").Attr<int32_t>("kw").Attr<int32_t>("sh").Attr<int32_t>("sw").Attr<int32_t>("ph")         \
       .Attr<int32_t>("pw").Attr<int32_t>("dh").Attr<int32_t>("dw").Attr<int32_t>("patches").Attr<int32_t>("rank")
@@ -359,6 +448,27 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardBiasCpu, backward_bias_cpu,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxCompressColumnsCpu, compress_columns_cpu,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>()
                                   HOT_JAX_COLUMNS_ATTRS);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardConvCpu, backward_conv_cpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>() HOT_JAX_CONV_ATTRS);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardConvBiasCpu, backward_conv_bias_cpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>() HOT_JAX_CONV_ATTRS);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxQuantizeCpu, quantize_cpu,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
@@ -405,6 +515,31 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxCompressColumnsCuda, compress_columns_cuda,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>() HOT_JAX_COLUMNS_ATTRS);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardConvCuda, backward_conv_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>() HOT_JAX_CONV_ATTRS);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardConvBiasCuda, backward_conv_bias_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>() HOT_JAX_CONV_ATTRS);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxQuantizeCuda, quantize_cuda,
                               ffi::Ffi::Bind()

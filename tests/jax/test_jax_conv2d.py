@@ -1,7 +1,7 @@
-"""hot.jax.conv2d: a jax.custom_vjp whose forward keeps the int8 feature map and whose backward is hot's (the im2col
-GEMM through an XLA custom call, then col2im); its gradients against the same computation composed from hot's
-Python API (hot.quantize, hot.backward_linear on the im2col matrix of the dequantised map), bit for bit on the CPU;
-under jit, vmap and value_and_grad; errors. Skipped when jax is not installed."""
+"""hot.jax.conv2d: a jax.custom_vjp whose forward keeps the int8 feature map and whose backward is hot's
+(hot::backward_conv2d through an XLA custom call); its gradients against the same computation composed from hot's
+Python API and the torch front (hot.quantize, hot.compress_columns, the torch front's call of the engine's conv
+backward), bit for bit on the CPU; under jit, vmap and value_and_grad; errors. Skipped when jax is not installed."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,11 +13,11 @@ import jax.numpy as jnp  # noqa: E402
 
 import hot  # noqa: E402
 import hot.jax  # noqa: E402
-from hot.torch import ops as tops  # noqa: E402  (the torch front's im2col / col2im: an independent implementation)
+from hot.torch import ops as tops  # noqa: E402  (the torch front's calls of the engine)
 
 
 def _reference(x, w, b, gy, seed, config, stride, padding, dilation):
-    """The torch front's conv backward, composed by hand from hot's Python API and hot.torch.ops' im2col / col2im."""
+    """The torch front's conv backward, composed by hand from hot's Python API and hot.torch.ops."""
     N, C, H, W = x.shape
     O, _, kh, kw = w.shape
     Ho, Wo = gy.shape[2:]
@@ -35,13 +35,15 @@ def _reference(x, w, b, gy, seed, config, stride, padding, dilation):
         gx = tops._pixel_unrows(torch.from_numpy(grows), (N, C, H, W), stride, Ho, Wo, patches).numpy()
         return [gx, gw.reshape(w.shape)] + ([gb] if b is not None else [])
     q, s = hot.quantize(x.reshape(N * C, H * W), bits=8, scale="tensor", rounding="nearest")
-    xq = torch.from_numpy(q).reshape(N, C, H, W).to(torch.bfloat16)  # the map's integers (SPEC §8)
-    cols = tops.im2col(xq, (kh, kw), stride, padding, dilation, patches)
-    wc = tops.conv_weight_cols(torch.from_numpy(w)).numpy()  # (O, kh*kw*C): im2col's (i, j, c) column order
-    gcols, gw, gb = hot.backward_linear(g, wc, cols, bias=b is not None, config=config, seed=seed)  # torch cols
-    gx = tops.col2im(torch.from_numpy(gcols), (N, C, H, W), (kh, kw), stride, padding, dilation, patches).numpy()
-    gw = tops.conv_weight_from_cols(torch.from_numpy(gw) * torch.from_numpy(s), w.shape).numpy()  # times the scale
-    return [gx, gw] + ([gb] if b is not None else [])
+    qh = np.ascontiguousarray(q.reshape(N, C, H, W).transpose(0, 2, 3, 1))  # the map's integers, channels-last
+    cols = hot.compress_columns(qh, (kh, kw), stride, padding, dilation, patches=patches, config=config)
+    wc = tops.conv_weight_cols(torch.from_numpy(w))  # (O, kh*kw*C): im2col's (i, j, c) column order
+    gxr, gw, gb = tops._backward_conv2d(torch.from_numpy(g), wc, torch.from_numpy(cols.q), torch.from_numpy(cols.scale),
+                                        seed, config, (N, C, H, W), (kh, kw), stride, padding, dilation, patches,
+                                        True, True, b is not None, gw_dtype="float32")
+    gx = gxr.reshape(N, H, W, C).permute(0, 3, 1, 2).numpy()
+    gw = tops.conv_weight_from_cols(gw * torch.from_numpy(s), w.shape).numpy()  # times the scale
+    return [gx, gw] + ([gb.numpy()] if b is not None else [])
 
 
 def _grads(x, w, b, gy, key, config, stride, padding, dilation, jit=True):

@@ -154,6 +154,25 @@ def _backward_saved(code: int, x_dtype, w_dtype, b_dtype, gy, w, q, scale, seed)
     return call(gy, w, q, scale, seed, config=np.int64(code))
 
 
+def _backward_conv_call(code: int, x_dtype, b_dtype, g, w_cols, q, scale, seed, x_shape, kernel, stride, padding,
+                        dilation, patches: bool):
+    """hot::backward_conv2d of a convolution's g_y rows g (N*Ho*Wo, O) and weight columns w_cols (O, kh*kw*C) from the
+    ABC buffer (q, scale) of its columns, through the FFI target hot_backward_conv2d[_bias]: (g_x as the channels-last
+    map (N*H*W, C) in x_dtype, g_w in float32[, g_b in b_dtype])."""
+    N, C, H, W = x_shape
+    O, CKK = w_cols.shape
+    bias = b_dtype is not None
+    outs = [jax.ShapeDtypeStruct((N * H * W, C), x_dtype), jax.ShapeDtypeStruct((O, CKK), jnp.float32)]
+    if bias:
+        outs.append(jax.ShapeDtypeStruct((O,), b_dtype))
+    call = jax.ffi.ffi_call("hot_backward_conv2d_bias" if bias else "hot_backward_conv2d", tuple(outs),
+                            vmap_method="sequential")
+    i32 = np.int32
+    return call(g, w_cols, q, scale, seed, n=i32(N), c=i32(C), h=i32(H), w=i32(W), kh=i32(kernel[0]),
+                kw=i32(kernel[1]), sh=i32(stride[0]), sw=i32(stride[1]), ph=i32(padding[0]), pw=i32(padding[1]),
+                dh=i32(dilation[0]), dw=i32(dilation[1]), patches=i32(patches), config=np.int64(code))
+
+
 @functools.lru_cache(maxsize=None)
 def _dense_fn(code: int, x_dtype, w_dtype, b_dtype):
     """The custom_vjp of one configuration (its ``hot.Config.code``) and one set of dtypes (the cotangents' dtypes
@@ -256,14 +275,6 @@ def _conv_out(size, k, s, p, d):
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
-def _window_slices(H, W, Ho, Wo, kernel, stride, dilation):
-    """For each kernel offset (i, j), in (i, j) order, the index of its window positions in the padded map."""
-    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
-    return [(i, j, (slice(None), slice(None), slice(i * dh, i * dh + sh * (Ho - 1) + 1, sh),
-                    slice(j * dw, j * dw + sw * (Wo - 1) + 1, sw)))
-            for i in range(kh) for j in range(kw)]
-
-
 def _patch_rows(t, Ho, Wo):
     """t (N, Ho, Wo, ...) with its rows in 4 x 4 patch order (N, Ho/4, Wo/4, 4, 4, ...) (SPEC §8)."""
     N, rest = t.shape[0], t.shape[3:]
@@ -275,25 +286,6 @@ def _raster_rows(t, Ho, Wo):
     """The inverse of _patch_rows: (N, Ho/4, Wo/4, 4, 4, ...) back to (N, Ho, Wo, ...)."""
     N, rest = t.shape[0], t.shape[5:]
     return jnp.swapaxes(t, 2, 3).reshape((N, Ho, Wo) + rest)
-
-
-def col2im(cols, x_shape, kernel, stride, padding, dilation, patches=False):
-    """The adjoint of im2col (as ``hot.torch.ops.col2im``): the kernel offsets' windows added onto a zero map in
-    (i, j) order, in float32 for 16-bit dtypes when windows overlap, rounded once to cols' dtype."""
-    N, C, H, W = x_shape
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
-    Ho, Wo = _conv_out(H, kh, sh, ph, dh), _conv_out(W, kw, sw, pw, dw)
-    if patches:
-        g6 = _raster_rows(cols.reshape(N, Ho // 4, Wo // 4, 4, 4, kh, kw, C), Ho, Wo)
-    else:
-        g6 = cols.reshape(N, Ho, Wo, kh, kw, C)
-    g6 = jnp.transpose(g6, (0, 5, 1, 2, 3, 4))  # (N, C, Ho, Wo, kh, kw)
-    overlap = sh < dh * (kh - 1) + 1 or sw < dw * (kw - 1) + 1
-    acc = jnp.float32 if overlap and cols.dtype in (jnp.float16, jnp.bfloat16) else cols.dtype
-    out = jnp.zeros((N, C, H + 2 * ph, W + 2 * pw), acc)
-    for i, j, idx in _window_slices(H, W, Ho, Wo, kernel, stride, dilation):
-        out = out.at[idx].add(g6[..., i, j].astype(acc))
-    return out[:, :, ph:ph + H, pw:pw + W].astype(cols.dtype)
 
 
 def pointwise(kernel, padding) -> bool:
@@ -389,9 +381,9 @@ def _conv2d_fn(code: int, stride, padding, dilation, x_hw, x_dtype, w_dtype, b_d
         # the ABC buffer of the columns of the int8 map's integers, formed from the map by the engine; g_w =
         # scale * (g_y^T Q), scaled after the GEMM in float32 (SPEC §8; as hot.torch.Conv2d)
         cq, cs = _compress_columns(q, (kh, kw), stride, padding, dilation, patches, cfg.rank)
-        res = _backward_saved(code, x_dtype, jnp.float32, b_dtype, g,
-                              jnp.transpose(w, (0, 2, 3, 1)).reshape(O, kh * kw * C), cq, cs, seed)
-        gx = col2im(res[0], (N, C, H, W), (kh, kw), stride, padding, dilation, patches)
+        res = _backward_conv_call(code, x_dtype, b_dtype, g, jnp.transpose(w, (0, 2, 3, 1)).reshape(O, kh * kw * C),
+                                  cq, cs, seed, (N, C, H, W), (kh, kw), stride, padding, dilation, patches)
+        gx = jnp.transpose(res[0].reshape(N, H, W, C), (0, 3, 1, 2))  # the engine's channels-last map
         gw = jnp.transpose((res[1] * scale[0]).astype(w_dtype).reshape(O, kh, kw, C), (0, 3, 1, 2))
         return (gx, gw, res[2] if bias else None, None)
 
@@ -411,9 +403,10 @@ def conv2d(x, w, b=None, *, key, stride=1, padding=0, dilation=1, config=None):
     The forward runs JAX's convolution and keeps x's int8 feature map (per-tensor, round-to-nearest; SPEC §8) instead
     of x (a pointwise conv, 1 x 1 without padding: the ABC buffer of the pixel rows it reads, and its backward is
     :func:`dense`'s over those rows); the backward forms the ABC buffer of the im2col columns of the map's integers
-    straight from the map (``hot.compress_columns``; rows in 4 x 4 patch order below rank 16), runs hot's backward of
-    the GEMM ``L = N*Ho*Wo, I = C*kh*kw`` from it through XLA custom calls, multiplies g_w by the map's scale, then
-    col2im: the same computation as ``hot.torch.Conv2d``'s backward. ``key`` and ``config`` as in :func:`dense`."""
+    straight from the map (``hot.compress_columns``; rows in 4 x 4 patch order below rank 16) and runs hot's
+    convolution backward from it through XLA custom calls (``hot::backward_conv2d``: g_x at stride 1 as the transposed
+    convolution of G~'s int8 codes, else the columns' GEMM and col2im), then multiplies g_w by the map's scale: the
+    same computation as ``hot.torch.Conv2d``'s backward. ``key`` and ``config`` as in :func:`dense`."""
     op = "hot.jax.conv2d"
     cfg = _config(op, config)
     x = _array(op, "x", x)

@@ -320,8 +320,21 @@ def ops_of(call: Call, config) -> Tuple[OpCount, OpCount]:
     """(HOT, exact) backward operations of one call at ``config``."""
     ex = exact_ops(call.L, call.I, call.O, call.need_gx, call.need_gw, call.fp_bits)
     ho = hot_ops(call.L, call.I, call.O, config, call.need_gx, call.need_gw, call.fp_bits,
-                 fmap=call.fmap, col2im=call.kind == "Conv2d" and not call.pointwise)
+                 fmap=call.fmap, col2im=call.kind == "Conv2d" and not call.pointwise and not _gx_direct(call, config))
     return ho, ex
+
+
+def _gx_direct(call: Call, config) -> bool:
+    """Whether a k x k conv's g_x is the transposed convolution of G~'s codes (SPEC §8: stride 1, raster rows,
+    per-tensor g_x scale, padding <= dilation * (k - 1)), which sums no columns back (no col2im)."""
+    if call.geom is None:
+        return False
+    kernel, stride, padding, dilation = call.geom
+    H, W = call.x_shape[-2], call.x_shape[-1]
+    Ho = ops._conv_out(H, kernel[0], stride[0], padding[0], dilation[0])
+    Wo = ops._conv_out(W, kernel[1], stride[1], padding[1], dilation[1])
+    return (tuple(stride) == (1, 1) and not ops.conv_patch_rows(Ho, Wo, config) and config.gx_scale == "tensor"
+            and all(p <= d * (k - 1) for p, d, k in zip(padding, dilation, kernel)))
 
 
 # ------------------------------------------------------------------------------------------------

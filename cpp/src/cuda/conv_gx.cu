@@ -41,23 +41,22 @@ cutlass::conv::Conv2dProblemSize problem(const ConvGeometry& g, int64_t o_pad) {
       cutlass::conv::Mode::kCrossCorrelation, 1);
 }
 
-// filt[c][i][j][:] = q_wt[((kh-1-i) kw + (kw-1-j)) C + c][:], rows of o_pad bytes (a multiple of 16) as 16-byte units.
-__global__ void flip_filter_kernel(const int8_t* __restrict__ q_wt, int64_t ld, int8_t* __restrict__ filt, int64_t C,
-                                   int kh, int kw, int64_t o_pad) {
+// filt[c][i][j][:] = q_wt[((kh-1-i) kw + (kw-1-j)) C + c][:], rows of o_pad bytes (a multiple of 16) as 16-byte units;
+// thread 0 also writes alpha = (s_g * s_w) * factor, the one scale of every sum (as gemm_s8_dequant's (sa * sb) *
+// factor).
+__global__ void conv_setup_kernel(const int8_t* __restrict__ q_wt, int64_t ld, int8_t* __restrict__ filt, int64_t C,
+                                  int kh, int kw, int64_t o_pad, const float* s_g, const float* s_w, float factor,
+                                  float* alpha) {
   const int64_t units = o_pad / 16, n = C * kh * kw * units;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (first == 0) *alpha = __fmul_rn(__fmul_rn(*s_g, *s_w), factor);
+  for (int64_t e = first; e < n; e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t u = e % units, row = e / units;  // row = (c, i, j)
     const int j = static_cast<int>(row % kw), i = static_cast<int>(row / kw % kh);
     const int64_t c = row / (static_cast<int64_t>(kh) * kw);
     const int64_t src = ((static_cast<int64_t>(kh - 1 - i) * kw + (kw - 1 - j)) * C + c) * ld;
     reinterpret_cast<uint4*>(filt + row * o_pad)[u] = reinterpret_cast<const uint4*>(q_wt + src)[u];
   }
-}
-
-// alpha = (s_g * s_w) * factor, the one scale of every sum (as gemm_s8_dequant's (sa * sb) * factor).
-__global__ void conv_alpha_kernel(const float* s_g, const float* s_w, float factor, float* alpha) {
-  *alpha = __fmul_rn(__fmul_rn(*s_g, *s_w), factor);
 }
 
 template <typename Out>
@@ -126,11 +125,9 @@ void conv_grad_input(const TensorView& q_g, const TensorView& q_wt, const Tensor
   int8_t* filt = static_cast<int8_t*>(scratch.get());
   float* alpha = reinterpret_cast<float*>(filt + g.C * g.kh * g.kw * o_pad);
   const int64_t units = g.C * g.kh * g.kw * (o_pad / 16);
-  flip_filter_kernel<<<grid_1d(units, 256), 256, 0, s>>>(static_cast<const int8_t*>(q_wt.data), q_wt.strides[0], filt,
-                                                         g.C, g.kh, g.kw, o_pad);
-  HOT_CUDA_CHECK_LAUNCH();
-  conv_alpha_kernel<<<1, 1, 0, s>>>(static_cast<const float*>(s_g.data), static_cast<const float*>(s_w.data), factor,
-                                    alpha);
+  conv_setup_kernel<<<grid_1d(units, 256), 256, 0, s>>>(static_cast<const int8_t*>(q_wt.data), q_wt.strides[0], filt,
+                                                        g.C, g.kh, g.kw, o_pad, static_cast<const float*>(s_g.data),
+                                                        static_cast<const float*>(s_w.data), factor, alpha);
   HOT_CUDA_CHECK_LAUNCH();
   const bool packed = out.strides[0] == g.C && reinterpret_cast<uintptr_t>(out.data) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(q_g.data) % 16 == 0 && q_g.strides[0] == o_pad;

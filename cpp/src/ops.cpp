@@ -485,6 +485,42 @@ void backward_rows(const TensorView& gy, const QuantizedWeight& wq, const Tensor
                  stream);
 }
 
+// The sums of a chunked backward (SPEC §4, "Long contractions"; §8 for a convolution's chunks of whole images): each
+// chunk writes its g_w and g_b in the outputs' dtypes into `part`, which add() accumulates in fp32 in chunk order;
+// finish() rounds the sums once into the outputs. Chunk n runs with seed + n * kChunkSeedStep (mod 2^64).
+constexpr uint64_t kChunkSeedStep = 0x9E3779B97F4A7C15ull;
+struct ChunkSums {
+  Device dev;
+  Stream stream;
+  bool gb;
+  Tensor acc_w, part_w, acc_b, part_b;
+  ChunkSums(const BackwardOutputs& out, int64_t O, int64_t I, Device d, Stream s)
+      : dev(d), stream(s), gb(requested(out.grad_bias)) {
+    acc_w = Tensor::zeros(DType::f32, {O, I}, dev, stream);
+    part_w = Tensor::empty(out.grad_weight.dtype, {O, I}, dev, stream);
+    if (gb) {
+      acc_b = Tensor::zeros(DType::f32, {1, O}, dev, stream);
+      part_b = Tensor::empty(out.grad_bias.dtype, {O}, dev, stream);
+    }
+  }
+  // A chunk's outputs: its g_x rows (given), g_w and g_b into the part buffers.
+  BackwardOutputs part(const TensorView& grad_input) const {
+    BackwardOutputs p;
+    p.grad_input = grad_input;
+    p.grad_weight = part_w.view();
+    if (gb) p.grad_bias = part_b.view();
+    return p;
+  }
+  void add() {
+    HOT_DISPATCH(dev, accumulate_f32, part_w.view(), acc_w.view(), stream);
+    if (gb) HOT_DISPATCH(dev, accumulate_f32, as_row(part_b.view()), acc_b.view(), stream);
+  }
+  void finish(const BackwardOutputs& out) {
+    HOT_DISPATCH(dev, cast_f32, acc_w.view(), out.grad_weight, stream);
+    if (gb) HOT_DISPATCH(dev, cast_f32, acc_b.view(), as_row(out.grad_bias), stream);
+  }
+};
+
 // backward_linear from the ABC buffer (saved) or the raw x: validation, then one GEMM per path, or row chunks.
 void backward_linear_impl(const TensorView& gy, const TensorView& w, const SavedActivation* saved,
                           const TensorView* raw_x, const Config& config, uint64_t seed, const BackwardOutputs& out,
@@ -555,13 +591,7 @@ void backward_linear_impl(const TensorView& gy, const TensorView& w, const Saved
 
   // Row chunks (SPEC §4, "Long contractions"): chunk n is the backward of rows [n*step, (n+1)*step) alone, with its
   // own seed; g_w and g_b are each chunk's result in the output dtype, summed in fp32 in chunk order.
-  Tensor acc_w = Tensor::zeros(DType::f32, {O, I}, dev, stream);
-  Tensor part_w = Tensor::empty(out.grad_weight.dtype, {O, I}, dev, stream);
-  Tensor acc_b, part_b;
-  if (gb) {
-    acc_b = Tensor::zeros(DType::f32, {1, O}, dev, stream);
-    part_b = Tensor::empty(out.grad_bias.dtype, {O}, dev, stream);
-  }
+  ChunkSums sums(out, O, I, dev, stream);
   Tensor chunk_q, chunk_scale;  // the compressed rows of a chunk of the raw x
   uint64_t n = 0;
   for (int64_t r0 = 0; r0 < L; r0 += step, ++n) {
@@ -579,17 +609,11 @@ void backward_linear_impl(const TensorView& gy, const TensorView& w, const Saved
       q = col_range(saved->q.view(), k0, k0 + k_pad);
       scale = saved->scale.view();
     }
-    BackwardOutputs part;
-    if (gx) part.grad_input = row_range(out.grad_input, r0, r1);
-    part.grad_weight = part_w.view();
-    if (gb) part.grad_bias = part_b.view();
-    const uint64_t chunk_seed = seed + n * 0x9E3779B97F4A7C15ull;  // mod 2^64
-    backward_rows(row_range(gy, r0, r1), wq, q, scale, config, chunk_seed, part, stream);
-    HOT_DISPATCH(dev, accumulate_f32, part_w.view(), acc_w.view(), stream);
-    if (gb) HOT_DISPATCH(dev, accumulate_f32, as_row(part_b.view()), acc_b.view(), stream);
+    backward_rows(row_range(gy, r0, r1), wq, q, scale, config, seed + n * kChunkSeedStep,
+                  sums.part(gx ? row_range(out.grad_input, r0, r1) : TensorView{}), stream);
+    sums.add();
   }
-  HOT_DISPATCH(dev, cast_f32, acc_w.view(), out.grad_weight, stream);
-  if (gb) HOT_DISPATCH(dev, cast_f32, acc_b.view(), as_row(out.grad_bias), stream);
+  sums.finish(out);
 }
 
 // Images per g_w chunk of a convolution whose g_x is a transposed convolution (SPEC §8): whole images (a window never
@@ -663,39 +687,26 @@ void backward_conv2d(const TensorView& gy, const TensorView& w, const SavedActiv
                     " weight at ", weight_q->gx_bits, " bits; expected ", O, " x ", CKK, " at ", config.gx_bits);
     HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "weight_q.q_wt", weight_q->q_wt.view());
   }
-  const bool gb = requested(out.grad_bias);
   if (images >= g.N) {  // one chunk
     backward_rows(gy, wq, gw ? saved->q.view() : TensorView{}, gw ? saved->scale.view() : TensorView{}, config, seed,
                   out, stream, &g);
     return;
   }
-  // Chunks of whole images (SPEC §8), each the backward of its images alone with seed + n * 0x9E3779B97F4A7C15;
-  // g_w and g_b summed in fp32 in chunk order, as backward_linear's row chunks.
-  const int64_t I = CKK;
-  Tensor acc_w = Tensor::zeros(DType::f32, {O, I}, dev, stream);
-  Tensor part_w = Tensor::empty(out.grad_weight.dtype, {O, I}, dev, stream);
-  Tensor acc_b, part_b;
-  if (gb) {
-    acc_b = Tensor::zeros(DType::f32, {1, O}, dev, stream);
-    part_b = Tensor::empty(out.grad_bias.dtype, {O}, dev, stream);
-  }
+  // Chunks of whole images (SPEC §8), each the backward of its images alone with its own seed; g_w and g_b summed in
+  // fp32 in chunk order, as backward_linear's row chunks.
+  ChunkSums sums(out, O, CKK, dev, stream);
   uint64_t n = 0;
   for (int64_t n0 = 0; n0 < g.N; n0 += images, ++n) {
     const int64_t n1 = std::min(g.N, n0 + images), r0 = n0 * P, r1 = n1 * P;
     const int64_t k0 = hla_rows(r0, config.rank), k_pad = padded_k(hla_rows(r1 - r0, config.rank));
     ConvGeometry gc = g;
     gc.N = n1 - n0;
-    BackwardOutputs part;
-    part.grad_input = row_range(out.grad_input, n0 * g.H * g.W, n1 * g.H * g.W);
-    part.grad_weight = part_w.view();
-    if (gb) part.grad_bias = part_b.view();
     backward_rows(row_range(gy, r0, r1), wq, col_range(saved->q.view(), k0, k0 + k_pad), saved->scale.view(), config,
-                  seed + n * 0x9E3779B97F4A7C15ull, part, stream, &gc);
-    HOT_DISPATCH(dev, accumulate_f32, part_w.view(), acc_w.view(), stream);
-    if (gb) HOT_DISPATCH(dev, accumulate_f32, as_row(part_b.view()), acc_b.view(), stream);
+                  seed + n * kChunkSeedStep, sums.part(row_range(out.grad_input, n0 * g.H * g.W, n1 * g.H * g.W)),
+                  stream, &gc);
+    sums.add();
   }
-  HOT_DISPATCH(dev, cast_f32, acc_w.view(), out.grad_weight, stream);
-  if (gb) HOT_DISPATCH(dev, cast_f32, acc_b.view(), as_row(out.grad_bias), stream);
+  sums.finish(out);
 }
 
 QuantizedWeight quantize_weight(const TensorView& w, int gx_bits, Stream stream) {

@@ -663,9 +663,12 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
     if need_gx and not _channels_last(grad_y):  # the engine's map is channels-last: kept so for a channels-last
         gx = _rows_nchw(gx.permute(0, 2, 3, 1), (N, C, H, W))  # network (its g_y is), else NCHW
     if gw is not None:
-        if map_scale is not None:
-            gw = (gw * map_scale).to(grad_y.dtype)
-        gw = conv_weight_from_cols(gw, weight.shape)
+        if map_scale is not None:  # g_w = s * (g_y^T X) in float32, rounded once to g_y's dtype, in the weight's layout
+            out = torch.empty(weight.shape, dtype=grad_y.dtype, device=gw.device)
+            torch.mul(gw.view(O, kh, kw, C).permute(0, 3, 1, 2), map_scale, out=out)
+            gw = out
+        else:
+            gw = conv_weight_from_cols(gw, weight.shape)
     return gx, gw, gb
 
 

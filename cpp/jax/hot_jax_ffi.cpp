@@ -14,7 +14,7 @@
 //   hot_backward_linear_bias     the same                        -> g_x, g_w, g_b (O,)
 //                                attribute of both: config:i64 (hot::Config::code(), the whole configuration)
 //   hot_backward_conv2d          g_y (N*Ho*Wo, O), w (O, kh*kw*C), q (kh*kw*C, K_pad) s8, scale f32 (1,), seed u32 (2,)
-//                                                                -> g_x (N*H*W, C) (the channels-last map), g_w (O, kh*kw*C)
+//                                                                -> g_x (N*H*W, C) channels-last, g_w (O, kh*kw*C)
 //   hot_backward_conv2d_bias     the same                        -> g_x, g_w, g_b (O,)
 //                                attributes of both: n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, patches (0/1): i32,
 //                                config: i64 (hot::backward_conv2d, SPEC §8)

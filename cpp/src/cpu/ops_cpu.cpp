@@ -235,7 +235,7 @@ void conv_grad_input(const TensorView& q_g, const TensorView& q_wt, const Tensor
           }
         }
       }
-      for (int64_t c = 0; c < C; ++c) row[static_cast<size_t>(c)] = static_cast<float>(acc[static_cast<size_t>(c)]) * alpha;
+      for (size_t c = 0; c < acc.size(); ++c) row[c] = static_cast<float>(acc[c]) * alpha;
       store_row(out, r, row.data());
     }
   });

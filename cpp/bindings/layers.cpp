@@ -209,7 +209,7 @@ void register_layers(py::module_& m) {
                          std::string(py::str(py::type::of(weight_q).attr("__name__"))));
           wq = weight_q.cast<const PyQuantizedWeight&>().w.get();
         }
-        const int64_t O = gy.shape[0] > 0 && gy.ndim() == 2 ? gy.shape[1] : 0, CKK = wv.ndim() == 2 ? wv.shape[1] : 0;
+        const int64_t O = gy.ndim() == 2 ? gy.shape[1] : 0, CKK = wv.ndim() == 2 ? wv.shape[1] : 0;  // (else: the core)
         hot::BackwardOutputs outs;
         py::object rx = py::none(), rw = py::none(), rb = py::none();
         if (need_grad_input)

@@ -159,6 +159,19 @@ void compress_columns(hot::Device dev, hot::Stream stream, const ffi::AnyBuffer&
   hot::compress_columns(mv, g, qv, sv, a.rank, stream);
 }
 
+// The ABC buffer (q, scale) of a rows x cols operand as the core's SavedActivation: non-owning tensors over XLA's
+// buffers (Tensor::wrap without a keepalive: XLA keeps them for the call).
+hot::SavedActivation saved_buffer(const char* op, hot::Device dev, const ffi::AnyBuffer& q, const ffi::AnyBuffer& scale,
+                                  int64_t rows, int64_t cols, int rank) {
+  hot::SavedActivation saved;
+  saved.rows = rows;
+  saved.cols = cols;
+  saved.rank = rank;
+  saved.q = hot::Tensor::wrap(view_2d(op, "saved.q", q, dev, false), nullptr);
+  saved.scale = hot::Tensor::wrap(view_1d(op, "saved.scale", scale, dev, hot::DType::f32, false), nullptr);
+  return saved;
+}
+
 void backward(hot::Device dev, hot::Stream stream, uint64_t seed, const ffi::AnyBuffer& gy, const ffi::AnyBuffer& w,
               const ffi::AnyBuffer& q, const ffi::AnyBuffer& scale, ffi::AnyBuffer gx, ffi::AnyBuffer gw,
               const ffi::AnyBuffer* gb, const hot::Config& config) {
@@ -167,14 +180,7 @@ void backward(hot::Device dev, hot::Stream stream, uint64_t seed, const ffi::Any
   HOT_CHECK_VALUE(w.dimensions().size() == 2, op, ": weight has ", w.dimensions().size(), " dims, expected 2 (O x I)");
   const hot::TensorView wv = view_2d(op, "weight", w, dev, true);
   const int64_t L = gyv.shape[0], I = wv.shape[1];
-
-  hot::SavedActivation saved;
-  saved.rows = L;
-  saved.cols = I;
-  saved.rank = config.rank;
-  // Non-owning tensors over XLA's buffers (Tensor::wrap without a keepalive: XLA keeps them for the call).
-  saved.q = hot::Tensor::wrap(view_2d(op, "saved.q", q, dev, false), nullptr);
-  saved.scale = hot::Tensor::wrap(view_1d(op, "saved.scale", scale, dev, hot::DType::f32, false), nullptr);
+  const hot::SavedActivation saved = saved_buffer(op, dev, q, scale, L, I, config.rank);
 
   hot::BackwardOutputs out;
   out.grad_input = view_2d(op, "grad_input", gx, dev, true);
@@ -200,12 +206,7 @@ void backward_conv(hot::Device dev, hot::Stream stream, uint64_t seed, const ffi
   g.ph = a.ph, g.pw = a.pw, g.dh = a.dh, g.dw = a.dw, g.patches = a.patches != 0;
   const hot::TensorView gyv = view_2d(op, "grad_output", gy, dev, true);
   const hot::TensorView wv = view_2d(op, "weight", w, dev, true);
-  hot::SavedActivation saved;
-  saved.rows = gyv.shape[0];
-  saved.cols = wv.shape[1];
-  saved.rank = config.rank;
-  saved.q = hot::Tensor::wrap(view_2d(op, "saved.q", q, dev, false), nullptr);
-  saved.scale = hot::Tensor::wrap(view_1d(op, "saved.scale", scale, dev, hot::DType::f32, false), nullptr);
+  const hot::SavedActivation saved = saved_buffer(op, dev, q, scale, gyv.shape[0], wv.shape[1], config.rank);
   hot::BackwardOutputs out;
   out.grad_input = view_2d(op, "grad_input", gx, dev, true);
   out.grad_weight = view_2d(op, "grad_weight", gw, dev, true);

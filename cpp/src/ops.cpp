@@ -521,20 +521,16 @@ struct ChunkSums {
   }
 };
 
-// backward_linear from the ABC buffer (saved) or the raw x: validation, then one GEMM per path, or row chunks.
-void backward_linear_impl(const TensorView& gy, const TensorView& w, const SavedActivation* saved,
-                          const TensorView* raw_x, const Config& config, uint64_t seed, const BackwardOutputs& out,
-                          Stream stream, const QuantizedWeight* weight_q) {
-  const char* op = "backward_linear";
-  config.validate();
-  HOT_CHECK_VALUE(!config.exact, op, ": config.exact is set; use backward_linear_exact with the raw x");
-  int64_t L, O, I;
+// The arguments of an integer backward over L rows (backward_linear's, and backward_conv2d's over its columns): shapes,
+// devices, the saved ABC buffer or the raw x where g_w is wanted, the GEMMs' int32 ranges, the caller's W~ where g_x is
+// wanted (`gx`: out.grad_input's shape is the caller's to check when it is not the L x I rows). Returns (L, O, I).
+void check_backward_inputs(const char* op, const TensorView& gy, const TensorView& w, const SavedActivation* saved,
+                           const TensorView* raw_x, const Config& config, const BackwardOutputs& out,
+                           const QuantizedWeight* weight_q, bool gx, int64_t& L, int64_t& O, int64_t& I) {
   check_backward_common(op, gy, w, out, L, O, I);
-  const bool gx = requested(out.grad_input), gw = requested(out.grad_weight), gb = requested(out.grad_bias);
-  const Device dev = gy.device;
+  const bool gw = requested(out.grad_weight);
   const int rank = config.rank;
   const int qmax_gx = qmax_for_bits(config.gx_bits);
-  const int64_t step = gw_chunk_rows(rank);
   if (gw && raw_x == nullptr) {
     HOT_CHECK_VALUE(saved != nullptr, op, ": grad_weight requested but no saved activation was given");
     HOT_CHECK_VALUE(saved->rows == L, op, ": saved activation has ", saved->rows, " rows (L) but grad_output has ",
@@ -555,8 +551,8 @@ void backward_linear_impl(const TensorView& gy, const TensorView& w, const Saved
     HOT_CHECK_SHAPE(op, "x", *raw_x, want);
     HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "x", *raw_x);
   }
-  if (gw) check_k_fits(op, "the g_w contraction of one chunk", padded_k(hla_rows(std::min(L, step), rank)), 127, 127,
-                       "a bug: gw_chunk_rows must keep it in range");
+  if (gw) check_k_fits(op, "the g_w contraction of one chunk", padded_k(hla_rows(std::min(L, gw_chunk_rows(rank)), rank)),
+                       127, 127, "a bug: gw_chunk_rows must keep it in range");
   if (gx)
     check_k_fits(op, "the g_x contraction (the layer's output features)", padded_k(O), qmax_gx, qmax_gx,
                  qmax_gx > 7 ? "use gx_bits=4 or exact mode for this layer" : "use exact mode for this layer");
@@ -571,6 +567,21 @@ void backward_linear_impl(const TensorView& gy, const TensorView& w, const Saved
     HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "weight_q.q_wt", weight_q->q_wt.view());
     HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "weight_q.s_w", weight_q->s_w.view());
   }
+}
+
+// backward_linear from the ABC buffer (saved) or the raw x: validation, then one GEMM per path, or row chunks.
+void backward_linear_impl(const TensorView& gy, const TensorView& w, const SavedActivation* saved,
+                          const TensorView* raw_x, const Config& config, uint64_t seed, const BackwardOutputs& out,
+                          Stream stream, const QuantizedWeight* weight_q) {
+  const char* op = "backward_linear";
+  config.validate();
+  HOT_CHECK_VALUE(!config.exact, op, ": config.exact is set; use backward_linear_exact with the raw x");
+  const bool gx = requested(out.grad_input), gw = requested(out.grad_weight), gb = requested(out.grad_bias);
+  int64_t L, O, I;
+  check_backward_inputs(op, gy, w, saved, raw_x, config, out, weight_q, gx, L, O, I);
+  const Device dev = gy.device;
+  const int rank = config.rank;
+  const int64_t step = gw_chunk_rows(rank);
   if (!gx && !gw && !gb) return;
 
   QuantizedWeight wq;  // the g_x path's W~: the caller's, or formed once for this call (and all its chunks)
@@ -635,28 +646,19 @@ void backward_conv2d(const TensorView& gy, const TensorView& w, const SavedActiv
   HOT_CHECK_VALUE(!config.exact, op, ": config.exact is set; the exact backward of a convolution is not hot's");
   const auto [Ho, Wo] = check_conv_geometry(op, g);
   const int64_t P = Ho * Wo, L = g.N * P, CKK = static_cast<int64_t>(g.kh) * g.kw * g.C;
-  check_float_matrix(op, "grad_output", gy);
-  HOT_CHECK_VALUE(gy.shape[0] == L, op, ": grad_output has ", gy.shape[0], " rows but the geometry has N * Ho * Wo = ",
-                  L, " output pixels");
-  HOT_CHECK_DIM(op, "weight", w, 2);
-  HOT_CHECK_VALUE(w.shape[1] == CKK, op, ": weight has ", w.shape[1], " columns but the geometry has kh * kw * C = ",
-                  CKK);
   const bool gx = requested(out.grad_input), gw = requested(out.grad_weight);
-  const int64_t O = gy.shape[1];
   const Device dev = gy.device;
+  BackwardOutputs rest = out;  // g_x is the channels-last map (checked below), not backward_linear's L x I rows
+  rest.grad_input = TensorView{};
+  int64_t rows, O, cols;
+  check_backward_inputs(op, gy, w, saved, nullptr, config, rest, weight_q, gx, rows, O, cols);
+  HOT_CHECK_VALUE(rows == L, op, ": grad_output has ", rows, " rows but the geometry has N * Ho * Wo = ", L,
+                  " output pixels");
+  HOT_CHECK_VALUE(cols == CKK, op, ": weight has ", cols, " columns but the geometry has kh * kw * C = ", CKK);
   if (gx) {
     check_float_matrix(op, "grad_input", out.grad_input);
     HOT_CHECK_SHAPE(op, "grad_input", out.grad_input, (std::vector<int64_t>{g.N * g.H * g.W, g.C}));
     HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "grad_input", out.grad_input);
-  }
-  if (gw) {
-    HOT_CHECK_VALUE(saved != nullptr, op, ": grad_weight requested but no saved activation was given");
-    HOT_CHECK_VALUE(saved->rows == L && saved->cols == CKK && saved->rank == config.rank, op,
-                    ": saved activation is ", saved->rows, " x ", saved->cols, " at rank ", saved->rank, "; expected ",
-                    L, " x ", CKK, " at rank ", config.rank);
-    check_typed_matrix(op, "saved.q", saved->q.view(), DType::s8);
-    check_out_shape(op, "saved.q", saved->q.view(), CKK, padded_k(hla_rows(L, config.rank)));
-    HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "saved.q", saved->q.view());
   }
   // g_x straight from the codes of G~ where a window's sum has one scale and fits int32 (SPEC §8)
   const int qmax = qmax_for_bits(config.gx_bits);
@@ -676,17 +678,7 @@ void backward_conv2d(const TensorView& gy, const TensorView& w, const SavedActiv
     if (gx) HOT_DISPATCH(dev, col2im, cols.view(), g, out.grad_input, stream);
     return;
   }
-  BackwardOutputs rest = out;  // backward_linear's checks of the other outputs (g_x's are above)
-  rest.grad_input = TensorView{};
-  int64_t L_, O_, I_;
-  check_backward_common(op, gy, w, rest, L_, O_, I_);
-  QuantizedWeight wq = weight_q != nullptr ? *weight_q : quantize_weight(w, config.gx_bits, stream);
-  if (weight_q != nullptr) {
-    HOT_CHECK_VALUE(weight_q->out_features == O && weight_q->in_features == CKK && weight_q->gx_bits == config.gx_bits,
-                    op, ": weight_q was formed from a ", weight_q->out_features, " x ", weight_q->in_features,
-                    " weight at ", weight_q->gx_bits, " bits; expected ", O, " x ", CKK, " at ", config.gx_bits);
-    HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "weight_q.q_wt", weight_q->q_wt.view());
-  }
+  const QuantizedWeight wq = weight_q != nullptr ? *weight_q : quantize_weight(w, config.gx_bits, stream);
   if (images >= g.N) {  // one chunk
     backward_rows(gy, wq, gw ? saved->q.view() : TensorView{}, gw ? saved->scale.view() : TensorView{}, config, seed,
                   out, stream, &g);

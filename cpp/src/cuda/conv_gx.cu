@@ -2,6 +2,8 @@
 // transposed convolution of the quantised g_y map (NHWC, channels O_pad) with W~, run as a CUTLASS 2.x int8
 // implicit-GEMM forward convolution (mma.sync, sm_80 and later, Hopper included) over the flipped W~, whose epilogue
 // scales the exact int32 sums once and writes g_x in its dtype. No columns, no col2im.
+#include <limits>
+
 #include <cutlass/conv/conv2d_problem_size.h>
 #include <cutlass/conv/device/implicit_gemm_convolution.h>
 #include <cutlass/conv/kernel/default_conv2d_fprop.h>
@@ -10,7 +12,6 @@
 #include <cutlass/numeric_types.h>
 
 #include "common.cuh"
-#include "conv_rules.h"
 
 namespace hot::cuda {
 

@@ -425,4 +425,7 @@ TEST(Cpu_BackwardConv2d, RefusesBadArguments) {
   HostTensor gw = HostTensor::make2d(DType::f32, 8, 36);
   EXPECT_TRUE(throws_hot([&] { hot::backward_conv2d(gy, w, nullptr, cg, cfg, 1, {{}, gw.view(), {}}); },
                          hot::ErrorKind::value, {"backward_conv2d", "saved"}));
+  const hot::QuantizedWeight other = hot::quantize_weight(HostTensor::make2d(DType::f32, 8, 35), cfg.gx_bits);
+  EXPECT_TRUE(throws_hot([&] { hot::backward_conv2d(gy, w, nullptr, cg, cfg, 1, {gx.view(), {}, {}}, {}, &other); },
+                         hot::ErrorKind::value, {"backward_conv2d", "weight_q"}));
 }

@@ -45,23 +45,50 @@ HOT_HD void philox_mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
   lo = static_cast<uint32_t>(p);
 }
 
+// One Philox round with its round keys.
+HOT_HD void philox_round(uint32_t& c0, uint32_t& c1, uint32_t& c2, uint32_t& c3, uint32_t k0, uint32_t k1) {
+  uint32_t hi0, lo0, hi1, lo1;
+  philox_mulhilo(0xD2511F53u, c0, hi0, lo0);
+  philox_mulhilo(0xCD9E8D57u, c2, hi1, lo1);
+  const uint32_t n0 = hi1 ^ c1 ^ k0;
+  const uint32_t n2 = hi0 ^ c3 ^ k1;
+  c0 = n0;
+  c1 = lo1;
+  c2 = n2;
+  c3 = lo0;
+}
+
 HOT_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
 #if defined(__CUDACC__)
 #pragma unroll
 #endif
   for (int round = 0; round < 10; ++round) {
-    uint32_t hi0, lo0, hi1, lo1;
-    philox_mulhilo(0xD2511F53u, c0, hi0, lo0);
-    philox_mulhilo(0xCD9E8D57u, c2, hi1, lo1);
-    uint32_t n0 = hi1 ^ c1 ^ k0;
-    uint32_t n2 = hi0 ^ c3 ^ k1;
-    c0 = n0;
-    c1 = lo1;
-    c2 = n2;
-    c3 = lo0;
+    philox_round(c0, c1, c2, c3, k0, k1);
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
+  return Philox4{{c0, c1, c2, c3}};
+}
+
+// The ten round keys of a seed, formed once per kernel launch (host side) instead of once per call: the same
+// numbers as philox4x32_10's running keys.
+struct PhiloxKeys {
+  uint32_t k0[10], k1[10];
+};
+inline PhiloxKeys philox_keys(uint64_t seed) {
+  PhiloxKeys k{};
+  uint32_t a = static_cast<uint32_t>(seed), b = static_cast<uint32_t>(seed >> 32);
+  for (int round = 0; round < 10; ++round, a += 0x9E3779B9u, b += 0xBB67AE85u) k.k0[round] = a, k.k1[round] = b;
+  return k;
+}
+
+// sr_group_bits with the seed's round keys (identical bits).
+HOT_HD Philox4 sr_group_bits_keyed(const PhiloxKeys& k, uint32_t stream, uint64_t group) {
+  uint32_t c0 = static_cast<uint32_t>(group), c1 = static_cast<uint32_t>(group >> 32), c2 = stream, c3 = 0u;
+#if defined(__CUDACC__)
+#pragma unroll
+#endif
+  for (int round = 0; round < 10; ++round) philox_round(c0, c1, c2, c3, k.k0[round], k.k1[round]);
   return Philox4{{c0, c1, c2, c3}};
 }
 

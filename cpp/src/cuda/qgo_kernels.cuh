@@ -81,6 +81,7 @@ struct QgoParams {
   // rounding
   bool stochastic;
   uint64_t seed;
+  PhiloxKeys keys;      // the seed's Philox round keys (constant across the launch)
   // bias
   bool bias;
   float* bias_partial;  // [n_row_tiles][O]
@@ -146,6 +147,19 @@ __device__ __forceinline__ uint32_t pack4(const int8_t (&q)[4]) {
   return static_cast<uint32_t>(static_cast<uint8_t>(q[0])) | (static_cast<uint32_t>(static_cast<uint8_t>(q[1])) << 8) |
          (static_cast<uint32_t>(static_cast<uint8_t>(q[2])) << 16) |
          (static_cast<uint32_t>(static_cast<uint8_t>(q[3])) << 24);
+}
+
+// Codes (ints in -127..127) a, b, c, d as bytes 0..3 of a word: 3 byte permutes.
+__device__ __forceinline__ uint32_t pack_codes(int a, int b, int c, int d) {
+  return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
+}
+
+// 4 x 4 byte transpose: row[i] holds bytes (i, 0..3); col[j] gets bytes (0..3, j). 8 byte permutes.
+__device__ __forceinline__ void transpose_bytes4(const uint32_t (&row)[4], uint32_t (&col)[4]) {
+  const uint32_t t0 = __byte_perm(row[0], row[1], 0x5140), t1 = __byte_perm(row[2], row[3], 0x5140);
+  const uint32_t t2 = __byte_perm(row[0], row[1], 0x7362), t3 = __byte_perm(row[2], row[3], 0x7362);
+  col[0] = __byte_perm(t0, t1, 0x5410), col[1] = __byte_perm(t0, t1, 0x7632);
+  col[2] = __byte_perm(t2, t3, 0x5410), col[3] = __byte_perm(t2, t3, 0x7632);
 }
 
 template <typename T>
@@ -224,7 +238,7 @@ __device__ __forceinline__ void gx_unit_quant_store(const QgoParams& p, const fl
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (c + 8 * h < p.O) {
-          const Philox4 b = sr_group_bits(p.seed, rng_stream::gx_grad, g0 + h);
+          const Philox4 b = sr_group_bits_keyed(p.keys, rng_stream::gx_grad, g0 + h);
           w[2 * h] = sr4_packed(x[8 * h], x[8 * h + 1], x[8 * h + 2], x[8 * h + 3], b.v[0], b.v[1], inv, pre, p.gx_qmax);
           w[2 * h + 1] =
               sr4_packed(x[8 * h + 4], x[8 * h + 5], x[8 * h + 6], x[8 * h + 7], b.v[2], b.v[3], inv, pre, p.gx_qmax);
@@ -265,7 +279,8 @@ __device__ __forceinline__ void gx_transform(const QgoParams& p, const Tile& til
   const int groups = p.gx_per_row || width >= kTileCols ? kTileCols / 16 : static_cast<int>((width + 15) / 16);
 #pragma unroll 1
   for (int u = threadIdx.x; u < kTileRows * groups; u += kThreads) {
-    const int row = u / groups, g16 = (u % groups) * 16;
+    const int row = groups == kTileCols / 16 ? u / (kTileCols / 16) : u / groups;  // a shift in the common case
+    const int g16 = (u - row * groups) * 16;
     const int64_t r = r0 + row, c = c0 + g16;
     float x[16];
     tile.load16(row, g16, x);
@@ -318,28 +333,34 @@ __device__ __forceinline__ void gw_quant_sr8(const QgoParams& p, const float (&h
   const int64_t cg8 = cg - 4 * par;  // multiple of 8
   const float inv = p.inv_gw[0], pre = p.pre_gw[0];
   if (jglob < nb && inv != 0.0f) {  // warp-uniform (inv == 0: all codes 0, packed stays zero)
+    uint32_t rows[16] = {};  // rows[k]: the codes of row k, columns c4 .. c4+3 as bytes 0..3
 #pragma unroll
     for (int k = 0; k < 16; k += 2) {
       if (k < rank) {
         const uint64_t e = static_cast<uint64_t>((jglob * rank + k + par) * p.O + cg8);
-        const Philox4 b = sr_group_bits(p.seed, rng_stream::gw_grad, e >> 3);
+        const Philox4 b = sr_group_bits_keyed(p.keys, rng_stream::gw_grad, e >> 3);
         const uint32_t s0 = par ? b.v[0] : b.v[2], s1 = par ? b.v[1] : b.v[3];
         const uint32_t m0 = par ? b.v[2] : b.v[0], m1 = par ? b.v[3] : b.v[1];
         const uint32_t r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
         if (nvalid > 0) {
           const int ka = hla_order(k);
-          const uint32_t qa = sr4_packed(hx[ka][0], hx[ka][1], hx[ka][2], hx[ka][3], par ? r0 : m0, par ? r1 : m1, inv,
-                                         pre, 127);
-#pragma unroll
-          for (int v = 0; v < 4; ++v) packed[v][k >> 2] |= ((qa >> (8 * v)) & 0xffu) << (8 * (k & 3));
+          rows[k] = sr4_packed(hx[ka][0], hx[ka][1], hx[ka][2], hx[ka][3], par ? r0 : m0, par ? r1 : m1, inv, pre, 127);
           if (k + 1 < rank) {
             const int kb = hla_order(k + 1);
-            const uint32_t qb = sr4_packed(hx[kb][0], hx[kb][1], hx[kb][2], hx[kb][3], par ? m0 : r0, par ? m1 : r1,
-                                           inv, pre, 127);
-#pragma unroll
-            for (int v = 0; v < 4; ++v) packed[v][(k + 1) >> 2] |= ((qb >> (8 * v)) & 0xffu) << (8 * ((k + 1) & 3));
+            rows[k + 1] = sr4_packed(hx[kb][0], hx[kb][1], hx[kb][2], hx[kb][3], par ? m0 : r0, par ? m1 : r1, inv, pre,
+                                     127);
           }
         }
+      }
+    }
+    // packed[v][g] byte i = code of row 4g + i, column c4 + v: a byte transpose per group of 4 rows
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      if (4 * g < rank) {
+        uint32_t col[4];
+        transpose_bytes4({rows[4 * g], rows[4 * g + 1], rows[4 * g + 2], rows[4 * g + 3]}, col);
+#pragma unroll
+        for (int v = 0; v < 4; ++v) packed[v][g] = col[v];
       }
     }
   }
@@ -351,6 +372,24 @@ template <int PASS>
 __device__ __forceinline__ void gw_amax_or_quant(const QgoParams& p, const float (&hx)[16][4], int rank, int64_t jglob,
                                                  int64_t nb, int64_t cg, int nvalid, uint32_t& amax_gw,
                                                  uint32_t (&packed)[4][4]) {
+  if (PASS == 2 && !p.stochastic && nvalid == 4) {
+    // Round-to-nearest of 4 whole columns (the common case): the scale read and tested once, no per-row branches.
+    const float inv = p.inv_gw[0], pre = p.pre_gw[0];
+    if (jglob >= nb || inv == 0.0f) return;  // codes 0: packed stays zero
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      if (4 * g < rank) {
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+          int q[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) q[i] = 4 * g + i < rank ? q_nearest(hx[hla_order(4 * g + i)][v], inv, pre, 127) : 0;
+          packed[v][g] = pack_codes(q[0], q[1], q[2], q[3]);
+        }
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int k = 0; k < 16; ++k) {
     if (k < rank) {
@@ -427,18 +466,33 @@ __device__ __forceinline__ void stage_qgh_t(const QgoParams& p, const uint32_t (
   const int64_t col1 = rt == n_rt - 1 ? p.K_pad : std::min<int64_t>(col0 + kRowBlocks * rank, p.K_pad);
   const int width = static_cast<int>(col1 - col0);
   const int nrows = static_cast<int>(std::min<int64_t>(kTileCols, p.O - c0));
-  if (p.word_store_qgh) {
-    const int wpr = width / 4;
-    for (int i = tid; i < nrows * wpr; i += kThreads) {
-      const int rr = i / wpr, w = i % wpr;
-      *reinterpret_cast<uint32_t*>(p.q_gh + (c0 + rr) * p.ld_qgh + col0 + 4 * w) =
-          *reinterpret_cast<const uint32_t*>(stage + rr * stage_ld + 4 * w);
+  // Item i = rr * units + w (units: words or bytes per row), i = tid, tid + kThreads, ...: (rr, w) advance by a fixed
+  // (rows, units) step with a carry, so the loop has no division (one per item was a quarter of pass 2's instructions).
+  const bool words = p.word_store_qgh;
+  const int unit = words ? 4 : 1, units = width / unit;
+  if (units == 0) return;
+  const int drr = kThreads / units, dw = kThreads % units;
+  int rr = tid / units, w = tid % units;
+  if (words && dw == 0) {
+    // Whole rows per step (a full row tile: kRowBlocks * rank / 4 words a row divide the block): a thread's word
+    // column stays fixed, both pointers advance by drr rows.
+    const int64_t dst_step = drr * p.ld_qgh;
+    int8_t* dst = p.q_gh + (c0 + rr) * p.ld_qgh + col0 + 4 * w;
+    const unsigned char* src = stage + rr * stage_ld + 4 * w;
+    for (; rr < nrows; rr += drr, dst += dst_step, src += drr * stage_ld)
+      *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
+    return;
+  }
+  while (rr < nrows) {
+    int8_t* dst = p.q_gh + (c0 + rr) * p.ld_qgh + col0 + unit * w;
+    const unsigned char* src = stage + rr * stage_ld + unit * w;
+    if (words) {
+      *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
+    } else {
+      *dst = static_cast<int8_t>(*src);
     }
-  } else {
-    for (int i = tid; i < nrows * width; i += kThreads) {
-      const int rr = i / width, w = i % width;
-      p.q_gh[(c0 + rr) * p.ld_qgh + col0 + w] = static_cast<int8_t>(stage[rr * stage_ld + w]);
-    }
+    rr += drr, w += dw;
+    if (w >= units) w -= units, ++rr;
   }
 }
 
@@ -486,7 +540,8 @@ __global__ void __launch_bounds__(kThreads, qgo_min_ctas(PASS, R)) qgo_kernel(co
   const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
   int64_t lin = blockIdx.x;  // a 1-D grid of n_ct * n_rt tiles (grid.y would cap L at 65535 tiles)
   if (PASS == 2) lin = n_ct * n_rt - 1 - lin;  // reverse order: reuse what pass 1 left in L2
-  const int64_t rt = lin / n_ct, ct = lin % n_ct;
+  const int64_t rt = static_cast<uint32_t>(lin) / static_cast<uint32_t>(n_ct);  // < kMaxGridX tiles: 32-bit division
+  const int64_t ct = lin - rt * n_ct;
   const int64_t r0 = rt * kTileRows, c0 = ct * kTileCols;
 
   // ---- load the tile as fp32 (zeros outside L x O) ------------------------------------------------
@@ -574,16 +629,27 @@ __global__ void __launch_bounds__(kThreads, qgo16_min_ctas(PASS, R)) qgo16_kerne
   const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
   int64_t lin = blockIdx.x;  // a 1-D grid of n_ct * n_rt tiles
   if (PASS == 2) lin = n_ct * n_rt - 1 - lin;  // reverse order: reuse what pass 1 left in L2
-  const int64_t rt = lin / n_ct, ct = lin % n_ct;
+  const int64_t rt = static_cast<uint32_t>(lin) / static_cast<uint32_t>(n_ct);  // < kMaxGridX tiles: 32-bit division
+  const int64_t ct = lin - rt * n_ct;
   const int64_t r0 = rt * kTileRows, c0 = ct * kTileCols;
 
   // ---- load the tile by cp.async (zeros outside L x O) ------------------------------------------------
+  // A thread copies chunk ch = tid % 32 of rows tid / 32 + 8 k: one column test, and per row a pointer step and a row
+  // test (the addresses are formed once; per-chunk 64-bit products were a fifth of pass 1's instructions).
+  {
+    constexpr int kRowStep = kThreads / 32;
+    const int ch = tid & 31, row0 = tid >> 5;
+    const int64_t c = c0 + 8 * ch;
+    const bool col_in = c < p.O;  // O % 8 == 0: a chunk is all in or all out
+    const int64_t rows_left = p.L - (r0 + row0);
+    const T* src = gy + (r0 + row0) * p.ld_in + c;
+    const int64_t step = kRowStep * p.ld_in;
+    unsigned char* dst = smem + TileRaw16<T>::off(row0, 8 * ch);
 #pragma unroll
-  for (int k = 0; k < kTileRows * 32 / kThreads; ++k) {
-    const int v = tid + k * kThreads, row = v >> 5, ch = v & 31;
-    const int64_t r = r0 + row, c = c0 + 8 * ch;
-    const bool in = r < p.L && c < p.O;  // O % 8 == 0: a chunk is all in or all out
-    cp_async16(smem + TileRaw16<T>::off(row, 8 * ch), in ? static_cast<const void*>(gy + r * p.ld_in + c) : gy, in);
+    for (int k = 0; k < kTileRows / kRowStep; ++k) {
+      const bool in = col_in && k * kRowStep < rows_left;
+      cp_async16(dst + k * kRowStep * kRawRowBytes, in ? static_cast<const void*>(src + k * step) : gy, in);
+    }
   }
   cp_async_commit();
   cp_async_wait<0>();
@@ -673,6 +739,7 @@ QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradO
   }
   p.stochastic = plan.rounding == Rounding::stochastic;
   p.seed = plan.seed;
+  p.keys = philox_keys(plan.seed);
   p.bias = plan.bias;
   su.n_ct = (std::max(p.O_pad, O) + kTileCols - 1) / kTileCols;
 

@@ -241,6 +241,13 @@ inline int emu_to_int(float r) {
 }
 inline int __float2int_rn(float x) { return emu_to_int(std::nearbyint(x)); }
 inline int __float2int_rd(float x) { return emu_to_int(std::floor(x)); }
+// Byte i of the result: byte (s >> 4i) & 7 of the 8 bytes {y, x} (x bytes 0-3, y bytes 4-7), CUDA's default mode.
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const uint64_t v = (static_cast<uint64_t>(y) << 32) | x;
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) r |= static_cast<unsigned>((v >> (8 * ((s >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+  return r;
+}
 
 inline int max(int a, int b) { return a > b ? a : b; }
 inline int min(int a, int b) { return a < b ? a : b; }

@@ -9,8 +9,9 @@
 // in chunks of 256. A work item is one unit of V channels (V = 4: one 32-bit load per gathered pixel, when the map's
 // channel run and row stride allow; else V = 1) of one block: consecutive threads take consecutive units of one block
 // (a warp's gathers read consecutive words of one map pixel); the item gathers its 16 x V values, transforms each
-// column in registers (fwht_regs<16>: integers of magnitude at most 16 * 127, exact in fp32, hence the CPU's values
-// whatever the butterfly order) and keeps the rank rows of kHlaOrder.
+// column in registers (integers of magnitude at most 16 * 127, exact in fp32, hence the CPU's values whatever the
+// butterfly order and arithmetic: V = 4 transforms two channels per int32 register, split_lanes; V = 1 fwht_regs<16>
+// in fp32) and keeps the rank rows of kHlaOrder.
 // Pass 1 (kQuant = false) takes their amax (a block max, one atomicMax per CTA). Pass 2 quantises them to nearest
 // with the scale of that amax (q_nearest: hot/quant_rules.h's rule in fewer instructions, the same bits for these
 // finite values) into a shared tile, one row per column (rows of TB*rank + 4 bytes, ordered by channel-in-unit first,
@@ -39,6 +40,34 @@ constexpr int kColumnsMaxPitch = 132;     // TB * rank + 4
 
 // TB: the blocks of one tile (a multiple of 4, so that every tile starts on a 4-byte boundary of the output rows).
 inline int columns_tile_blocks(int rank) { return std::min(32, std::max(4, 128 / rank / 4 * 4)); }
+
+// Two 16-bit lanes in one int32: x = lo + 65536 * hi with lo, hi in [-32768, 32767]. Sums and differences of such
+// registers are the lane-wise sums and differences while every lane stays in that range, so a Walsh-Hadamard transform
+// of 16 registers transforms both lanes exactly. The 4 int8 channels of a gathered word enter offset by +128 (byte ^
+// 0x80: 0..255, no borrow between lanes): channels 0, 2 in `even`, 1, 3 in `odd`. The offset adds 128 * 16 = 2048 to
+// coefficient 0 of each lane only (H times the all-ones vector), removed after the transform (fwht_lanes); every
+// coefficient is then the exact integer of the channel's transform (|.| <= 16 * 127 = 2032), the CPU's fp32 values.
+__device__ __forceinline__ void split_lanes(uint32_t word, int32_t& even, int32_t& odd) {
+  const uint32_t x = word ^ 0x80808080u;
+  even = static_cast<int32_t>(x & 0x00ff00ffu);
+  odd = static_cast<int32_t>((x >> 8) & 0x00ff00ffu);
+}
+__device__ __forceinline__ void fwht_lanes(int32_t (&x)[16]) {
+#pragma unroll
+  for (int h = 1; h < 16; h *= 2)
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      if ((j & h) == 0) {
+        const int32_t a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+  x[0] -= 2048 + 2048 * 65536;  // the +128 offset of all 16 rows, in both lanes
+}
+// Lane 0 (lo) or 1 (hi) of x.
+__device__ __forceinline__ int lane_value(int32_t x, int lane) {
+  return lane == 0 ? static_cast<int16_t>(x) : ((x + 0x8000) >> 16);
+}
 
 template <bool kQuant, int V>
 __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (42 KB of shared memory each) per SM
@@ -92,12 +121,26 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
           else
             word[t] = in ? static_cast<uint32_t>(*src) : 0u;
         }
+        // V = 4: the transform in integers, two channels per 32-bit register (channels 0, 2 and 1, 3 as 16-bit
+        // lanes, see split_lanes), half the adds of one float transform per channel and no conversions before it.
+        int32_t even[16], odd[16];
+        if constexpr (V == 4) {
+#pragma unroll
+          for (int t = 0; t < 16; ++t) split_lanes(word[t], even[t], odd[t]);
+          fwht_lanes(even);
+          fwht_lanes(odd);
+        }
 #pragma unroll
         for (int s = 0; s < V; ++s) {  // one channel at a time: 16 floats live
           float v[16];
+          if constexpr (V == 4) {
 #pragma unroll
-          for (int t = 0; t < 16; ++t) v[t] = static_cast<float>(static_cast<int8_t>(word[t] >> (8 * s)));
-          fwht_regs<16>(v);
+            for (int t = 0; t < 16; ++t) v[t] = static_cast<float>(lane_value((s & 1) ? odd[t] : even[t], s >> 1));
+          } else {
+#pragma unroll
+            for (int t = 0; t < 16; ++t) v[t] = static_cast<float>(static_cast<int8_t>(word[t] >> (8 * s)));
+            fwht_regs<16>(v);
+          }
           if (!kQuant) {
 #pragma unroll
             for (int k = 0; k < 16; ++k)

@@ -641,14 +641,14 @@ __global__ void __launch_bounds__(kThreads, qgo16_min_ctas(PASS, R)) qgo16_kerne
     const int ch = tid & 31, row0 = tid >> 5;
     const int64_t c = c0 + 8 * ch;
     const bool col_in = c < p.O;  // O % 8 == 0: a chunk is all in or all out
-    const int64_t rows_left = p.L - (r0 + row0);
+    const int rows_left = static_cast<int>(std::min<int64_t>(p.L - (r0 + row0), kTileRows));
     const T* src = gy + (r0 + row0) * p.ld_in + c;
     const int64_t step = kRowStep * p.ld_in;
     unsigned char* dst = smem + TileRaw16<T>::off(row0, 8 * ch);
 #pragma unroll
-    for (int k = 0; k < kTileRows / kRowStep; ++k) {
+    for (int k = 0; k < kTileRows / kRowStep; ++k, src += step) {
       const bool in = col_in && k * kRowStep < rows_left;
-      cp_async16(dst + k * kRowStep * kRawRowBytes, in ? static_cast<const void*>(src + k * step) : gy, in);
+      cp_async16(dst + k * kRowStep * kRawRowBytes, in ? static_cast<const void*>(src) : gy, in);
     }
   }
   cp_async_commit();

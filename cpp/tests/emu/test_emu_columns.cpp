@@ -43,4 +43,26 @@ TEST(Emu_CompressColumns, BitExactVsCpu) {
       }
 }
 
+// The largest transform coefficients (|.| = 16 * 127: every code of a 16-row block +-127, one sign or mixed), where
+// the kernels' integer transform of two channels per register (split_lanes) is closest to its lanes' limits.
+TEST(Emu_CompressColumns, ExtremeCodesBitExactVsCpu) {
+  const std::vector<hot::ConvGeometry> all = hot_cuda_test::col2im_geometries();
+  uint64_t seed = 9700;
+  for (const hot::ConvGeometry& g : {all[7], all[8]})  // C = 16 and 64: four channels per gathered word
+    for (int pattern = 0; pattern < 3; ++pattern) {
+      SCOPED_TRACE(testing::Message() << "C " << g.C << " pattern " << pattern);
+      const int64_t rows = g.N * g.H * g.W, L = g.N * g.out_h() * g.out_w(), K = g.C * g.kh * g.kw;
+      const int64_t Kp = hot::padded_k(hot::hla_rows(L, 16));
+      std::vector<int64_t> v = hot_test::randint(static_cast<size_t>(rows * g.C), seed++, 0, 1);
+      for (int64_t& e : v) e = pattern == 0 ? 127 : pattern == 1 ? -127 : 254 * e - 127;
+      HostTensor map = hot_test::host_from_int(DType::s8, rows, g.C, v);
+      HostTensor qc = out2d(DType::s8, K, Kp), qe = qc, sc = out1d(DType::f32, 1), se = sc;
+      hot::cpu::compress_columns(map, g, qc, sc, 16, {});
+      unsigned key = 0u;
+      hot::cuda::compress_columns_launch(map.view(), g, qe.view(), se.view(), 16, &key, hot_emu::Launch{});
+      EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qc, qe)) << "q_t";
+      EXPECT_TRUE(hot_cuda_test::all_bytes_equal(sc, se)) << "scale";
+    }
+}
+
 }  // namespace

@@ -6,7 +6,8 @@
 // column col of each 16-row block of X. A CTA takes a tile of TB consecutive blocks (TB*rank <= 128 bytes of every
 // output row, TB a multiple of 4), decodes its TB*16 rows' window origins into shared memory once (64-bit divisions,
 // once per row; rows past the last get an origin far outside the map, so they read as zeros), then walks the columns
-// in chunks of 256. A work item is one unit of V channels (V = 4: one 32-bit load per gathered pixel, when the map's
+// in chunks of 256 (each chunk's units decoded once into shared memory, unit_at; a thread's items stepped with a
+// carry, no division per item). A work item is one unit of V channels (V = 4: one 32-bit load per gathered pixel, when the map's
 // channel run and row stride allow; else V = 1) of one block: consecutive threads take consecutive units of one block
 // (a warp's gathers read consecutive words of one map pixel); the item gathers its 16 x V values, transforms each
 // column in registers (integers of magnitude at most 16 * 127, exact in fp32, hence the CPU's values whatever the
@@ -16,7 +17,7 @@
 // with the scale of that amax (q_nearest: hot/quant_rules.h's rule in fewer instructions, the same bits for these
 // finite values) into a shared tile, one row per column (rows of TB*rank + 4 bytes, ordered by channel-in-unit first,
 // so a warp's stores fall in distinct banks), then copies the tile out row by row in 32-bit words: each output row
-// gets TB*rank contiguous bytes, a warp stores 128 contiguous bytes. The tile of the last block also writes the zeros
+// gets TB*rank contiguous bytes, a warp (one tile row at a time) stores 128 contiguous bytes. The tile of the last block also writes the zeros
 // of columns K..K_pad. The gathers' addresses: each row's window origin as an element offset into the map (shared
 // memory) plus the item's kernel-offset-and-channel offset, with unsigned bounds checks.
 #pragma once
@@ -69,13 +70,26 @@ __device__ __forceinline__ int lane_value(int32_t x, int lane) {
   return lane == 0 ? static_cast<int16_t>(x) : ((x + 0x8000) >> 16);
 }
 
+// (ul, b) += (dul, db) with the carry of ul into b (dul < nu).
+__device__ __forceinline__ void step_item(int& ul, int& b, int dul, int db, int nu) {
+  ul += dul, b += db;
+  if (ul >= nu) ul -= nu, ++b;
+}
+
+struct __align__(16) ColumnsOrigin {
+  int64_t off;
+  int h, w;
+};
+
 template <bool kQuant, int V>
 __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (42 KB of shared memory each) per SM
     compress_columns_kernel(const int8_t* __restrict__ map, int64_t ldm, Col2imParams p, int rank, int TB,
                             unsigned* __restrict__ key, float* __restrict__ scale, int8_t* __restrict__ q,
                             int64_t ldq, int64_t K_pad) {
-  __shared__ int64_t pix[kColumnsMaxTileRows];  // the window origin's element offset in the map (may lie outside)
-  __shared__ int hb[kColumnsMaxTileRows], wb[kColumnsMaxTileRows];
+  // Per tile row: the window origin's element offset in the map (may lie outside) and its (h, w); per unit of the
+  // chunk: its kernel offset's element offset plus channel, and its (i * dh, j * dw). 16 bytes each: one load.
+  __shared__ ColumnsOrigin origin[kColumnsMaxTileRows];
+  __shared__ ColumnsOrigin unit_at[kColumnsChunk];
   __shared__ __align__(16) int8_t tile[kColumnsChunk * kColumnsMaxPitch];
   __shared__ uint32_t red[32];
   const int64_t L = p.N * p.Ho * p.Wo, nblk = (L + 15) / 16, ntiles = (nblk + TB - 1) / TB;
@@ -97,25 +111,33 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
       if (r < L) im2col_pixel(p, r, n, ho, wo);
       const int h0 = r < L ? static_cast<int>(ho) * p.sh - p.ph : -(1 << 30);  // a padding row: outside the map
       const int w0 = static_cast<int>(wo) * p.sw - p.pw;
-      hb[t] = h0;
-      wb[t] = w0;
-      pix[t] = r < L ? ((n * p.H + h0) * p.W + w0) * ldm : 0;
+      origin[t] = {r < L ? ((n * p.H + h0) * p.W + w0) * ldm : 0, h0, w0};
     }
     __syncthreads();
     for (int u0 = 0; u0 < units; u0 += chunk_units) {
       const int nu = units - u0 < chunk_units ? units - u0 : chunk_units;  // units of this chunk
-      for (int e = tid; e < nu * nb; e += nthr) {
-        const int ul = e % nu, b = e / nu, gu = u0 + ul;
+      for (int ul = tid; ul < nu; ul += nthr) {  // the chunk's units decoded once, not once per item (the last
+                                                 // chunk's items are past the barrier that ends it)
+        const int gu = u0 + ul;
         const int ij = gu / cu, c = (gu - ij * cu) * V, i = ij / p.kw, j = ij - i * p.kw;
         const int idh = i * p.dh, jdw = j * p.dw;
-        const int64_t off = (static_cast<int64_t>(idh) * p.W + jdw) * ldm + c;  // of kernel offset (i, j), channel c
+        unit_at[ul] = {(static_cast<int64_t>(idh) * p.W + jdw) * ldm + c, idh, jdw};
+      }
+      __syncthreads();
+      // items e = tid, tid + nthr, ... of nu * nb: (unit ul, block b) = (e % nu, e / nu), stepped with a carry
+      const int dul = nthr % nu, db = nthr / nu;
+      for (int ul = tid % nu, b = tid / nu; b < nb; step_item(ul, b, dul, db, nu)) {
+        const ColumnsOrigin ua = unit_at[ul];
+        const int64_t off = ua.off;  // of kernel offset (i, j), channel c
+        const int idh = ua.h, jdw = ua.w;
         uint32_t word[16];  // the 16 rows' V bytes (V = 1: one byte, sign-extended)
 #pragma unroll
         for (int t = 0; t < 16; ++t) {
-          const int rt = b * 16 + t, h = hb[rt] + idh, w = wb[rt] + jdw;
+          const ColumnsOrigin o = origin[b * 16 + t];
+          const int h = o.h + idh, w = o.w + jdw;
           const bool in = static_cast<unsigned>(h) < static_cast<unsigned>(p.H) &&
                           static_cast<unsigned>(w) < static_cast<unsigned>(p.W);
-          const int8_t* src = map + (pix[rt] + off);
+          const int8_t* src = map + (o.off + off);
           if constexpr (V == 4)
             word[t] = in ? *reinterpret_cast<const uint32_t*>(src) : 0u;
           else
@@ -174,18 +196,29 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
         const int64_t start = jb0 * rank, end = jb0 + nb == nblk ? K_pad : start + int64_t{nb} * rank;
         const int seg = static_cast<int>(end - start), have = nb * rank;
         if (words) {
+          // A warp per tile row (rows warp, warp + nwarps, ...), its lanes on the row's words: the row's (channel s,
+          // unit ul) advance with a carry instead of a division per word (the divisions were half of pass 2's
+          // instructions).
           const int nw = seg / 4;  // start, K_pad and TB * rank are multiples of 4
-          for (int e = tid; e < nu * V * nw; e += nthr) {
-            const int rl = e / nw, wi = e - rl * nw, s = rl / nu, ul = rl - s * nu;
-            const int8_t* src = tile + rl * pitch + wi * 4;
-            uint32_t word = 0;
-            if (wi * 4 + 4 <= have) {
-              word = *reinterpret_cast<const uint32_t*>(src);
-            } else {  // the last block's row ends inside this word, or the zeros past K
-              for (int z = 0; z < 4; ++z)
-                if (wi * 4 + z < have) word |= static_cast<uint32_t>(static_cast<uint8_t>(src[z])) << (8 * z);
+          const int lane = tid & 31, nwarps = nthr >> 5;
+          int rl = tid >> 5, s = 0, ul = rl;
+          while (ul >= nu) ul -= nu, ++s;
+          for (; rl < nu * V; rl += nwarps) {
+            const int8_t* src_row = tile + rl * pitch;
+            int8_t* dst_row = q + (static_cast<int64_t>(u0 + ul) * V + s) * ldq + start;
+            for (int wi = lane; wi < nw; wi += 32) {
+              const int8_t* src = src_row + wi * 4;
+              uint32_t word = 0;
+              if (wi * 4 + 4 <= have) {
+                word = *reinterpret_cast<const uint32_t*>(src);
+              } else {  // the last block's row ends inside this word, or the zeros past K
+                for (int z = 0; z < 4; ++z)
+                  if (wi * 4 + z < have) word |= static_cast<uint32_t>(static_cast<uint8_t>(src[z])) << (8 * z);
+              }
+              *reinterpret_cast<uint32_t*>(dst_row + wi * 4) = word;
             }
-            *reinterpret_cast<uint32_t*>(q + (static_cast<int64_t>(u0 + ul) * V + s) * ldq + start + wi * 4) = word;
+            ul += nwarps;
+            while (ul >= nu) ul -= nu, ++s;
           }
         } else {
           for (int e = tid; e < nu * V * seg; e += nthr) {

@@ -78,6 +78,29 @@ TEST_F(Cuda_Quantize, BitExactVsCpu) {
                          });
 }
 
+// Contiguous input and codes with one scale: the flat kernels (8 elements per vector, any n, incl. a partial last group).
+TEST_F(Cuda_Quantize, ContiguousBitExactVsCpu) {
+  uint64_t seed = 400;
+  for (DType dt : kFloatTypes)
+    for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 7}, {3, 8}, {37, 53}, {1000, 129}, {64, 4096}})
+      for (int bits : {4, 8})
+        for (hot::Rounding rd : {hot::Rounding::nearest, hot::Rounding::stochastic}) {
+          SCOPED_TRACE(testing::Message() << dt_name(dt) << " " << R << "x" << C << " bits " << bits);
+          const HostTensor in = rand_float(dt, R, C, seed++, C, 3.0f);
+          hot::QuantizeParams p;
+          p.bits = bits;
+          p.rounding = rd;
+          p.seed = 0x9e3779b97f4a7c15ull + seed;
+          HostTensor qc = out2d(DType::s8, R, C), qg = qc, sc = out1d(DType::f32, 1), sg = sc;
+          DevTensor din(in), dq(qg), ds(sg);
+          hot::quantize(in, qc, sc, p);
+          hot::quantize(din, dq, ds, p, st());
+          sync();
+          EXPECT_TRUE(all_bytes_equal(qc, dq.to_host()));
+          EXPECT_TRUE(all_bytes_equal(sc, ds.to_host()));
+        }
+}
+
 TEST_F(Cuda_Quantize, NonFiniteGivesNaNScaleAndZeros) {
   for (ScaleMode sm : {ScaleMode::tensor, ScaleMode::token}) {
     std::vector<float> v = hot_test::randn(6 * 40, 7);

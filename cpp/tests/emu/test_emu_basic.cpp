@@ -102,6 +102,26 @@ TEST(Emu_Quantize, BitExactVsCpu) {
       });
 }
 
+// Contiguous input and codes with one scale: the flat kernels (8 elements per vector, any n, incl. a partial last group).
+TEST(Emu_Quantize, ContiguousBitExactVsCpu) {
+  uint64_t seed = 400;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16})  // 2 and 1 vector loads per group
+    for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 7}, {3, 8}, {37, 53}, {300, 129}})
+      for (hot::Rounding rd : {hot::Rounding::nearest, hot::Rounding::stochastic}) {
+        SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " " << R << "x" << C);
+        const HostTensor in = hot_cuda_test::rand_float(dt, R, C, seed++, C, 3.0f);
+        hot::QuantizeParams p;
+        p.bits = 8;
+        p.rounding = rd;
+        p.seed = 0x9e3779b97f4a7c15ull + seed;
+        HostTensor qc = out2d(DType::s8, R, C), qe = qc, sc = out1d(DType::f32, 1), se = sc;
+        hot::cpu::quantize(in, qc, sc, p, {});
+        emu_quantize(in, qe, se, p);
+        EXPECT_TRUE(all_bytes_equal(qc, qe));
+        EXPECT_TRUE(all_bytes_equal(sc, se));
+      }
+}
+
 // Non-finite input: a NaN scale for the tensor or for the rows that hold it, the same bytes as the CPU backend.
 // Tiny amax (below ~3.7e-37, the pre-scaled path): the same bytes too.
 TEST(Emu_Quantize, NonFiniteAndTinyBitExactVsCpu) {

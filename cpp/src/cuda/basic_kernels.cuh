@@ -141,8 +141,8 @@ __global__ void quantize_flat_kernel(const T* __restrict__ in, int8_t* __restric
       uint32_t w[2] = {0u, 0u};
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const int8_t c = stochastic ? quantize_stochastic(v[j], qs, qmax, sr_group_uniform(bits, static_cast<unsigned>(j)))
-                                    : quantize_nearest(v[j], qs, qmax);
+        const float u = stochastic ? sr_group_uniform(bits, static_cast<unsigned>(j)) : 0.0f;
+        const int8_t c = stochastic ? quantize_stochastic(v[j], qs, qmax, u) : quantize_nearest(v[j], qs, qmax);
         w[j >> 2] |= static_cast<uint32_t>(static_cast<uint8_t>(c)) << (8 * (j & 3));
       }
       *reinterpret_cast<uint2*>(q + e0) = make_uint2(w[0], w[1]);

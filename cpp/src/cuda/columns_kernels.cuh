@@ -7,19 +7,19 @@
 // output row, TB a multiple of 4), decodes its TB*16 rows' window origins into shared memory once (64-bit divisions,
 // once per row; rows past the last get an origin far outside the map, so they read as zeros), then walks the columns
 // in chunks of 256 (each chunk's units decoded once into shared memory, unit_at; a thread's items stepped with a
-// carry, no division per item). A work item is one unit of V channels (V = 4: one 32-bit load per gathered pixel, when the map's
-// channel run and row stride allow; else V = 1) of one block: consecutive threads take consecutive units of one block
-// (a warp's gathers read consecutive words of one map pixel); the item gathers its 16 x V values, transforms each
-// column in registers (integers of magnitude at most 16 * 127, exact in fp32, hence the CPU's values whatever the
+// carry, no division per item). A work item is one unit of V channels (V = 4: one 32-bit load per gathered pixel, when
+// the map's channel run and row stride allow; else V = 1) of one block: consecutive threads take consecutive units of
+// one block (a warp's gathers read consecutive words of one map pixel); the item gathers its 16 x V values, transforms
+// each column in registers (integers of magnitude at most 16 * 127, exact in fp32, hence the CPU's values whatever the
 // butterfly order and arithmetic: V = 4 transforms two channels per int32 register, split_lanes; V = 1 fwht_regs<16>
 // in fp32) and keeps the rank rows of kHlaOrder.
 // Pass 1 (kQuant = false) takes their amax (a block max, one atomicMax per CTA). Pass 2 quantises them to nearest
 // with the scale of that amax (q_nearest: hot/quant_rules.h's rule in fewer instructions, the same bits for these
 // finite values) into a shared tile, one row per column (rows of TB*rank + 4 bytes, ordered by channel-in-unit first,
 // so a warp's stores fall in distinct banks), then copies the tile out row by row in 32-bit words: each output row
-// gets TB*rank contiguous bytes, a warp (one tile row at a time) stores 128 contiguous bytes. The tile of the last block also writes the zeros
-// of columns K..K_pad. The gathers' addresses: each row's window origin as an element offset into the map (shared
-// memory) plus the item's kernel-offset-and-channel offset, with unsigned bounds checks.
+// gets TB*rank contiguous bytes, a warp (one tile row at a time) stores 128 contiguous bytes. The tile of the last
+// block also writes the zeros of columns K..K_pad. The gathers' addresses: each row's window origin as an element
+// offset into the map (shared memory) plus the item's kernel-offset-and-channel offset, with unsigned bounds checks.
 #pragma once
 
 #include <algorithm>

@@ -383,7 +383,8 @@ __device__ __forceinline__ void gw_amax_or_quant(const QgoParams& p, const float
         for (int v = 0; v < 4; ++v) {
           int q[4];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) q[i] = 4 * g + i < rank ? q_nearest(hx[hla_order(4 * g + i)][v], inv, pre, 127) : 0;
+          for (int i = 0; i < 4; ++i)
+            q[i] = 4 * g + i < rank ? q_nearest(hx[hla_order(4 * g + i)][v], inv, pre, 127) : 0;
           packed[v][g] = pack_codes(q[0], q[1], q[2], q[3]);
         }
       }

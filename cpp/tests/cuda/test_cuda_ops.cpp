@@ -60,44 +60,44 @@ TEST_F(Cuda_Hla, BitExactVsCpu) {
 
 // ---- quantise / dequantise / int4 --------------------------------------------------------------------
 
-class Cuda_Quantize : public CudaTest {};
+class Cuda_Quantize : public CudaTest {
+ protected:
+  // The codes (row stride q_ld) and scales of the GPU equal the CPU backend's, byte for byte.
+  void expect_bit_exact(const HostTensor& in, const hot::QuantizeParams& p, int64_t q_ld) {
+    const int64_t R = in.rows(), C = in.cols();
+    const int64_t ns = p.scale == ScaleMode::tensor ? 1 : R;
+    HostTensor qc = out2d(DType::s8, R, C, q_ld), qg = qc;
+    HostTensor sc = out1d(DType::f32, ns), sg = sc;
+    DevTensor din(in), dq(qg), ds(sg);
+    hot::quantize(in, qc, sc, p);
+    hot::quantize(din, dq, ds, p, st());
+    sync();
+    EXPECT_TRUE(all_bytes_equal(qc, dq.to_host()));
+    EXPECT_TRUE(all_bytes_equal(sc, ds.to_host()));
+  }
+};
 TEST_F(Cuda_Quantize, BitExactVsCpu) {
   for_each_quantize_case({std::begin(kFloatTypes), std::end(kFloatTypes)},
                          {{1, 1}, {3, 1}, {37, 53}, {1000, 129}, {5, 4099}},
                          [&](const HostTensor& in, const hot::QuantizeParams& p) {
-                           const int64_t R = in.rows(), C = in.cols();
-                           const int64_t ns = p.scale == ScaleMode::tensor ? 1 : R;
-                           HostTensor qc = out2d(DType::s8, R, C, C + 5), qg = qc;
-                           HostTensor sc = out1d(DType::f32, ns), sg = sc;
-                           DevTensor din(in), dq(qg), ds(sg);
-                           hot::quantize(in, qc, sc, p);
-                           hot::quantize(din, dq, ds, p, st());
-                           sync();
-                           EXPECT_TRUE(all_bytes_equal(qc, dq.to_host()));
-                           EXPECT_TRUE(all_bytes_equal(sc, ds.to_host()));
+                           expect_bit_exact(in, p, in.cols() + 5);
                          });
 }
 
-// Contiguous input and codes with one scale: the flat kernels (8 elements per vector, any n, incl. a partial last group).
+// Contiguous input and codes with one scale: the flat kernels (8 elements per vector, any n, a partial last group).
 TEST_F(Cuda_Quantize, ContiguousBitExactVsCpu) {
   uint64_t seed = 400;
   for (DType dt : kFloatTypes)
-    for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 7}, {3, 8}, {37, 53}, {1000, 129}, {64, 4096}})
+    for (auto [R, C] :
+         std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 7}, {3, 8}, {37, 53}, {1000, 129}, {64, 4096}})
       for (int bits : {4, 8})
         for (hot::Rounding rd : {hot::Rounding::nearest, hot::Rounding::stochastic}) {
           SCOPED_TRACE(testing::Message() << dt_name(dt) << " " << R << "x" << C << " bits " << bits);
-          const HostTensor in = rand_float(dt, R, C, seed++, C, 3.0f);
           hot::QuantizeParams p;
           p.bits = bits;
           p.rounding = rd;
           p.seed = 0x9e3779b97f4a7c15ull + seed;
-          HostTensor qc = out2d(DType::s8, R, C), qg = qc, sc = out1d(DType::f32, 1), sg = sc;
-          DevTensor din(in), dq(qg), ds(sg);
-          hot::quantize(in, qc, sc, p);
-          hot::quantize(din, dq, ds, p, st());
-          sync();
-          EXPECT_TRUE(all_bytes_equal(qc, dq.to_host()));
-          EXPECT_TRUE(all_bytes_equal(sc, ds.to_host()));
+          expect_bit_exact(rand_float(dt, R, C, seed++, C, 3.0f), p, C);
         }
 }
 

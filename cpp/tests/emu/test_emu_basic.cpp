@@ -102,7 +102,7 @@ TEST(Emu_Quantize, BitExactVsCpu) {
       });
 }
 
-// Contiguous input and codes with one scale: the flat kernels (8 elements per vector, any n, incl. a partial last group).
+// Contiguous input and codes with one scale: the flat kernels (8 elements per vector, any n, a partial last group).
 TEST(Emu_Quantize, ContiguousBitExactVsCpu) {
   uint64_t seed = 400;
   for (DType dt : {DType::f32, DType::bf16, DType::f16})  // 2 and 1 vector loads per group

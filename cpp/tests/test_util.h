@@ -401,10 +401,11 @@ struct TransposeCase {
 };
 // Tiles cut at both edges, a single row or column, a batch stride beyond the rows, padded rows (element units on the
 // GPU), the same with every size and stride a multiple of 4 (32-bit words of 2 or 4 elements), and a map of
-// ResNet-50's layer-1 shape at batch 2 (C = 64, H*W = 3136).
+// ResNet-50's layer-1 shape at batch 2 (C = 64, H*W = 3136); entries of at most 8 rows (the few-rows kernel: an image
+// batch's 3 channels, 8 rows with padding and a batch gap) and of 9 (the tiled kernel again).
 inline std::vector<TransposeCase> transpose_cases() {
-  return {{2, 5, 37, 0, 0},  {3, 33, 64, 2, 3},  {1, 1, 7, 0, 0},
-          {4, 40, 1, 1, 0},  {3, 36, 100, 1, 4}, {2, 64, 3136, 0, 0}};
+  return {{2, 5, 37, 0, 0},  {3, 33, 64, 2, 3},  {1, 1, 7, 0, 0},   {4, 40, 1, 1, 0},
+          {3, 36, 100, 1, 4}, {2, 64, 3136, 0, 0}, {3, 3, 1000, 0, 0}, {2, 8, 257, 1, 2}, {2, 9, 40, 0, 1}};
 }
 inline int64_t round_up16(int64_t k) { return ceil_div(k, 16) * 16; }
 

@@ -329,6 +329,29 @@ __global__ void __launch_bounds__(kBasicThreads) transpose_kernel(const U* __res
   }
 }
 
+// transpose of batch entries with at most kTransposeFewRows rows (the 3 channels of an image batch: a 32E x 32E tile
+// would move R rows of 32E, a tenth of its bytes): a thread per element column s of entry b (grid y over the entries,
+// x over the columns, no index division); each of its R loads is one of the warp's consecutive elements of row r, and
+// its R stores fill its output row, next to the next thread's.
+constexpr int kTransposeFewRows = 8;
+
+template <typename U>
+__global__ void __launch_bounds__(kBasicThreads) transpose_few_rows_kernel(const U* __restrict__ in, int64_t ib,
+                                                                           int64_t ir, U* __restrict__ out, int64_t ob,
+                                                                           int64_t os, int64_t B, int R, int64_t S) {
+  for (int64_t b = blockIdx.y; b < B; b += gridDim.y)
+    for (int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; s < S;
+         s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      U v[kTransposeFewRows];
+#pragma unroll
+      for (int r = 0; r < kTransposeFewRows; ++r)
+        if (r < R) v[r] = in[b * ib + r * ir + s];
+#pragma unroll
+      for (int r = 0; r < kTransposeFewRows; ++r)
+        if (r < R) out[b * ob + s * os + r] = v[r];
+    }
+}
+
 // relu_mask on the raw bits R of a float format with sign bit kSign and +Inf kInf, so that every element is copied or
 // zeroed bit for bit: m = |x|'s bits; x <= 0 where m == 0 or (sign and m <= kInf); x < 0 where also m != 0 (NaN: m >
 // kInf, neither). A thread takes groups of 8 consecutive elements, the elements of one mask byte: 8 x 16 or 8 x 32 bits
@@ -582,6 +605,21 @@ void transpose_launch(const TensorView& in, const TensorView& out, const Launch&
     };
     return ok(in) && ok(out);
   };
+  if (R <= kTransposeFewRows) {
+    const auto few = [&](auto unit) {
+      using U = decltype(unit);
+      launch(transpose_few_rows_kernel<U>,
+             dim3(grid_1d(S, kBasicThreads, 8192), static_cast<unsigned>(std::min<int64_t>(B, 65535))), kBasicThreads,
+             0, static_cast<const U*>(in.data), in.strides[0], in.strides[1], static_cast<U*>(out.data),
+             out.strides[0], out.strides[1], B, static_cast<int>(R), S);
+    };
+    switch (dtype_bits(in.dtype)) {
+      case 8: few(uint8_t{}); break;
+      case 16: few(uint16_t{}); break;
+      default: few(uint32_t{}); break;
+    }
+    return;
+  }
   using I1 = std::integral_constant<int, 1>;
   switch (dtype_bits(in.dtype)) {
     case 8:

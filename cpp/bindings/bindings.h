@@ -46,8 +46,8 @@ inline hot::TensorView nonempty(const hot::TensorView& v, const char* op, const 
 
 // The ConvGeometry of the convolution operations from the Python arguments (the core checks the values).
 inline hot::ConvGeometry geometry(const char* op, const std::vector<int64_t>& nchw, const std::vector<int>& kernel,
-                           const std::vector<int>& stride, const std::vector<int>& padding,
-                           const std::vector<int>& dilation, bool patches) {
+                                  const std::vector<int>& stride, const std::vector<int>& padding,
+                                  const std::vector<int>& dilation, bool patches) {
   const auto pair = [op](const std::vector<int>& v, const char* name) {
     HOT_CHECK_VALUE(v.size() == 2, op, ": ", name, " needs 2 values (height, width), got ", v.size());
   };

@@ -30,6 +30,15 @@ struct PyQuantizedWeight {
   int64_t stream_handle = 0;
 };
 
+// The core's W~ of a backward's weight_q argument (a QuantizedWeight, or None: nullptr).
+const hot::QuantizedWeight* weight_q_arg(const char* op, py::handle weight_q) {
+  if (weight_q.is_none()) return nullptr;
+  HOT_CHECK_TYPE(py::isinstance<PyQuantizedWeight>(weight_q), op,
+                 ": weight_q must be a QuantizedWeight (hot.quantize_weight) or None, got ",
+                 std::string(py::str(py::type::of(weight_q).attr("__name__"))));
+  return weight_q.cast<const PyQuantizedWeight&>().w.get();
+}
+
 }  // namespace
 
 void register_layers(py::module_& m) {
@@ -157,14 +166,9 @@ void register_layers(py::module_& m) {
             xv = nonempty(ctx.input(saved, "saved", hotpy::kFloat), op, "saved");
           }
         }
-        const hot::QuantizedWeight* wq = nullptr;
-        if (!weight_q.is_none()) {
-          HOT_CHECK_TYPE(py::isinstance<PyQuantizedWeight>(weight_q), op,
-                         ": weight_q must be a QuantizedWeight (hot.quantize_weight) or None, got ",
-                         std::string(py::str(py::type::of(weight_q).attr("__name__"))));
-          HOT_CHECK_VALUE(!config.exact, op, ": config.exact takes no weight_q (the weight is used as it is)");
-          wq = weight_q.cast<const PyQuantizedWeight&>().w.get();
-        }
+        const hot::QuantizedWeight* wq = weight_q_arg(op, weight_q);
+        HOT_CHECK_VALUE(wq == nullptr || !config.exact, op,
+                        ": config.exact takes no weight_q (the weight is used as it is)");
         hot::BackwardOutputs outs;
         py::object rx = py::none(), rw = py::none(), rb = py::none();
         if (need_grad_input) rx = output(ctx, grad_input, "grad_input", hotpy::kFloat, out_dt, {L, I}, outs.grad_input);
@@ -202,13 +206,7 @@ void register_layers(py::module_& m) {
                          "got ", std::string(py::str(py::type::of(saved).attr("__name__"))));
           sp = saved.cast<const PySaved&>().s.get();
         }
-        const hot::QuantizedWeight* wq = nullptr;
-        if (!weight_q.is_none()) {
-          HOT_CHECK_TYPE(py::isinstance<PyQuantizedWeight>(weight_q), op,
-                         ": weight_q must be a QuantizedWeight (hot.quantize_weight) or None, got ",
-                         std::string(py::str(py::type::of(weight_q).attr("__name__"))));
-          wq = weight_q.cast<const PyQuantizedWeight&>().w.get();
-        }
+        const hot::QuantizedWeight* wq = weight_q_arg(op, weight_q);
         const int64_t O = gy.ndim() == 2 ? gy.shape[1] : 0, CKK = wv.ndim() == 2 ? wv.shape[1] : 0;  // (else: the core)
         hot::BackwardOutputs outs;
         py::object rx = py::none(), rw = py::none(), rb = py::none();

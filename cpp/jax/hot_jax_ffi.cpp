@@ -409,6 +409,16 @@ HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardConvCuda(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardConvBiasCuda(XLA_FFI_CallFrame*);
 #endif
 
+// The bindings' shared parts: the CUDA handlers' stream and device; the backward handlers' operands g_y, w, q, scale,
+// seed and results g_x, g_w (+ g_b); the other handlers' one operand and two results.
+#define HOT_JAX_CUDA_CTX .Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::DeviceOrdinal>()
+#define HOT_JAX_BACKWARD_IO                                                                                   \
+  .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()                      \
+      .Arg<ffi::AnyBuffer>()                                                                                  \
+      .Ret<ffi::AnyBuffer>()                                                                                  \
+      .Ret<ffi::AnyBuffer>()
+#define HOT_JAX_BACKWARD_BIAS_IO HOT_JAX_BACKWARD_IO.Ret<ffi::AnyBuffer>()
+#define HOT_JAX_ONE_IN_TWO_OUT .Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>()
 #define HOT_JAX_BACKWARD_ATTRS .Attr<int64_t>("config")
 #define HOT_JAX_CONV_ATTRS                                                                                    \
   .Attr<int32_t>("n").Attr<int32_t>("c").Attr<int32_t>("h").Attr<int32_t>("w").Attr<int32_t>("kh")             \
@@ -419,136 +429,47 @@ HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardConvBiasCuda(XLA_FFI_CallFrame*);
       .Attr<int32_t>("pw").Attr<int32_t>("dh").Attr<int32_t>("dw").Attr<int32_t>("patches").Attr<int32_t>("rank")
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxCompressCpu, compress_cpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int32_t>("rank"));
+                              ffi::Ffi::Bind() HOT_JAX_ONE_IN_TWO_OUT.Attr<int32_t>("rank"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardCpu, backward_cpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>() HOT_JAX_BACKWARD_ATTRS);
+                              ffi::Ffi::Bind() HOT_JAX_BACKWARD_IO HOT_JAX_BACKWARD_ATTRS);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardBiasCpu, backward_bias_cpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>() HOT_JAX_BACKWARD_ATTRS);
+                              ffi::Ffi::Bind() HOT_JAX_BACKWARD_BIAS_IO HOT_JAX_BACKWARD_ATTRS);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxCompressColumnsCpu, compress_columns_cpu,
-                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>()
-                                  HOT_JAX_COLUMNS_ATTRS);
+                              ffi::Ffi::Bind() HOT_JAX_ONE_IN_TWO_OUT HOT_JAX_COLUMNS_ATTRS);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardConvCpu, backward_conv_cpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>() HOT_JAX_CONV_ATTRS);
+                              ffi::Ffi::Bind() HOT_JAX_BACKWARD_IO HOT_JAX_CONV_ATTRS);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardConvBiasCpu, backward_conv_bias_cpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>() HOT_JAX_CONV_ATTRS);
+                              ffi::Ffi::Bind() HOT_JAX_BACKWARD_BIAS_IO HOT_JAX_CONV_ATTRS);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxQuantizeCpu, quantize_cpu,
-                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
+                              ffi::Ffi::Bind() HOT_JAX_ONE_IN_TWO_OUT);
 
 #if HOT_JAX_CUDA
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxCompressCuda, compress_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int32_t>("rank"));
+                              ffi::Ffi::Bind() HOT_JAX_CUDA_CTX HOT_JAX_ONE_IN_TWO_OUT.Attr<int32_t>("rank"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardCuda, backward_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>() HOT_JAX_BACKWARD_ATTRS);
+                              ffi::Ffi::Bind() HOT_JAX_CUDA_CTX HOT_JAX_BACKWARD_IO HOT_JAX_BACKWARD_ATTRS);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardBiasCuda, backward_bias_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>() HOT_JAX_BACKWARD_ATTRS);
+                              ffi::Ffi::Bind() HOT_JAX_CUDA_CTX HOT_JAX_BACKWARD_BIAS_IO HOT_JAX_BACKWARD_ATTRS);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxCompressColumnsCuda, compress_columns_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>() HOT_JAX_COLUMNS_ATTRS);
+                              ffi::Ffi::Bind() HOT_JAX_CUDA_CTX HOT_JAX_ONE_IN_TWO_OUT HOT_JAX_COLUMNS_ATTRS);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardConvCuda, backward_conv_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>() HOT_JAX_CONV_ATTRS);
+                              ffi::Ffi::Bind() HOT_JAX_CUDA_CTX HOT_JAX_BACKWARD_IO HOT_JAX_CONV_ATTRS);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardConvBiasCuda, backward_conv_bias_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>() HOT_JAX_CONV_ATTRS);
+                              ffi::Ffi::Bind() HOT_JAX_CUDA_CTX HOT_JAX_BACKWARD_BIAS_IO HOT_JAX_CONV_ATTRS);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxQuantizeCuda, quantize_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>());
+                              ffi::Ffi::Bind() HOT_JAX_CUDA_CTX HOT_JAX_ONE_IN_TWO_OUT);
 
 #endif
 

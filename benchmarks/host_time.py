@@ -3,7 +3,10 @@
 the time: the time per call is then what the host spends enqueueing it (Python, dispatch, launches). Each figure is
 the best of 5 rounds of N calls, synchronised once per round.
 
-Usage (GPU): python benchmarks/host_time.py [--device cuda] [--n 300] [--profile]
+Usage (GPU): python benchmarks/host_time.py [--device cuda] [--n 300] [--profile] [--api]
+
+--api lists, per call, the CUDA runtime and driver API calls each case makes (torch.profiler's CUPTI trace: kernel
+launches, stream-ordered allocations, attribute queries), torch's and hot's side by side.
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ def main() -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--profile", action="store_true", help="cProfile the HOT calls (top functions by own time)")
+    ap.add_argument("--api", action="store_true", help="CUDA API calls per call (torch.profiler), torch and hot")
     a = ap.parse_args()
     dev = torch.device(a.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -89,6 +93,28 @@ def main() -> int:
             print(f"\n## cProfile, hot: {name}, bf16 autocast, {a.n} calls\n```")
             print("\n".join(ln for ln in buf.getvalue().splitlines() if ln.strip())[:6000])
             print("```")
+    if a.api and dev.type == "cuda":
+        for name, fe, fh in cases:
+            print(f"\n## CUDA API calls per call: {name}, bf16 autocast ({a.n} calls; count and host us per call)\n")
+            print("| API | torch count | torch us | hot count | hot us |\n|---|---|---|---|---|")
+            rows = {}
+            for col, f in ((0, fe), (1, fh)):
+                with torch.autocast(dev.type, dtype=torch.bfloat16):
+                    for _ in range(20):
+                        f()
+                    sync()
+                    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+                        for _ in range(a.n):
+                            f()
+                        sync()
+                for e in prof.key_averages():
+                    if e.key.startswith(("cuda", "cu")) and not e.key.startswith("cudnn"):
+                        row = rows.setdefault(e.key, [0.0, 0.0, 0.0, 0.0])
+                        row[2 * col] += e.count / a.n
+                        row[2 * col + 1] += e.cpu_time_total / a.n
+            for k, v in sorted(rows.items(), key=lambda kv: -kv[1][3]):
+                print(f"| {k} | {v[0]:.1f} | {v[1]:.1f} | {v[2]:.1f} | {v[3]:.1f} |")
     return 0
 
 

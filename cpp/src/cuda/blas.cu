@@ -103,7 +103,7 @@ void matmul_exact(const TensorView& a, bool trans_a, const TensorView& b, bool t
   cublasHandle_t h = handle_for(dev);
   HOT_CUBLAS_CHECK(cublasSetStream(h, s));
   const bool direct = out.dtype == a.dtype || out.dtype == DType::f32;
-  Scratch tmp(direct ? 16 : static_cast<size_t>(M * N) * 4, dev, st);
+  Scratch tmp(direct ? 0 : static_cast<size_t>(M * N) * 4, dev, st);
   void* c = direct ? out.data : tmp.get();
   const int64_t ldc = direct ? out.strides[0] : N;
   const cudaDataType_t tc = direct ? cuda_type(out.dtype) : CUDA_R_32F;

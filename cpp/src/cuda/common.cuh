@@ -82,7 +82,8 @@ int64_t smem_per_block_optin(int device);
 // memory pool through cudaMallocAsync/cudaFreeAsync on the call's stream; the pool's release threshold
 // is raised to "keep everything" the first time a device is used, so after the first call a scratch
 // allocation is a pool lookup (no cudaMalloc, no synchronisation), and freed blocks are reused by
-// later calls on any stream in stream order. Peak scratch of one call is documented at each op.
+// later calls on any stream in stream order. Peak scratch of one call is documented at each op. A Scratch of 0
+// bytes allocates nothing (get() is null): each pool call costs host time on every layer call.
 class Scratch {
  public:
   Scratch(size_t bytes, int device, Stream s);

@@ -48,7 +48,7 @@ bool with_padding(const TensorView& bv, const TensorView& out, int elem_bytes, i
   Scratch dpad(static_cast<size_t>(M * Np * elem_bytes), device, Stream{s});
   const int8_t* bp = b;
   int64_t ldb = bv.strides[0];
-  Scratch bpad(N % 16 != 0 || ldb % 16 != 0 || !aligned16(b) ? static_cast<size_t>(Np * K) : 16, device, Stream{s});
+  Scratch bpad(N % 16 != 0 || ldb % 16 != 0 || !aligned16(b) ? static_cast<size_t>(Np * K) : 0, device, Stream{s});
   if (N % 16 != 0 || ldb % 16 != 0 || !aligned16(b)) {
     HOT_CUDA_CHECK(cudaMemsetAsync(bpad.get(), 0, static_cast<size_t>(Np * K), s));
     HOT_CUDA_CHECK(cudaMemcpy2DAsync(bpad.get(), static_cast<size_t>(K), b, static_cast<size_t>(ldb),

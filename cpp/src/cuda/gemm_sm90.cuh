@@ -11,6 +11,9 @@
 // Included only by *_sm90.cu files, which CMake compiles only for sm_90a.
 #pragma once
 
+#include <mutex>
+#include <vector>
+
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
@@ -68,6 +71,24 @@ struct GemmConfig {
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// The dynamic shared memory a GEMM kernel needs beyond 48 KB, granted once per device (the current one, which the
+// caller's DeviceGuard set). CUTLASS's GemmUniversalAdapter::initialize() sets it on every call: one more CUDA API
+// call of host time per GEMM, twice per layer backward.
+template <typename Kernel>
+void set_gemm_smem(int device) {
+  constexpr int smem = Kernel::SharedStorageSize;
+  if constexpr (smem >= (48 << 10)) {
+    static std::mutex m;
+    static std::vector<char> done;  // per device index
+    const std::lock_guard<std::mutex> lock(m);
+    if (static_cast<size_t>(device) >= done.size()) done.resize(static_cast<size_t>(device) + 1, 0);
+    if (done[static_cast<size_t>(device)]) return;
+    HOT_CUDA_CHECK(cudaFuncSetAttribute(cutlass::device_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        smem));
+    done[static_cast<size_t>(device)] = 1;
+  }
+}
+
 // Runs one GEMM; `make_fusion_args` builds the epilogue tree's arguments. Returns false when the
 // problem does not meet the kernel's requirements (alignment), before launching anything.
 template <typename Cfg, typename FusionArgs>
@@ -108,15 +129,18 @@ bool run_gemm(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, void* 
                                 {fusion, nullptr, sC, static_cast<ElementD*>(d), sD},
                                 hw,
                                 sched};
-  Gemm gemm;
-  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return false;
+  using Kernel = typename Gemm::GemmKernel;
+  if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return false;
   const size_t ws_bytes = Gemm::get_workspace_size(args);
-  Scratch ws(ws_bytes, device, Stream{stream});
-  cutlass::Status st = gemm.initialize(args, ws.get(), stream);
-  HOT_CHECK(st == cutlass::Status::kSuccess, internal, "CUTLASS sm90 GEMM initialize failed: ",
+  Scratch ws(ws_bytes, device, Stream{stream});  // none (no pool call) for a data-parallel schedule
+  // The adapter's initialize() without its per-call cudaFuncSetAttribute (set_gemm_smem: once per device).
+  cutlass::Status st = Kernel::initialize_workspace(args, ws.get(), stream, nullptr);
+  HOT_CHECK(st == cutlass::Status::kSuccess, internal, "CUTLASS sm90 GEMM workspace initialisation failed: ",
             cutlass::cutlassGetStatusString(st), " (M=", M, " N=", N, " K=", K, ")");
+  typename Kernel::Params params = Kernel::to_underlying_arguments(args, ws.get());
+  set_gemm_smem<Kernel>(device);
   clear_stale_error();  // CUTLASS reads cudaGetLastError after its launch
-  st = gemm.run(stream);
+  st = Gemm::run(params, stream);
   HOT_CHECK(st == cutlass::Status::kSuccess, internal, "CUTLASS sm90 GEMM run failed: ",
             cutlass::cutlassGetStatusString(st), " (M=", M, " N=", N, " K=", K, ")");
   HOT_CUDA_CHECK_LAUNCH();

@@ -206,8 +206,9 @@ void memset_zero(void* p, size_t bytes, int device, Stream s) {
 }
 
 Scratch::Scratch(size_t bytes, int device, Stream s) : stream_(to_cuda(s)) {
+  if (bytes == 0) return;  // nothing asked (a GEMM without workspace, a direct path): no pool call
   ensure_pool(device);
-  HOT_CUDA_CHECK(cudaMallocAsync(&p_, bytes == 0 ? 16 : bytes, stream_));
+  HOT_CUDA_CHECK(cudaMallocAsync(&p_, bytes, stream_));
 }
 
 Scratch::~Scratch() {

@@ -73,7 +73,13 @@ def _autocast_cast(x: Tensor, weight: Tensor, bias: Optional[Tensor]):
     if not _autocast_on(dev):
         return x, weight, bias, False
     dt = torch.get_autocast_dtype(dev)
-    return x.to(dt), weight.to(dt), (bias.to(dt) if bias is not None else None), True
+    return _cast(x, dt), _cast(weight, dt), _cast(bias, dt), True
+
+
+def _cast(t: Optional[Tensor], dt) -> Optional[Tensor]:
+    """t in dtype dt (autocast's cast of a layer's operands): t itself, without a dispatched no-op .to(), where it
+    has that dtype already (the output of a preceding autocast op), None for None."""
+    return t if t is None or t.dtype == dt else t.to(dt)
 
 
 def _keep_mode(weight: Tensor, config) -> int:
@@ -135,7 +141,7 @@ def _linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], config, ac:
     reuse = ops.reuse_of(weight, config) if ops._REUSE is not None else None
     if ac:
         dt = torch.get_autocast_dtype(x.device.type)
-        x, weight, bias = x.to(dt), weight.to(dt), (bias.to(dt) if bias is not None else None)
+        x, weight, bias = _cast(x, dt), _cast(weight, dt), _cast(bias, dt)
     _check_inputs("Linear", x, weight, bias, ac)
     plan = _plan(config)
     seed = int(ops.draw_seed().item()) if plan[0] else 0

@@ -162,6 +162,24 @@ def test_stochastic_rounding_reproducible_by_seed(rng):
     assert not np.array_equal(a[1], c[1])
 
 
+def test_seed_array_gives_the_bits_of_its_integer(rng):
+    """SPEC §5: a seed given as a one-element int64 array (on grad_output's device; read when the work runs) rounds as
+    the integer it holds; a malformed one is refused, naming the seed."""
+    gy, w, x = (a.astype(np.float32) for a in _inputs(rng, (64,), 24, 16))
+    a = hot.backward_linear(gy, w, x, seed=2**63 + 5, bias=True)
+    for arr in (np.array(2**63 + 5, dtype=np.uint64).astype(np.int64), np.array([-(2**63) + 5], dtype=np.int64)):
+        b = hot.backward_linear(gy, w, x, seed=arr, bias=True)
+        for u, v in zip(a, b):
+            np.testing.assert_array_equal(u, v)
+    with pytest.raises(ValueError, match="backward_linear: seed must be an integer or a one-element int64 array, got "
+                                         "an array of dtype int32"):
+        hot.backward_linear(gy, w, x, seed=np.array(5, dtype=np.int32))
+    with pytest.raises(ValueError, match=r"one-element int64 array, got an array of dtype int64 and shape \(2,\)"):
+        hot.backward_linear(gy, w, x, seed=np.array([5, 6], dtype=np.int64))
+    with pytest.raises(TypeError, match="backward_linear: seed is a builtins.str"):
+        hot.backward_linear(gy, w, x, seed="5")
+
+
 def test_stochastic_rounding_same_bits_for_every_thread_count(rng):
     gy, w, x = (a.astype(np.float32) for a in _inputs(rng, (96,), 48, 40))
     n = hot.get_num_threads()

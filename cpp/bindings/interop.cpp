@@ -55,7 +55,7 @@ bool is_type_error(py::error_already_set& e) { return e.matches(PyExc_TypeError)
 
 std::string mask_str(DTypeMask m) {
   std::vector<std::string> names;
-  for (unsigned i = 0; i < 6; ++i) {
+  for (unsigned i = 0; i <= static_cast<unsigned>(hot::DType::s64); ++i) {
     if (!(m & (1u << i))) continue;
     auto t = static_cast<hot::DType>(i);
     names.push_back(t == hot::DType::s4 ? "uint8 (packed int4)" : hot::dtype_name(t));
@@ -145,6 +145,7 @@ hot::TensorView to_view(const Imported& imp, const char* op, const char* name, D
   else if (code == kDLBfloat && bits == 16) v.dtype = hot::DType::bf16;
   else if (code == kDLInt && bits == 8) v.dtype = hot::DType::s8;
   else if (code == kDLInt && bits == 32) v.dtype = hot::DType::s32;
+  else if (code == kDLInt && bits == 64) v.dtype = hot::DType::s64;
   else if (code == kDLUInt && bits == 8 && (allowed & kPackedS4)) v.dtype = hot::DType::s4;
   else known = false;
   HOT_CHECK_TYPE(known && (allowed & bit(v.dtype)), op, ": ", name, " has dtype ", dl_dtype_str(t.dtype),
@@ -252,6 +253,7 @@ DLDataType to_dl_dtype(hot::DType t) {
     case hot::DType::bf16: return DLDataType{kDLBfloat, 16, 1};
     case hot::DType::s8: return DLDataType{kDLInt, 8, 1};
     case hot::DType::s32: return DLDataType{kDLInt, 32, 1};
+    case hot::DType::s64: return DLDataType{kDLInt, 64, 1};
     case hot::DType::s4: return DLDataType{kDLUInt, 8, 1};
   }
   return DLDataType{kDLUInt, 8, 1};

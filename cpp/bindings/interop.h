@@ -25,6 +25,7 @@ constexpr DTypeMask kFloat = bit(hot::DType::f32) | bit(hot::DType::f16) | bit(h
 constexpr DTypeMask kF32 = bit(hot::DType::f32);
 constexpr DTypeMask kS8 = bit(hot::DType::s8);
 constexpr DTypeMask kS32 = bit(hot::DType::s32);
+constexpr DTypeMask kS64 = bit(hot::DType::s64);
 constexpr DTypeMask kPackedS4 = bit(hot::DType::s4);  // exchanged as uint8, last dim halved
 std::string mask_str(DTypeMask m);
 

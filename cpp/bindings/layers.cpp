@@ -39,6 +39,21 @@ const hot::QuantizedWeight* weight_q_arg(const char* op, py::handle weight_q) {
   return weight_q.cast<const PyQuantizedWeight&>().w.get();
 }
 
+// A backward's seed argument: a Python integer (0 .. 2^64 - 1), or an array of one int64 element on grad_output's
+// device (imported after grad_output, whose device the call takes), which the kernels read when they run (hot::Seed;
+// the core checks its size, device and alignment).
+hot::Seed seed_arg(OpContext& ctx, const char* op, py::handle seed) {
+  if (py::isinstance<py::int_>(seed)) {
+    try {
+      return hot::Seed(seed.cast<uint64_t>());
+    } catch (const py::cast_error&) {
+      HOT_FAIL(value, op, ": seed must be an integer in 0..2**64-1 or a one-element int64 array, got ",
+               std::string(py::repr(seed)));
+    }
+  }
+  return hot::Seed(0, ctx.input(seed, "seed", kS64, -2));
+}
+
 }  // namespace
 
 void register_layers(py::module_& m) {
@@ -142,10 +157,11 @@ void register_layers(py::module_& m) {
       "backward_linear",
       [](py::handle grad_output, py::handle weight, py::handle saved, py::handle grad_input, py::handle grad_weight,
          py::handle grad_bias, bool need_grad_input, bool need_grad_weight, bool bias, const hot::Config& config,
-         uint64_t seed, int64_t stream, py::handle weight_q) {
+         py::handle seed, int64_t stream, py::handle weight_q) {
         const char* op = "backward_linear";
         OpContext ctx(op, stream);
         hot::TensorView gy = nonempty(ctx.input(grad_output, "grad_output", hotpy::kFloat), op, "grad_output");
+        const hot::Seed sd = seed_arg(ctx, op, seed);
         hot::TensorView wv = ctx.input(weight, "weight", hotpy::kFloat, -2);
         HOT_CHECK_VALUE(wv.ndim() == 2, op, ": weight has ", wv.ndim(), " dims, expected 2 (O x I) (got shape ",
                         hot::shape_str(wv.shape), ")");
@@ -177,8 +193,8 @@ void register_layers(py::module_& m) {
         if (bias) rb = output(ctx, grad_bias, "grad_bias", hotpy::kFloat, out_dt, {O}, outs.grad_bias, -2);
         {
           py::gil_scoped_release nogil;
-          if (sp != nullptr) hot::backward_linear(gy, wv, sp, config, seed, outs, ctx.stream(), wq);
-          else hot::backward_linear(gy, wv, xv, config, seed, outs, ctx.stream(), wq);
+          if (sp != nullptr) hot::backward_linear(gy, wv, sp, config, sd, outs, ctx.stream(), wq);
+          else hot::backward_linear(gy, wv, xv, config, sd, outs, ctx.stream(), wq);
         }
         return py::make_tuple(rx, rw, rb);
       },
@@ -186,18 +202,20 @@ void register_layers(py::module_& m) {
       py::arg("grad_bias"), py::arg("need_grad_input"), py::arg("need_grad_weight"), py::arg("bias"),
       py::arg("config"), py::arg("seed"), py::arg("stream"), py::arg("weight_q") = py::none(),
       "hot::backward_linear: (grad_input, grad_weight, grad_bias), each None where the caller gave the array or did "
-      "not ask for it. saved: a SavedActivation, the raw x, or None without g_w.");
+      "not ask for it. saved: a SavedActivation, the raw x, or None without g_w. seed: an integer, or a one-element "
+      "int64 array on grad_output's device (read by the kernels: hot::Seed).");
 
   m.def(
       "backward_conv2d",
       [](py::handle grad_output, py::handle weight, py::handle saved, py::handle grad_input, py::handle grad_weight,
          py::handle grad_bias, bool need_grad_input, bool need_grad_weight, bool bias, std::vector<int64_t> nchw,
          std::vector<int> kernel, std::vector<int> stride, std::vector<int> padding, std::vector<int> dilation,
-         bool patches, const hot::Config& config, uint64_t seed, int64_t stream, py::handle weight_q) {
+         bool patches, const hot::Config& config, py::handle seed, int64_t stream, py::handle weight_q) {
         const char* op = "backward_conv2d";
         const hot::ConvGeometry g = geometry(op, nchw, kernel, stride, padding, dilation, patches);
         OpContext ctx(op, stream);
         hot::TensorView gy = nonempty(ctx.input(grad_output, "grad_output", hotpy::kFloat), op, "grad_output");
+        const hot::Seed sd = seed_arg(ctx, op, seed);
         hot::TensorView wv = nonempty(ctx.input(weight, "weight", hotpy::kFloat), op, "weight");
         const hot::SavedActivation* sp = nullptr;
         if (need_grad_weight) {
@@ -217,7 +235,7 @@ void register_layers(py::module_& m) {
         if (bias) rb = output(ctx, grad_bias, "grad_bias", hotpy::kFloat, gy.dtype, {O}, outs.grad_bias, -2);
         {
           py::gil_scoped_release nogil;
-          hot::backward_conv2d(gy, wv, sp, g, config, seed, outs, ctx.stream(), wq);
+          hot::backward_conv2d(gy, wv, sp, g, config, sd, outs, ctx.stream(), wq);
         }
         return py::make_tuple(rx, rw, rb);
       },

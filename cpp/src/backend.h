@@ -22,6 +22,8 @@ struct GradOutputPlan {
   int rank = 8;
   Rounding rounding = Rounding::stochastic;
   uint64_t seed = 0;
+  const uint64_t* seed_ptr = nullptr;  // a seed in the call's device memory (Seed::tensor): the seed is *seed_ptr + seed,
+                                       // read by the backend when the work runs (on the GPU: by the kernels)
   bool bias = false;      // produce g_b
 };
 

@@ -432,12 +432,24 @@ TensorView as_row(const TensorView& v) {
   return r;
 }
 
+// A seed tensor (Seed::tensor): one s64 element on grad_output's device, 8-byte aligned (the kernels read it as one
+// unsigned 64-bit word).
+void check_seed(const char* op, const Seed& seed, const TensorView& gy) {
+  const TensorView& t = seed.tensor;
+  if (t.data == nullptr) return;
+  HOT_CHECK_TYPE(t.dtype == DType::s64, op, ": the seed tensor has dtype ", dtype_name(t.dtype), ", expected int64");
+  HOT_CHECK_VALUE(t.numel() == 1, op, ": the seed tensor has shape ", shape_str(t.shape),
+                  ", expected one element (a 0-d or 1-element int64 tensor)");
+  HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "the seed tensor", t);
+  HOT_CHECK_VALUE(reinterpret_cast<uintptr_t>(t.data) % 8 == 0, op, ": the seed tensor's data is not 8-byte aligned");
+}
+
 // One integer backward over the rows of gy (L x O) whose g_w contraction fits one GEMM: q and scale are the ABC
 // buffer of those rows (I x >= padded_k(hla_rows(L, rank)) s8, [1] f32; used when out.grad_weight is requested).
 // conv: a stride-1 convolution whose g_x (the rows' images' channels-last map) is the transposed convolution of the
 // codes of G~ (conv_grad_input), else nullptr (g_x = G~ W~ as a GEMM).
 void backward_rows(const TensorView& gy, const QuantizedWeight& wq, const TensorView& q, const TensorView& scale,
-                   const Config& config, uint64_t seed, const BackwardOutputs& out, Stream stream,
+                   const Config& config, const Seed& seed, const BackwardOutputs& out, Stream stream,
                    const ConvGeometry* conv = nullptr) {
   const bool gx = requested(out.grad_input), gw = requested(out.grad_weight), gb = requested(out.grad_bias);
   const int64_t L = gy.shape[0], O = gy.shape[1];
@@ -454,7 +466,8 @@ void backward_rows(const TensorView& gy, const QuantizedWeight& wq, const Tensor
   plan.gw = gw;
   plan.rank = config.rank;
   plan.rounding = config.rounding;
-  plan.seed = seed;
+  plan.seed = seed.value;
+  plan.seed_ptr = seed.tensor.data != nullptr ? static_cast<const uint64_t*>(seed.tensor.data) : nullptr;
   plan.bias = gb;
 
   Tensor q_g, s_g, q_gh_t, s_gh;
@@ -571,7 +584,7 @@ void check_backward_inputs(const char* op, const TensorView& gy, const TensorVie
 
 // backward_linear from the ABC buffer (saved) or the raw x: validation, then one GEMM per path, or row chunks.
 void backward_linear_impl(const TensorView& gy, const TensorView& w, const SavedActivation* saved,
-                          const TensorView* raw_x, const Config& config, uint64_t seed, const BackwardOutputs& out,
+                          const TensorView* raw_x, const Config& config, const Seed& seed, const BackwardOutputs& out,
                           Stream stream, const QuantizedWeight* weight_q) {
   const char* op = "backward_linear";
   config.validate();
@@ -579,6 +592,7 @@ void backward_linear_impl(const TensorView& gy, const TensorView& w, const Saved
   const bool gx = requested(out.grad_input), gw = requested(out.grad_weight), gb = requested(out.grad_bias);
   int64_t L, O, I;
   check_backward_inputs(op, gy, w, saved, raw_x, config, out, weight_q, gx, L, O, I);
+  check_seed(op, seed, gy);
   const Device dev = gy.device;
   const int rank = config.rank;
   const int64_t step = gw_chunk_rows(rank);
@@ -620,7 +634,7 @@ void backward_linear_impl(const TensorView& gy, const TensorView& w, const Saved
       q = col_range(saved->q.view(), k0, k0 + k_pad);
       scale = saved->scale.view();
     }
-    backward_rows(row_range(gy, r0, r1), wq, q, scale, config, seed + n * kChunkSeedStep,
+    backward_rows(row_range(gy, r0, r1), wq, q, scale, config, seed.plus(n * kChunkSeedStep),
                   sums.part(gx ? row_range(out.grad_input, r0, r1) : TensorView{}), stream);
     sums.add();
   }
@@ -639,7 +653,7 @@ int64_t conv_chunk_images(int64_t P, int rank) {
 }  // namespace
 
 void backward_conv2d(const TensorView& gy, const TensorView& w, const SavedActivation* saved, const ConvGeometry& g,
-                     const Config& config, uint64_t seed, const BackwardOutputs& out, Stream stream,
+                     const Config& config, const Seed& seed, const BackwardOutputs& out, Stream stream,
                      const QuantizedWeight* weight_q) {
   const char* op = "backward_conv2d";
   config.validate();
@@ -655,6 +669,7 @@ void backward_conv2d(const TensorView& gy, const TensorView& w, const SavedActiv
   HOT_CHECK_VALUE(rows == L, op, ": grad_output has ", rows, " rows but the geometry has N * Ho * Wo = ", L,
                   " output pixels");
   HOT_CHECK_VALUE(cols == CKK, op, ": weight has ", cols, " columns but the geometry has kh * kw * C = ", CKK);
+  check_seed(op, seed, gy);
   if (gx) {
     check_float_matrix(op, "grad_input", out.grad_input);
     HOT_CHECK_SHAPE(op, "grad_input", out.grad_input, (std::vector<int64_t>{g.N * g.H * g.W, g.C}));
@@ -694,7 +709,7 @@ void backward_conv2d(const TensorView& gy, const TensorView& w, const SavedActiv
     ConvGeometry gc = g;
     gc.N = n1 - n0;
     backward_rows(row_range(gy, r0, r1), wq, col_range(saved->q.view(), k0, k0 + k_pad), saved->scale.view(), config,
-                  seed + n * kChunkSeedStep, sums.part(row_range(out.grad_input, n0 * g.H * g.W, n1 * g.H * g.W)),
+                  seed.plus(n * kChunkSeedStep), sums.part(row_range(out.grad_input, n0 * g.H * g.W, n1 * g.H * g.W)),
                   stream, &gc);
     sums.add();
   }
@@ -717,12 +732,12 @@ QuantizedWeight quantize_weight(const TensorView& w, int gx_bits, Stream stream)
 }
 
 void backward_linear(const TensorView& gy, const TensorView& w, const SavedActivation* saved, const Config& config,
-                     uint64_t seed, const BackwardOutputs& out, Stream stream, const QuantizedWeight* weight_q) {
+                     const Seed& seed, const BackwardOutputs& out, Stream stream, const QuantizedWeight* weight_q) {
   backward_linear_impl(gy, w, saved, nullptr, config, seed, out, stream, weight_q);
 }
 
 void backward_linear(const TensorView& gy, const TensorView& w, const TensorView& x, const Config& config,
-                     uint64_t seed, const BackwardOutputs& out, Stream stream, const QuantizedWeight* weight_q) {
+                     const Seed& seed, const BackwardOutputs& out, Stream stream, const QuantizedWeight* weight_q) {
   config.validate();
   if (config.exact) {
     backward_linear_exact(gy, w, requested(out.grad_weight) ? &x : nullptr, out, stream);

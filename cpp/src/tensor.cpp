@@ -16,6 +16,7 @@ const char* dtype_name(DType t) {
     case DType::s8: return "int8";
     case DType::s4: return "int4 (packed)";
     case DType::s32: return "int32";
+    case DType::s64: return "int64";
   }
   return "unknown";
 }
@@ -26,6 +27,7 @@ int dtype_bits(DType t) {
     case DType::f16: case DType::bf16: return 16;
     case DType::s8: return 8;
     case DType::s4: return 4;
+    case DType::s64: return 64;
   }
   return 0;
 }

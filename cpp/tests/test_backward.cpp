@@ -7,6 +7,7 @@ namespace {
 
 using namespace hot_test;
 using hot::Config;
+using hot::TensorView;
 using hot::Rounding;
 using hot::ScaleMode;
 
@@ -452,6 +453,64 @@ TEST(Cpu_BackwardLinear, SeedDeterminesBits) {
   const BwdRun n2 = run_backward(DType::f32, DType::f32, gy, w, x, c.L, c.O, c.I, nc, 2);
   EXPECT_TRUE(bits_equal(n1.gx, n2.gx));
   EXPECT_TRUE(bits_equal(n1.gw, n2.gw));
+}
+
+// hot::Seed with a tensor (a seed in the call's device memory, read when the work runs): the bits of the integer seed
+// value + *tensor (mod 2^64); a bad seed tensor is refused with a named error.
+TEST(Cpu_BackwardLinear, SeedTensorAddsToValue) {
+  const Case c{70, 24, 20};
+  const std::vector<float> gy = randn(static_cast<size_t>(c.L * c.O), 4);
+  const std::vector<float> w = randn(static_cast<size_t>(c.O * c.I), 5);
+  const std::vector<float> x = randn(static_cast<size_t>(c.L * c.I), 6);
+  const Config cfg = make_cfg(4, 8, Rounding::stochastic, ScaleMode::tensor);
+  const uint64_t full = 0xC0FFEE1234567ull;
+  const BwdRun ref = run_backward(DType::f32, DType::f32, gy, w, x, c.L, c.O, c.I, cfg, full);
+  int64_t stored = static_cast<int64_t>(full + 977);  // value = -977 (mod 2^64)
+  const TensorView st = hot::make_view(&stored, DType::s64, hot::Device::cpu(), {});
+  const HostTensor gyt = host_from(DType::f32, c.L, c.O, gy), wt = host_from(DType::f32, c.O, c.I, w);
+  const hot::SavedActivation saved = hot::compress_activation(host_from(DType::f32, c.L, c.I, x), cfg.rank);
+  BwdRun r;
+  r.gx = HostTensor::make2d(DType::f32, c.L, c.I);
+  r.gw = HostTensor::make2d(DType::f32, c.O, c.I);
+  r.gb = HostTensor::make1d(DType::f32, c.O);
+  hot::BackwardOutputs out;
+  out.grad_input = r.gx.view();
+  out.grad_weight = r.gw.view();
+  out.grad_bias = r.gb.view();
+  hot::backward_linear(gyt, wt, &saved, cfg, hot::Seed(~uint64_t{976}, st), out);  // ~976 = -977
+  EXPECT_TRUE(bits_equal(ref.gx, r.gx));
+  EXPECT_TRUE(bits_equal(ref.gw, r.gw));
+  EXPECT_TRUE(bits_equal(ref.gb, r.gb));
+  // the seed's value alone gives other bits
+  const BwdRun other = run_backward(DType::f32, DType::f32, gy, w, x, c.L, c.O, c.I, cfg, ~uint64_t{976});
+  EXPECT_FALSE(bits_equal(other.gx, r.gx));
+
+  int32_t narrow = 1;
+  int64_t two[2] = {1, 2};
+  const hot::Seed bad_dtype(0, hot::make_view(&narrow, DType::s32, hot::Device::cpu(), {1}));
+  const hot::Seed bad_size(0, hot::make_view(two, DType::s64, hot::Device::cpu(), {2}));
+  EXPECT_THROW(
+      {
+        try {
+          hot::backward_linear(gyt, wt, &saved, cfg, bad_dtype, out);
+        } catch (const hot::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("seed tensor has dtype int32, expected int64"), std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      hot::Error);
+  EXPECT_THROW(
+      {
+        try {
+          hot::backward_linear(gyt, wt, &saved, cfg, bad_size, out);
+        } catch (const hot::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("seed tensor has shape (2,), expected one element"), std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      hot::Error);
 }
 
 TEST(Cpu_BackwardLinear, NonFiniteGradOutputPropagates) {

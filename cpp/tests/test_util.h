@@ -161,6 +161,7 @@ class HostTensor {
       case DType::s8: return static_cast<float>(geti(r, c));
       case DType::s32: return static_cast<float>(geti(r, c));
       case DType::s4: return static_cast<float>(geti(r, c));
+      case DType::s64: ADD_FAILURE() << "getf on an int64 tensor"; return 0.0f;
     }
     return 0.0f;
   }

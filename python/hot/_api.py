@@ -92,6 +92,15 @@ def _config(op, config) -> Config:
     return config
 
 
+def _seed_array(op, c, seed):
+    """A seed array (checked on grad_output's device by the call): one int64 element."""
+    dt, shape = c.fw.dtype_name(seed), fws.shape(seed)
+    if dt != "int64" or fws.prod(shape) != 1:
+        raise ValueError(f"{op}: seed must be an integer or a one-element int64 array, got an array of dtype {dt} and "
+                         f"shape {tuple(shape)}")
+    return seed
+
+
 def _seed(op, seed, name="seed") -> int:
     if not _is_int(seed):
         raise TypeError(f"{op}: {name} must be an integer, got {type(seed).__name__}")
@@ -525,19 +534,22 @@ def quantize_weight(weight, config: Optional[Config] = None) -> QuantizedWeight:
 
 
 def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: Optional[Config] = None,
-                    seed: int = 0, need_grad_input: bool = True, need_grad_weight: bool = True, weight_q=None):
+                    seed=0, need_grad_input: bool = True, need_grad_weight: bool = True, weight_q=None):
     """HOT backward of y = x W^T (+ b) (SPEC §3, §4): (grad_input, grad_weight, grad_bias), None for
     what was not requested. grad_output (..., O); weight O x I; saved a SavedActivation or the raw x.
     A batch whose g_w contraction exceeds one int32 GEMM runs as row chunks in the core (SPEC §4).
-    weight_q: the weight's :func:`quantize_weight` at config.gx_bits, used instead of forming W~ again (same bits)."""
+    weight_q: the weight's :func:`quantize_weight` at config.gx_bits, used instead of forming W~ again (same bits).
+    seed: the stochastic-rounding seed, an integer or a one-element int64 array on grad_output's device, which the
+    kernels read when they run (SPEC §5: a CUDA graph that draws it on the GPU rounds with a new seed per replay)."""
     op = "backward_linear"
     config = _config(op, config)
-    seed = _seed(op, seed)
+    seed_arr = None if _is_int(seed) else _prep(seed)
     gy, w = _prep(grad_output), _prep(weight)
     is_saved = isinstance(saved, SavedActivation)
     raw = None if (saved is None or is_saved or not need_grad_weight) else _prep(saved)
     saved_arr = (saved.q if is_saved else raw) if need_grad_weight else None
-    c = _Call(op, grad_output=gy, weight=w, saved=saved_arr)
+    c = _Call(op, grad_output=gy, weight=w, saved=saved_arr, seed=seed_arr)
+    seed = _seed(op, seed) if seed_arr is None else _seed_array(op, c, seed_arr)
     gs, ws = fws.shape(gy), fws.shape(w)
     _need_ndim(op, "grad_output", gy, 1, shape=gs)
     _nonempty(op, "grad_output", gy, shape=gs)
@@ -689,13 +701,13 @@ def _wrap_saved(c: _Call, q, scale, rows: int, cols: int, rank: int, op: str):
     return c.call(_C.SavedActivation.wrap, q, scale, rows, cols, rank, c.stream, op)
 
 
-def _backward_linear(c: _Call, gy, w, saved, gi_shape, need_gi: bool, need_gw: bool, bias: bool, config, seed: int,
+def _backward_linear(c: _Call, gy, w, saved, gi_shape, need_gi: bool, need_gw: bool, bias: bool, config, seed,
                      weight_q=None, gw_dtype=None):
     """backward_linear of gy (..., O) and w (O x I): (g_x shaped gi_shape, g_w, g_b), None where not requested.
     saved: the g_w operand when need_gw: the core's SavedActivation (_compress, _wrap_saved) or the raw x (L x I
     elements), which the core compresses (or, in exact mode, uses in gy's dtype). weight_q: the core's QuantizedWeight
     of w at config.gx_bits, or None (the core forms W~). The results come in gy's dtype; g_w in gw_dtype when given
-    (a dtype name, e.g. "float32")."""
+    (a dtype name, e.g. "float32"). seed: an integer, or a one-element int64 array on gy's device (hot::Seed)."""
     if config.exact:
         dt = c.fw.dtype_name(gy)
         w = _exact_operand(c, "backward_linear", "weight", w, dt)
@@ -715,7 +727,7 @@ def _backward_linear(c: _Call, gy, w, saved, gi_shape, need_gi: bool, need_gw: b
 
 
 def _backward_conv2d(c: _Call, gy, w, saved, x_shape, kernel, stride, padding, dilation, patches: bool,
-                     need_gi: bool, need_gw: bool, bias: bool, config, seed: int, weight_q=None, gw_dtype=None):
+                     need_gi: bool, need_gw: bool, bias: bool, config, seed, weight_q=None, gw_dtype=None):
     """backward_conv2d of a convolution's g_y rows gy (N*Ho*Wo x O) and w (O x kh*kw*C, columns (i, j, c)), saved the
     columns' SavedActivation (_wrap_saved) when need_gw: (g_x as the channels-last map N*H*W x C, g_w, g_b), None
     where not requested, in gy's dtype (g_w in gw_dtype when given)."""

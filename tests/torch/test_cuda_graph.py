@@ -1,11 +1,8 @@
-"""Converted layers recorded in a CUDA graph (torch.cuda.graph): the engine's calls are capturable (kernels and
-stream-ordered scratch on the capturing stream, no host synchronisation), and a replay gives the gradients of the
-eager step with the same stochastic-rounding seed, bit for bit.
-
-A replay reuses the seeds drawn while the graph was recorded (they are host values baked into the kernels'
-arguments), so these tests pin the seed with torch.manual_seed before recording and before the eager step; a training
-loop that replays one graph every step would round with the same noise each step (see benchmarks/NOTES.md, "CUDA
-graphs").
+"""Converted layers in a CUDA graph (torch.cuda.graph). The engine's calls are capturable (kernels and stream-ordered
+scratch on the capturing stream, no host synchronisation), and the stochastic-rounding seeds are drawn on the GPU by
+torch's CUDA generator and read by the kernels (SPEC §5), so every replay rounds with new seeds: replay k of a graph
+recorded after ``torch.manual_seed(s)`` gives the gradients of the k-th eager step after ``torch.manual_seed(s)``, bit
+for bit, and two replays differ where stochastic rounding acts.
 """
 import pytest
 import torch
@@ -45,13 +42,13 @@ def _clear(m: nn.Module, x: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("kind,amp", [("linear", False), ("linear", True), ("conv", False), ("conv", True)])
-def test_replay_equals_eager_step_with_the_same_seed(kind, amp):
+def test_each_replay_equals_the_eager_step_with_the_same_generator_state(kind, amp):
     m = _model(kind)
     shape = (384, 192) if kind == "linear" else (4, 16, 12, 12)
     x = torch.randn(shape, device="cuda", requires_grad=True)
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-        y_shape, y_dtype = m(x).shape, m(x).dtype
-    gy = torch.randn(y_shape, device="cuda", dtype=y_dtype)
+        y0 = m(x)
+    gy = torch.randn(y0.shape, device="cuda", dtype=y0.dtype)
 
     side = torch.cuda.Stream()  # warm-up on a side stream, as torch.cuda.graph asks (lazy set-up out of the capture)
     side.wait_stream(torch.cuda.current_stream())
@@ -63,21 +60,94 @@ def test_replay_equals_eager_step_with_the_same_seed(kind, amp):
 
     _clear(m, x)
     g = torch.cuda.CUDAGraph()
-    torch.manual_seed(1234)
     with torch.cuda.graph(g):
         _step(m, x, gy, amp)
-    for p in [x] + list(m.parameters()):  # the replay must write them, not find them from the capture
-        p.grad.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
-    replayed = _grads(m, x)
-
-    _clear(m, x)
     torch.manual_seed(1234)
-    _step(m, x, gy, amp)
+    replays = []
+    for _ in range(2):
+        for p in [x] + list(m.parameters()):  # each replay must write them
+            p.grad.fill_(float("nan"))
+        g.replay()
+        replays.append(_grads(m, x))
     torch.cuda.synchronize()
-    eager = _grads(m, x)
-    for a, b in zip(replayed, eager):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        assert torch.isfinite(b).all()
-        assert torch.equal(a, b)
+
+    torch.manual_seed(1234)
+    eager = []
+    for _ in range(2):
+        _clear(m, x)
+        _step(m, x, gy, amp)
+        eager.append(_grads(m, x))
+    torch.cuda.synchronize()
+    for k in range(2):
+        for a, b in zip(replays[k], eager[k]):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            assert torch.isfinite(b).all()
+            assert torch.equal(a, b), f"replay {k}"
+    # new seeds at the second replay: the stochastically rounded g_x and g_w of the converted layers change, g_b not
+    weights = [i + 1 for i, (n, _) in enumerate(m.named_parameters()) if n.endswith("weight")]
+    assert not torch.equal(replays[0][0], replays[1][0])
+    assert all(not torch.equal(replays[0][i], replays[1][i]) for i in weights)
+
+
+def test_functional_backward_with_a_seed_drawn_in_the_graph():
+    """hot.backward_linear with a seed tensor that a graph redraws: each replay equals the call with the integer the
+    tensor then holds."""
+    torch.manual_seed(0)
+    gy = torch.randn(300, 48, device="cuda")
+    w = torch.randn(48, 40, device="cuda") * 0.05
+    x = torch.randn(300, 40, device="cuda")
+    saved = hot.compress_activation(x)
+    seed = torch.zeros((), dtype=torch.int64, device="cuda")
+    out = {}
+
+    def call():
+        seed.copy_(torch.randint(0, 2**62, (), dtype=torch.int64, device="cuda"))
+        out["r"] = hot.backward_linear(gy, w, saved, seed=seed, bias=True)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        call()
+    got, seeds = [], []
+    for _ in range(3):
+        g.replay()
+        got.append([t.clone() for t in out["r"]])
+        seeds.append(int(seed.item()))
+    assert len(set(seeds)) == 3
+    for s, r in zip(seeds, got):
+        want = hot.backward_linear(gy, w, saved, seed=s, bias=True)
+        for a, b in zip(r, want):
+            assert torch.equal(a, b)
+
+
+def test_compiled_reduce_overhead_records_the_step_in_cuda_graphs():
+    """torch.compile(mode="reduce-overhead") of a converted model: no graph is skipped for CUDA graphs (the seeds are
+    GPU tensors, no CPU tensor enters the graph), and each step rounds with new seeds."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    m = _model("linear")
+    x = torch.randn(256, 192, device="cuda")
+    gy = torch.randn(256, 96, device="cuda")
+
+    @torch.compile(mode="reduce-overhead", fullgraph=True)
+    def fwd(inp):
+        return m(inp)
+
+    grads = []
+    for _ in range(4):
+        for p in m.parameters():
+            p.grad = None
+        y = fwd(x)
+        y.backward(gy)
+        grads.append([p.grad.clone() for p in m.parameters()])
+    torch.cuda.synchronize()
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert all(torch.isfinite(t).all() for g in grads for t in g)
+    w0 = [i for i, (n, _) in enumerate(m.named_parameters()) if n.endswith("weight")][0]
+    assert not torch.equal(grads[2][w0], grads[3][w0])  # replays of the recorded graphs, with new seeds

@@ -151,6 +151,21 @@ struct BackwardOutputs {
   TensorView grad_bias;
 };
 
+// The stochastic-rounding seed of a backward (SPEC §5): `value`, plus, where `tensor` is given, the int64 held by that
+// one-element tensor (dtype s64, on the call's device) when the call's kernels run, the sum taken mod 2^64. A seed in
+// device memory is read by the kernels, not by the host: a CUDA graph that recorded the call, together with the
+// kernel that wrote the seed (a random draw on the GPU), rounds with a new seed at every replay, and the host never
+// waits for it. An integer converts to a Seed (no tensor).
+struct Seed {
+  uint64_t value = 0;
+  TensorView tensor;  // empty (no data): none
+  Seed() = default;
+  Seed(uint64_t v) : value(v) {}  // NOLINT(google-explicit-constructor): a plain integer seed
+  Seed(uint64_t v, const TensorView& t) : value(v), tensor(t) {}
+  // The same seed source advanced by `step` (the seed of a later chunk of one call).
+  Seed plus(uint64_t step) const { return Seed(value + step, tensor); }
+};
+
 // Rows of g_y per integer g_w GEMM (SPEC §4, "Long contractions"): the largest multiple of 256 whose HLA rows at
 // `rank`, padded to 16, fit int32 accumulation of 8-bit products (K * 127 * 127 < 2^31, K <= 133,144): 133,120 rows
 // at rank 16, 266,240 at rank 8. rank: 1..16.
@@ -160,19 +175,19 @@ int64_t gw_chunk_rows(int rank);
 // of x (needed for grad_weight). In exact mode use backward_linear_exact (or the raw-x overload below).
 // When grad_weight is requested and L > gw_chunk_rows(config.rank), the call runs as consecutive row chunks of
 // gw_chunk_rows rows (SPEC §4): chunk n is the backward of its rows alone with seed + n * 0x9E3779B97F4A7C15
-// (mod 2^64), its own per-tensor scales of g_y's operands, and its columns of the ABC buffer (whose one scale it
+// (mod 2^64; a seed tensor's value is added to each), its own per-tensor scales of g_y's operands, and its columns of the ABC buffer (whose one scale it
 // keeps); g_x rows are written chunk by chunk; g_w and g_b are each chunk's result rounded to the output's dtype,
 // summed in fp32 in chunk order and rounded once more. So the result equals the sum of the per-chunk calls.
 // weight_q: W~ from quantize_weight(weight, config.gx_bits) when the caller keeps it (checked against weight's shape,
 // device and config.gx_bits; its bytes are taken as they are), else nullptr and the call forms it.
 void backward_linear(const TensorView& grad_output, const TensorView& weight, const SavedActivation* saved,
-                     const Config& config, uint64_t seed, const BackwardOutputs& out, Stream stream = {},
+                     const Config& config, const Seed& seed, const BackwardOutputs& out, Stream stream = {},
                      const QuantizedWeight* weight_q = nullptr);
 // The same from the raw x (L x I float; read only when grad_weight is requested, else it may be an empty view):
 // x is compressed as compress_activation(x, config.rank) would (chunk by chunk, each chunk's rows with their own
 // scale, when the call is chunked). With config.exact this is backward_linear_exact.
 void backward_linear(const TensorView& grad_output, const TensorView& weight, const TensorView& x,
-                     const Config& config, uint64_t seed, const BackwardOutputs& out, Stream stream = {},
+                     const Config& config, const Seed& seed, const BackwardOutputs& out, Stream stream = {},
                      const QuantizedWeight* weight_q = nullptr);
 
 // HOT backward of a convolution over its im2col rows (SPEC §8): grad_output N*Ho*Wo x O (rows in geometry's raster
@@ -184,7 +199,7 @@ void backward_linear(const TensorView& grad_output, const TensorView& weight, co
 // largest multiple of 256 rows up to gw_chunk_rows, seeds as backward_linear's chunks). Otherwise the g_x GEMM
 // writes the columns in grad_input's dtype and col2im adds them onto the map (backward_linear's row chunks).
 void backward_conv2d(const TensorView& grad_output, const TensorView& weight, const SavedActivation* saved,
-                     const ConvGeometry& geometry, const Config& config, uint64_t seed, const BackwardOutputs& out,
+                     const ConvGeometry& geometry, const Config& config, const Seed& seed, const BackwardOutputs& out,
                      Stream stream = {}, const QuantizedWeight* weight_q = nullptr);
 
 // Exact (unquantised) backward from the raw x (L x I): fp32 accumulation (cuBLAS on CUDA).

@@ -12,7 +12,7 @@ namespace hot {
 // s4 is packed INT4 (SPEC §5): two's-complement nibbles, element 2k in the low nibble and 2k+1 in the
 // high nibble of byte k. Shapes and strides of an s4 view count elements (nibbles), not bytes; its
 // innermost dimension must be contiguous and even, and the data pointer addresses element 0.
-enum class DType : uint8_t { f32, f16, bf16, s8, s4, s32 };
+enum class DType : uint8_t { f32, f16, bf16, s8, s4, s32, s64 };
 
 const char* dtype_name(DType t);
 // Size in bits of one element (4 for s4).

@@ -422,6 +422,7 @@ void cast_f32(const TensorView& in, const TensorView& out, Stream) {
 
 void quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out, Stream s) {
   const int64_t L = gy.shape[0], O = gy.shape[1];
+  const uint64_t seed = plan.seed + (plan.seed_ptr != nullptr ? *plan.seed_ptr : 0);  // host memory on the CPU
   if (plan.gx) {
     // G~ = g_y blockdiag(H_b), row by row.
     Mat g(L, O);
@@ -447,7 +448,7 @@ void quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, cons
           sg[r] = sc.scale;
         }
         int8_t* dst = out.q_g.ptr<int8_t>() + r * out.q_g.strides[0];
-        quantize_row(g.row(r), O, sc, qmax, plan.rounding, plan.seed, rng_stream::gx_grad,
+        quantize_row(g.row(r), O, sc, qmax, plan.rounding, seed, rng_stream::gx_grad,
                      static_cast<uint64_t>(r * O), dst, 1);
         std::memset(dst + O, 0, static_cast<size_t>(O_pad - O));
       }
@@ -456,7 +457,7 @@ void quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, cons
   if (plan.gw) {
     Mat m(hla_rows(L, plan.rank), O);
     hla_dense(gy, plan.rank, m);
-    quantize_transposed(m, 127, plan.rounding, plan.seed, rng_stream::gw_grad, out.q_gh_t, out.s_gh.ptr<float>());
+    quantize_transposed(m, 127, plan.rounding, seed, rng_stream::gw_grad, out.q_gh_t, out.s_gh.ptr<float>());
   }
   if (plan.bias) bias_grad(gy, out.g_b, s);
 }

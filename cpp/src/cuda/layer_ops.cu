@@ -25,10 +25,13 @@ struct QgoKernels {
     const int smem = static_cast<int>(qgo_smem_bytes());
     HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo_kernel<T, 1, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo_kernel<T, 2, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo_kernel<T, 2, R, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     if constexpr (sizeof(T) == 2) {
       HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo16_kernel<T, 1, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(qgo16_smem_bytes(1))));
       HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo16_kernel<T, 2, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(qgo16_smem_bytes(2))));
+      HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo16_kernel<T, 2, R, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(qgo16_smem_bytes(2))));
     }
   }

@@ -82,6 +82,7 @@ struct QgoParams {
   bool stochastic;
   uint64_t seed;
   PhiloxKeys keys;      // the seed's Philox round keys (constant across the launch)
+  const uint64_t* seed_ptr;  // a seed in device memory (GradOutputPlan::seed_ptr), read by pass 2 (DeviceSeed)
   // bias
   bool bias;
   float* bias_partial;  // [n_row_tiles][O]
@@ -126,6 +127,24 @@ __device__ __forceinline__ void quant4(const float (&v)[4], int n, float inv, fl
     q[0] = qq[0], q[1] = qq[1], q[2] = qq[2], q[3] = qq[3];
   }
 }
+
+// Where pass 2 takes its stochastic-rounding key from. HostSeed: the seed's round keys in the kernel's parameters
+// (formed on the host, no key arithmetic in the kernel). DeviceSeed: the seed read from device memory once per thread
+// at the kernel's start (GradOutputPlan::seed_ptr: a seed drawn on the GPU, which a CUDA graph redraws at every
+// replay), its round keys formed per Philox call as philox4x32_10 does. The same bits for the same seed.
+struct HostSeed {
+  __device__ __forceinline__ Philox4 bits(const QgoParams& p, uint32_t stream, uint64_t group) const {
+    return sr_group_bits_keyed(p.keys, stream, group);
+  }
+  __device__ __forceinline__ uint64_t seed(const QgoParams& p) const { return p.seed; }
+};
+struct DeviceSeed {
+  uint64_t s;
+  __device__ __forceinline__ Philox4 bits(const QgoParams&, uint32_t stream, uint64_t group) const {
+    return sr_group_bits(s, stream, group);
+  }
+  __device__ __forceinline__ uint64_t seed(const QgoParams&) const { return s; }
+};
 
 // The 16-bit uniforms of rng.h (low / high half of a Philox word, times 2^-16) without an int-to-float
 // conversion: 1 + h * 2^-16 is exact in fp32 (16 mantissa bits), so subtracting 1 gives h * 2^-16 exactly.
@@ -225,7 +244,9 @@ __device__ __forceinline__ void gx_unit_amax(const QgoParams& p, const float (&x
 
 // G~, pass 2, one unit (16 columns x of row r from column c, r < L, c < O_pad): quantised and stored into q_g
 // (codes past O are the zero padding).
-__device__ __forceinline__ void gx_unit_quant_store(const QgoParams& p, const float (&x)[16], int64_t r, int64_t c) {
+template <class Key>
+__device__ __forceinline__ void gx_unit_quant_store(const QgoParams& p, const Key& key, const float (&x)[16], int64_t r,
+                                                    int64_t c) {
   uint32_t w[4] = {0u, 0u, 0u, 0u};
   if (c < p.O) {
     const float inv = p.gx_per_row ? p.inv_gx[r] : p.inv_gx[0];
@@ -238,7 +259,7 @@ __device__ __forceinline__ void gx_unit_quant_store(const QgoParams& p, const fl
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (c + 8 * h < p.O) {
-          const Philox4 b = sr_group_bits_keyed(p.keys, rng_stream::gx_grad, g0 + h);
+          const Philox4 b = key.bits(p, rng_stream::gx_grad, g0 + h);
           w[2 * h] = sr4_packed(x[8 * h], x[8 * h + 1], x[8 * h + 2], x[8 * h + 3], b.v[0], b.v[1], inv, pre, p.gx_qmax);
           w[2 * h + 1] =
               sr4_packed(x[8 * h + 4], x[8 * h + 5], x[8 * h + 6], x[8 * h + 7], b.v[2], b.v[3], inv, pre, p.gx_qmax);
@@ -252,7 +273,7 @@ __device__ __forceinline__ void gx_unit_quant_store(const QgoParams& p, const fl
         int8_t q[4] = {0, 0, 0, 0};
         if (nvalid > 0) {
           const float g[4] = {x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]};
-          quant4(g, nvalid, inv, pre, p.gx_qmax, p.stochastic, p.seed, rng_stream::gx_grad,
+          quant4(g, nvalid, inv, pre, p.gx_qmax, p.stochastic, key.seed(p), rng_stream::gx_grad,
                  static_cast<uint64_t>(r * p.O + ci), q);
         }
         w[i] = pack4(q);
@@ -272,9 +293,9 @@ __device__ __forceinline__ void gx_unit_quant_store(const QgoParams& p, const fl
 // codes in q_g (pass 2). Only the tile's column groups below max(O, O_pad) are walked (a narrow g_y, O = 64, has 4 of
 // the 16: the threads share those instead of 3 in 4 transforming zeros), except with per-token scales, whose amax
 // reduction needs 16 consecutive lanes on one row.
-template <int PASS, class Tile>
-__device__ __forceinline__ void gx_transform(const QgoParams& p, const Tile& tile, int64_t r0, int64_t c0,
-                                             uint32_t& amax_gx) {
+template <int PASS, class Tile, class Key>
+__device__ __forceinline__ void gx_transform(const QgoParams& p, const Key& key, const Tile& tile, int64_t r0,
+                                             int64_t c0, uint32_t& amax_gx) {
   const int64_t width = std::max(p.O, p.O_pad) - c0;  // > 0 for every column tile
   const int groups = p.gx_per_row || width >= kTileCols ? kTileCols / 16 : static_cast<int>((width + 15) / 16);
 #pragma unroll 1
@@ -288,7 +309,7 @@ __device__ __forceinline__ void gx_transform(const QgoParams& p, const Tile& til
     if (PASS == 1) {
       gx_unit_amax(p, x, r, amax_gx);
     } else if (r < p.L && c < p.O_pad) {
-      gx_unit_quant_store(p, x, r, c);
+      gx_unit_quant_store(p, key, x, r, c);
     }
   }
 }
@@ -327,8 +348,10 @@ __device__ __forceinline__ void gw_load_transform(const Tile& tile, int jb, int 
 // cg8+3 and cg8+4 .. cg8+7): for the row pair (k, k+1) the even lane draws row k, the odd lane row k+1, and each
 // passes the partner the two words of the partner's columns. The conditions of the loop are warp-uniform (jb is
 // per warp), so every lane reaches the shuffles.
-__device__ __forceinline__ void gw_quant_sr8(const QgoParams& p, const float (&hx)[16][4], int rank, int64_t jglob,
-                                             int64_t nb, int64_t cg, int nvalid, uint32_t (&packed)[4][4]) {
+template <class Key>
+__device__ __forceinline__ void gw_quant_sr8(const QgoParams& p, const Key& key, const float (&hx)[16][4], int rank,
+                                             int64_t jglob, int64_t nb, int64_t cg, int nvalid,
+                                             uint32_t (&packed)[4][4]) {
   const int par = threadIdx.x & 1;
   const int64_t cg8 = cg - 4 * par;  // multiple of 8
   const float inv = p.inv_gw[0], pre = p.pre_gw[0];
@@ -338,7 +361,7 @@ __device__ __forceinline__ void gw_quant_sr8(const QgoParams& p, const float (&h
     for (int k = 0; k < 16; k += 2) {
       if (k < rank) {
         const uint64_t e = static_cast<uint64_t>((jglob * rank + k + par) * p.O + cg8);
-        const Philox4 b = sr_group_bits_keyed(p.keys, rng_stream::gw_grad, e >> 3);
+        const Philox4 b = key.bits(p, rng_stream::gw_grad, e >> 3);
         const uint32_t s0 = par ? b.v[0] : b.v[2], s1 = par ? b.v[1] : b.v[3];
         const uint32_t m0 = par ? b.v[2] : b.v[0], m1 = par ? b.v[3] : b.v[1];
         const uint32_t r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
@@ -368,9 +391,9 @@ __device__ __forceinline__ void gw_quant_sr8(const QgoParams& p, const float (&h
 
 // G^, the other cases: the amax of the kept rows k < rank (pass 1), or their codes into packed[v][k / 4] (pass 2:
 // round-to-nearest, or stochastic by the generic per-element path).
-template <int PASS>
-__device__ __forceinline__ void gw_amax_or_quant(const QgoParams& p, const float (&hx)[16][4], int rank, int64_t jglob,
-                                                 int64_t nb, int64_t cg, int nvalid, uint32_t& amax_gw,
+template <int PASS, class Key>
+__device__ __forceinline__ void gw_amax_or_quant(const QgoParams& p, const Key& key, const float (&hx)[16][4], int rank,
+                                                 int64_t jglob, int64_t nb, int64_t cg, int nvalid, uint32_t& amax_gw,
                                                  uint32_t (&packed)[4][4]) {
   if (PASS == 2 && !p.stochastic && nvalid == 4) {
     // Round-to-nearest of 4 whole columns (the common case): the scale read and tested once, no per-row branches.
@@ -400,7 +423,7 @@ __device__ __forceinline__ void gw_amax_or_quant(const QgoParams& p, const float
         for (int v = 0; v < 4; ++v) amax_gw = max(amax_gw, amax_key(h[v]));
       } else if (nvalid > 0 && jglob < nb) {
         int8_t q[4] = {0, 0, 0, 0};
-        quant4(h, nvalid, p.inv_gw[0], p.pre_gw[0], 127, p.stochastic, p.seed, rng_stream::gw_grad,
+        quant4(h, nvalid, p.inv_gw[0], p.pre_gw[0], 127, p.stochastic, key.seed(p), rng_stream::gw_grad,
                static_cast<uint64_t>((jglob * rank + k) * p.O + cg), q);
 #pragma unroll
         for (int v = 0; v < 4; ++v)
@@ -412,9 +435,9 @@ __device__ __forceinline__ void gw_amax_or_quant(const QgoParams& p, const float
 
 // The g_w projection: G^ of the thread's (row block jb, 4 columns c4) and its amax (pass 1) or codes of the kept
 // rows, packed[v][k / 4] byte k % 4 = code of row k, column c4 + v (pass 2; zeros outside L x O).
-template <int PASS, class Tile>
-__device__ __forceinline__ void gw_projection(const QgoParams& p, const Tile& tile, int rank, int64_t rt, int64_t c0,
-                                              int jb, int c4, uint32_t& amax_gw, uint32_t (&packed)[4][4]) {
+template <int PASS, class Tile, class Key>
+__device__ __forceinline__ void gw_projection(const QgoParams& p, const Key& key, const Tile& tile, int rank, int64_t rt,
+                                              int64_t c0, int jb, int c4, uint32_t& amax_gw, uint32_t (&packed)[4][4]) {
   const int64_t nb = (p.L + 15) / 16;
   const int64_t jglob = rt * kRowBlocks + jb;
   float hx[16][4];
@@ -422,9 +445,9 @@ __device__ __forceinline__ void gw_projection(const QgoParams& p, const Tile& ti
   const int64_t cg = c0 + c4;
   const int nvalid = static_cast<int>(std::min<int64_t>(4, std::max<int64_t>(0, p.O - cg)));
   if (PASS == 2 && p.sr8) {
-    gw_quant_sr8(p, hx, rank, jglob, nb, cg, nvalid, packed);
+    gw_quant_sr8(p, key, hx, rank, jglob, nb, cg, nvalid, packed);
   } else {
-    gw_amax_or_quant<PASS>(p, hx, rank, jglob, nb, cg, nvalid, amax_gw, packed);
+    gw_amax_or_quant<PASS>(p, key, hx, rank, jglob, nb, cg, nvalid, amax_gw, packed);
   }
 }
 
@@ -499,18 +522,18 @@ __device__ __forceinline__ void stage_qgh_t(const QgoParams& p, const uint32_t (
 
 // The whole tile: G~ (amax in pass 1; quantised and stored in pass 2), the g_b column sums (pass 1) and G^ (amax;
 // quantised, staged in `stage` and stored transposed). amax_gx / amax_gw accumulate this thread's maxima.
-template <int PASS, int R, class Tile>
-__device__ __forceinline__ void qgo_tile(const QgoParams& p, const Tile& tile, int64_t rt, int64_t ct,
+template <int PASS, int R, class Tile, class Key>
+__device__ __forceinline__ void qgo_tile(const QgoParams& p, const Key& key, const Tile& tile, int64_t rt, int64_t ct,
                                          unsigned char* stage, uint32_t& amax_gx, uint32_t& amax_gw) {
   const int rank = R > 0 ? R : p.rank;  // HLA rank: compile-time (R) or run-time (R == 0)
   const int64_t r0 = rt * kTileRows, c0 = ct * kTileCols;
-  if (p.gx) gx_transform<PASS>(p, tile, r0, c0, amax_gx);
+  if (p.gx) gx_transform<PASS>(p, key, tile, r0, c0, amax_gx);
   if (PASS == 1 && p.bias) bias_partials(p, tile, rt, c0);
   if (p.gw) {
     // G^: thread = (row block jb, 4 columns c4)
     const int jb = threadIdx.x / 64, c4 = (threadIdx.x % 64) * 4;
     uint32_t packed[4][4] = {};  // pass 2: [v][k / 4] bytes of q
-    gw_projection<PASS>(p, tile, rank, rt, c0, jb, c4, amax_gw, packed);
+    gw_projection<PASS>(p, key, tile, rank, rt, c0, jb, c4, amax_gw, packed);
     if (PASS == 2) stage_qgh_t<Tile>(p, packed, rank, rt, c0, jb, c4, stage);
   }
 }
@@ -531,7 +554,8 @@ __device__ __forceinline__ void qgo_publish_amax(const QgoParams& p, uint32_t am
   }
 }
 
-template <typename T, int PASS, int R>
+// DS: the stochastic-rounding seed is read from device memory (DeviceSeed; pass 2 with p.seed_ptr only).
+template <typename T, int PASS, int R, bool DS = false>
 __global__ void __launch_bounds__(kThreads, qgo_min_ctas(PASS, R)) qgo_kernel(const T* __restrict__ gy, QgoParams p) {
   HOT_DYNAMIC_SMEM(smem);
   float(*tile)[kTileCols] = reinterpret_cast<float(*)[kTileCols]>(smem);
@@ -576,7 +600,11 @@ __global__ void __launch_bounds__(kThreads, qgo_min_ctas(PASS, R)) qgo_kernel(co
   __syncthreads();
 
   uint32_t amax_gx = 0, amax_gw = 0;
-  qgo_tile<PASS, R>(p, tf, rt, ct, smem, amax_gx, amax_gw);
+  if constexpr (DS) {
+    qgo_tile<PASS, R>(p, DeviceSeed{p.seed + *p.seed_ptr}, tf, rt, ct, smem, amax_gx, amax_gw);
+  } else {
+    qgo_tile<PASS, R>(p, HostSeed{}, tf, rt, ct, smem, amax_gx, amax_gw);
+  }
 
   if (PASS == 1) qgo_publish_amax(p, amax_gx, amax_gw, smem);
 }
@@ -621,7 +649,7 @@ struct TileRaw16 {
   }
 };
 
-template <typename T, int PASS, int R>
+template <typename T, int PASS, int R, bool DS = false>
 __global__ void __launch_bounds__(kThreads, qgo16_min_ctas(PASS, R)) qgo16_kernel(const T* __restrict__ gy, QgoParams p) {
   static_assert(sizeof(T) == 2, "16-bit inputs only");
   HOT_DYNAMIC_SMEM(smem);
@@ -657,7 +685,12 @@ __global__ void __launch_bounds__(kThreads, qgo16_min_ctas(PASS, R)) qgo16_kerne
   __syncthreads();
 
   uint32_t amax_gx = 0, amax_gw = 0;
-  qgo_tile<PASS, R>(p, TileRaw16<T>{smem}, rt, ct, smem + kRawTileBytes, amax_gx, amax_gw);
+  if constexpr (DS) {
+    qgo_tile<PASS, R>(p, DeviceSeed{p.seed + *p.seed_ptr}, TileRaw16<T>{smem}, rt, ct, smem + kRawTileBytes, amax_gx,
+                      amax_gw);
+  } else {
+    qgo_tile<PASS, R>(p, HostSeed{}, TileRaw16<T>{smem}, rt, ct, smem + kRawTileBytes, amax_gx, amax_gw);
+  }
 
   if (PASS == 1) qgo_publish_amax(p, amax_gx, amax_gw, smem);  // its first barrier: everyone is done with the tile
 }
@@ -741,6 +774,7 @@ QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradO
   p.stochastic = plan.rounding == Rounding::stochastic;
   p.seed = plan.seed;
   p.keys = philox_keys(plan.seed);
+  p.seed_ptr = p.stochastic ? plan.seed_ptr : nullptr;
   p.bias = plan.bias;
   su.n_ct = (std::max(p.O_pad, O) + kTileCols - 1) / kTileCols;
 
@@ -782,13 +816,23 @@ void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutput
     constexpr int P = decltype(pass_tag)::value;
     const auto run = [&](auto r_tag) {
       constexpr int R = decltype(r_tag)::value;
-      if constexpr (sizeof(T) == 2) {
-        if (su.raw16) {
-          launch(qgo16_kernel<T, P, R>, grid, kThreads, qgo16_smem_bytes(P), src, pp);
+      const auto go = [&](auto ds_tag) {
+        constexpr bool DS = decltype(ds_tag)::value;
+        if constexpr (sizeof(T) == 2) {
+          if (su.raw16) {
+            launch(qgo16_kernel<T, P, R, DS>, grid, kThreads, qgo16_smem_bytes(P), src, pp);
+            return;
+          }
+        }
+        launch(qgo_kernel<T, P, R, DS>, grid, kThreads, qgo_smem_bytes(), src, pp);
+      };
+      if constexpr (P == 2) {  // the only pass that rounds stochastically
+        if (pp.seed_ptr != nullptr) {
+          go(std::true_type{});
           return;
         }
       }
-      launch(qgo_kernel<T, P, R>, grid, kThreads, qgo_smem_bytes(), src, pp);
+      go(std::false_type{});
     };
     if (su.fixed_rank == 8) {
       run(std::integral_constant<int, 8>{});

@@ -674,6 +674,44 @@ TEST_F(Cuda_BackwardLinear, BitExactVsCpu) {
         }
 }
 
+// A seed in device memory (hot::Seed with a tensor: what a CUDA graph of a training step uses), read by pass 2's
+// DeviceSeed kernels: the CPU's bytes for the integer seed it sums to (16-bit and fp32 g_y, O with and without
+// 8-element RNG groups), and other bytes once the stored seed changes between two calls.
+TEST_F(Cuda_BackwardLinear, DeviceSeedBitExactVsCpu) {
+  struct Shape3 {
+    int64_t L, O, I;
+  };
+  uint64_t seed = 1700;
+  for (DType dt : kFloatTypes)
+    for (Shape3 s : {Shape3{197, 48, 40}, Shape3{515, 30, 77}, Shape3{4099, 264, 96}}) {
+      SCOPED_TRACE(testing::Message() << dt_name(dt) << " L " << s.L << " O " << s.O << " I " << s.I);
+      hot::Config cfg;
+      HostTensor x = rand_float(dt, s.L, s.I, seed++);
+      HostTensor w = rand_float(dt, s.O, s.I, seed++, -1, 0.05f);
+      HostTensor gy = rand_float(dt, s.L, s.O, seed++);
+      DevTensor dx(x), dw(w), dgy(gy);
+      hot::SavedActivation sc = hot::compress_activation(x, cfg.rank);
+      hot::SavedActivation sg = hot::compress_activation(dx, cfg.rank, st());
+      const hot::Tensor stored = hot::Tensor::empty(DType::s64, {}, dgy.view().device, st());
+      const uint64_t value = 0x5eed0000ull + seed, offset = 0xfffffffffff00000ull;  // the sum wraps around 2^64
+      for (int call = 0; call < 2; ++call) {
+        const uint64_t full = value + static_cast<uint64_t>(call) * 7919u;
+        const uint64_t in_memory = full - offset;
+        ASSERT_EQ(cudaMemcpyAsync(stored.view().data, &in_memory, 8, cudaMemcpyHostToDevice,
+                                  static_cast<cudaStream_t>(st().handle)),
+                  cudaSuccess);
+        HostTensor gxc = out2d(dt, s.L, s.I), gwc = out2d(dt, s.O, s.I), gbc = out1d(DType::f32, s.O);
+        HostTensor gxg = gxc, gwg = gwc, gbg = gbc;
+        DevTensor dgx(gxg), dgw(gwg), dgb(gbg);
+        hot::backward_linear(gy, w, &sc, cfg, full, {gxc, gwc, gbc});
+        hot::backward_linear(dgy, dw, &sg, cfg, hot::Seed(offset, stored.view()), {dgx, dgw, dgb}, st());
+        sync();
+        EXPECT_TRUE(all_bytes_equal(gxc, dgx.to_host())) << "grad_input, call " << call;
+        EXPECT_TRUE(all_bytes_equal(gwc, dgw.to_host())) << "grad_weight, call " << call;
+      }
+    }
+}
+
 // backward_conv2d: g_x by the transposed convolution of G~'s codes (CUTLASS's int8 conv on sm_80+, the element-wise
 // kernel elsewhere) or by columns and col2im (strided, patch order), long calls in chunks of whole images: all equal
 // to the CPU's bytes.

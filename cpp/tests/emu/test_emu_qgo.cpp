@@ -47,7 +47,9 @@ void emu_quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, 
 using Case = hot_cuda_test::QgoCase;
 
 // `special`: 0 = normal data, 1 = a NaN and an Inf in g_y, 2 = rows of tiny magnitude (the pre-scaled path).
-void run_case(DType dt, const Case& c, uint64_t seed, int special) {
+// device_seed: the emulated kernels take the seed from memory (GradOutputPlan::seed_ptr: pass 2's DeviceSeed
+// kernels), a stored value plus the plan's offset whose sum (mod 2^64) is the CPU run's seed.
+void run_case(DType dt, const Case& c, uint64_t seed, int special, bool device_seed = false) {
   SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " L " << c.L << " O " << c.O << " bits " << c.bits << " "
                                   << hot::scale_mode_name(c.sm) << " " << hot::rounding_name(c.rd) << " gx " << c.gx
                                   << " gw " << c.gw << " bias " << c.bias << " rank " << c.rank << " special " << special);
@@ -60,6 +62,12 @@ void run_case(DType dt, const Case& c, uint64_t seed, int special) {
       for (int64_t o = 0; o < c.O; ++o) gy.setf(l, o, gy.getf(l, o) * 1e-38f);
   }
   const GradOutputPlan plan = hot_cuda_test::qgo_plan(c, seed);
+  GradOutputPlan eplan = plan;
+  const uint64_t stored = plan.seed * 0x9E3779B97F4A7C15ull + 0x123456789ull;  // the sum wraps around 2^64
+  if (device_seed) {
+    eplan.seed = plan.seed - stored;
+    eplan.seed_ptr = &stored;
+  }
   const int64_t Op = hot::padded_k(c.O), Kp = hot::padded_k(hot::hla_rows(c.L, c.rank));
   HostTensor qg = out2d(DType::s8, c.L, Op), sg = out1d(DType::f32, c.sm == ScaleMode::tensor ? 1 : c.L);
   HostTensor qh = out2d(DType::s8, c.O, Kp), sh = out1d(DType::f32, 1), gb = out1d(dt, c.O);
@@ -69,7 +77,7 @@ void run_case(DType dt, const Case& c, uint64_t seed, int special) {
   if (c.gw) oc.q_gh_t = qh, oc.s_gh = sh, oe.q_gh_t = eqh, oe.s_gh = esh;
   if (c.bias) oc.g_b = gb, oe.g_b = egb;
   hot::cpu::quantize_grad_output(gy, plan, oc, {});
-  emu_quantize_grad_output(gy, plan, oe);
+  emu_quantize_grad_output(gy, eplan, oe);
   if (c.gx) {
     EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qg, eqg)) << "q_g";
     EXPECT_TRUE(hot_cuda_test::all_bytes_equal(sg, esg)) << "s_g";
@@ -164,6 +172,19 @@ TEST_P(Emu_QuantizeGradOutput, RunTimeRankKernelsAtFixedRanks) {
         }
   }
   hot::cuda::g_qgo_fixed_rank = true;
+}
+
+// A seed read from device memory by the kernels (a seed drawn on the GPU, CUDA graphs): the same bytes as the host
+// seed it sums to, for 16-bit (qgo16_kernel) and fp32 (qgo_kernel) inputs, O with and without 8-element RNG groups,
+// per-tensor and per-token g_x scales, compiled-in and run-time ranks.
+TEST_P(Emu_QuantizeGradOutput, DeviceSeedBitExactVsCpu) {
+  uint64_t seed = 6800;
+  for (DType dt : kDtypes)
+    for (int64_t O : {24, 30, 300}) {
+      run_case(dt, {130, O, 4, ScaleMode::tensor, Rounding::stochastic, true, true, true, 8}, seed++, 0, true);
+      run_case(dt, {67, O, 8, ScaleMode::token, Rounding::stochastic, true, true, false, 5}, seed++, 0, true);
+      run_case(dt, {17, O, 4, ScaleMode::tensor, Rounding::stochastic, true, true, false, 16}, seed++, 0, true);
+    }
 }
 
 TEST_P(Emu_CompressActivation, BitExactVsCpu) {

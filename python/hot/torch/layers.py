@@ -88,10 +88,12 @@ def _keep_mode(weight: Tensor, config) -> int:
     return ops.KEEP_RAW if config.exact else ops.KEEP_COMPRESSED
 
 
-def _seed(config) -> Tensor:
+def _seed(config, device) -> Tensor:
+    """The seed of a compiled layer call: drawn on the layer's device (ops.draw_seed), or 0 there without stochastic
+    rounding (no CPU tensor in the graph: a CUDA graph can hold the whole step)."""
     if config.rounding == "stochastic" and not config.exact:
-        return ops.draw_seed()
-    return torch.zeros((), dtype=torch.int64)
+        return ops.draw_seed(device)
+    return torch.zeros((), dtype=torch.int64, device=device)
 
 
 @functools.lru_cache(maxsize=256)
@@ -144,7 +146,7 @@ def _linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], config, ac:
         x, weight, bias = _cast(x, dt), _cast(weight, dt), _cast(bias, dt)
     _check_inputs("Linear", x, weight, bias, ac)
     plan = _plan(config)
-    seed = int(ops.draw_seed().item()) if plan[0] else 0
+    seed = ops.draw_seed(x.device) if plan[0] else 0
     keep = plan[1] if weight.requires_grad else ops.KEEP_NOTHING
     if keep == ops.KEEP_COMPRESSED and x is x_in and _kept_by_producer(x):
         keep = ops.KEEP_RAW
@@ -167,7 +169,7 @@ def hot_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, config=
         _check_inputs("Linear", x, weight, bias, True)
     x, weight, bias, ac = _autocast_cast(x, weight, bias)
     _check_inputs("Linear", x, weight, bias, ac)
-    return ops.linear(x, weight, bias, _seed(config), _keep_mode(weight, config), config)
+    return ops.linear(x, weight, bias, _seed(config, x.device), _keep_mode(weight, config), config)
 
 
 def _pair(name: str, v) -> List[int]:
@@ -206,7 +208,9 @@ def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride=1, padd
         keep = ops.KEEP_RAW
     if _layer is not None:  # what the layer keeps, for hot.torch.summary
         _layer.__dict__["_hot_keeps_input"] = keep == ops.KEEP_RAW and not config.exact
-    y = ops.conv2d(x, weight, bias, _seed(config), stride, padding, dilation, keep, config, reuse)
+    compiling = torch.compiler.is_compiling()
+    seed = _seed(config, x.device) if compiling else (ops.draw_seed(x.device) if _plan(config)[0] else 0)
+    y = ops.conv2d(x, weight, bias, seed, stride, padding, dilation, keep, config, reuse)
     return y.squeeze(0) if unbatched else y
 
 

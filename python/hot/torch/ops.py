@@ -41,9 +41,11 @@ them. Both routes run the same bodies, which reach the engine through the one in
 ``hot._api`` (``_compress``, ``_backward_linear``), as the public functions do; they give the same tensors for the
 same seed (tested).
 
-Stochastic-rounding seeds are drawn from torch's default CPU generator at each forward call of each
-layer (one int64 draw), so ``torch.manual_seed`` makes runs reproducible and seeds differ per step and
-per layer. The seed travels as a 0-d int64 CPU tensor, so compiled graphs do not specialise on it. Under
+Stochastic-rounding seeds are drawn at each forward call of each layer (one int64 draw) by torch's default generator
+of the layer's device (the CPU's, or the GPU's for a CUDA layer), so ``torch.manual_seed`` makes runs reproducible and
+seeds differ per step and per layer. The seed travels as a 0-d int64 tensor on that device, which the engine's kernels
+read when they run (SPEC §5): compiled graphs do not specialise on it, the host never reads it, and a CUDA graph of a
+step (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``) draws a new one at every replay. Under
 ``torch.compile`` with the inductor backend the draw is traced with the graph and inductor replaces torch's random
 ops by its own generator, so a compiled model draws other seeds than the eager one after the same
 ``torch.manual_seed`` (each reproducible on its own); ``torch._inductor.config.fallback_random = True`` keeps torch's.
@@ -77,9 +79,16 @@ def padded_k(rows, rank: int):
     return (k + 15) // 16 * 16
 
 
-def draw_seed() -> Tensor:
-    """One stochastic-rounding seed from torch's default generator (0-d int64, CPU)."""
-    return torch.randint(0, _SEED_HIGH, (), dtype=torch.int64)
+def draw_seed(device=None) -> Tensor:
+    """One stochastic-rounding seed (0-d int64) drawn on ``device`` (default: the CPU) by torch's default generator of
+    that device: a layer's seed is drawn on the layer's device, where the engine's kernels read it (SPEC §5), so that
+    a CUDA graph of the step draws a new one at each replay."""
+    return torch.randint(0, _SEED_HIGH, (), dtype=torch.int64, device=device)
+
+
+def _seed_for(seed, like: Tensor):
+    """A seed tensor on like's device (the layers draw it there; a seed given elsewhere is copied); an int as it is."""
+    return seed if not isinstance(seed, Tensor) or seed.device == like.device else seed.to(like.device)
 
 
 @functools.lru_cache(maxsize=None)
@@ -133,13 +142,13 @@ def _compress(x: Tensor, cfg) -> Tuple[Tensor, Tensor]:
 
 
 def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tensor], scale: Optional[Tensor],
-                     seed: int, cfg, need_gx: bool, need_gw: bool, need_gb: bool, gx_shape, reuse=None,
+                     seed, cfg, need_gx: bool, need_gw: bool, need_gb: bool, gx_shape, reuse=None,
                      gw_dtype: Optional[str] = None):
     """``hot.backward_linear(g.reshape(-1, O), w, saved, bias=need_gb, config=cfg, seed=seed, ...)`` for a
     contiguous g (..., O) and w (O x I), where saved is the raw x (contiguous, L x I elements, given only when g_w
     is needed) or else the ABC buffer (q, scale) of L x I; g_x comes back shaped gx_shape (g's leading dims, I).
     reuse: (WeightReuse, parameter, its version at the forward) of a layer called inside weight_reuse, else None.
-    gw_dtype: g_w's dtype name when not g's."""
+    gw_dtype: g_w's dtype name when not g's. seed: an int, or the 0-d int64 seed tensor on g's device."""
     O = g.shape[-1]
     I = w.shape[1]
     L = math.prod(g.shape[:-1])
@@ -147,7 +156,7 @@ def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tens
         gw_dt = g.dtype if gw_dtype is None else getattr(torch, gw_dtype)
         return (g.new_zeros(gx_shape) if need_gx else None, g.new_zeros((O, I), dtype=gw_dt) if need_gw else None,
                 g.reshape(L, O).sum(0) if need_gb else None)
-    if not 0 <= seed <= _UINT64_MAX:
+    if not isinstance(seed, Tensor) and not 0 <= seed <= _UINT64_MAX:
         _api._seed("backward_linear", seed)  # raises, naming the seed
     c = _call("backward_linear", g)
     saved = None
@@ -157,13 +166,13 @@ def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tens
     return _api._backward_linear(c, g, w, saved, gx_shape, need_gx, need_gw, need_gb, cfg, seed, wq, gw_dtype)
 
 
-def _backward_conv2d(g: Tensor, w: Tensor, q: Optional[Tensor], scale: Optional[Tensor], seed: int, cfg, x_shape,
+def _backward_conv2d(g: Tensor, w: Tensor, q: Optional[Tensor], scale: Optional[Tensor], seed, cfg, x_shape,
                      kernel, stride, padding, dilation, patches: bool, need_gx: bool, need_gw: bool, need_gb: bool,
                      reuse=None, gw_dtype: Optional[str] = None):
     """``hot::backward_conv2d`` of a non-empty convolution (not exact) from its contiguous g_y rows g (N*Ho*Wo x O),
     its weight columns w (O x kh*kw*C) and the ABC buffer (q, scale) of its im2col columns (given when g_w is
     needed): (g_x as the channels-last map N*H*W x C, g_w, g_b). reuse and gw_dtype as in :func:`_backward_linear`."""
-    if not 0 <= seed <= _UINT64_MAX:
+    if not isinstance(seed, Tensor) and not 0 <= seed <= _UINT64_MAX:
         _api._seed("backward_conv2d", seed)  # raises, naming the seed
     c = _call("backward_conv2d", g)
     L, CKK = g.shape[0], w.shape[1]
@@ -251,7 +260,7 @@ def _linear_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], keep: int
     return y, _empty(x, torch.int8), _empty(x, torch.float32)
 
 
-def _linear_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, cfg, need_gx, need_gw, need_gb,
+def _linear_backward_body(grad_y, weight, x, q, scale, seed, x_shape, cfg, need_gx, need_gw, need_gb,
                           reuse=None):
     """hot.backward_linear for the layer; (g_x, g_w, g_b) with None for what was not requested."""
     return _backward_linear(grad_y.contiguous(), weight.contiguous(),
@@ -279,8 +288,8 @@ def _linear_fake(x, weight, bias, seed, keep, config):
 def linear_backward_op(grad_y: Tensor, weight: Tensor, x: Optional[Tensor], q: Tensor, scale: Tensor,
                        seed: Tensor, x_shape: List[int], config: int, need_gx: bool, need_gw: bool,
                        need_gb: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    gx, gw, gb = _linear_backward_body(grad_y, weight, x, q, scale, int(seed.item()), x_shape, config_of(config),
-                                       need_gx, need_gw, need_gb)
+    gx, gw, gb = _linear_backward_body(grad_y, weight, x, q, scale, _seed_for(seed, grad_y), x_shape,
+                                       config_of(config), need_gx, need_gw, need_gb)
     return _or_empty(gx, grad_y), _or_empty(gw, grad_y), _or_empty(gb, grad_y)
 
 
@@ -310,9 +319,10 @@ def _needs(ctx):
             ctx.has_bias and ctx.needs_input_grad[2])
 
 
-def _save_eager(ctx, x, weight, bias, q, scale, seed: int, keep, cfg):
+def _save_eager(ctx, x, weight, bias, q, scale, seed, keep, cfg):
     """What the eager autograd.Functions keep: the tensors of _save_for_backward, only those the backward reads (q and
-    scale only when compressed, no empty placeholders), the seed as an int and the hot.Config itself."""
+    scale only when compressed, no empty placeholders), the seed (its tensor, or 0 without stochastic rounding) and the
+    hot.Config itself."""
     ctx.save_for_backward(x if keep == KEEP_RAW else None, weight, q, scale)
     ctx.seed, ctx.x_shape, ctx.keep, ctx.has_bias, ctx.cfg = seed, x.shape, keep, bias is not None, cfg
 
@@ -401,8 +411,9 @@ class _LinearFunction(torch.autograd.Function):
             grad_y, w, x, q, s, ctx.seed, ctx.x_shape, ctx.cfg, *needs, reuse=ctx.reuse))
 
 
-def linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: int, keep: int, cfg, reuse=None) -> Tensor:
-    """The eager route of :func:`linear` with the seed as an int (the layers' entry point; not for torch.compile);
+def linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed, keep: int, cfg, reuse=None) -> Tensor:
+    """The eager route of :func:`linear` with the seed as a 0-d int64 tensor on x's device, or 0 without stochastic
+    rounding (the layers' entry point; not for torch.compile);
     reuse: :func:`reuse_of` the layer's parameter."""
     return _LinearFunction.apply(x, weight, bias, (seed, keep, cfg, reuse))
 
@@ -414,7 +425,7 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep
     KEEP_NOTHING when no g_w is wanted)."""
     if torch.compiler.is_compiling():
         return torch.ops.hot.linear(x, weight, bias, seed, keep, config.code)[0]
-    return _LinearFunction.apply(x, weight, bias, (int(seed.item()), keep, config, None))
+    return _LinearFunction.apply(x, weight, bias, (_seed_for(seed, x), keep, config, None))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -616,7 +627,7 @@ def _channels_last(t: Tensor) -> bool:
     return not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
 
 
-def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, stride, padding, dilation, cfg, need_gx,
+def _conv2d_backward_body(grad_y, weight, x, q, scale, seed, x_shape, stride, padding, dilation, cfg, need_gx,
                           need_gw, need_gb, reuse=None):
     N, C, H, W = x_shape
     O, _, kh, kw = weight.shape
@@ -676,7 +687,7 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed: int, x_shape, strid
 def conv2d_backward_op(grad_y: Tensor, weight: Tensor, x: Optional[Tensor], q: Tensor, scale: Tensor, seed: Tensor,
                        x_shape: List[int], stride: List[int], padding: List[int], dilation: List[int], config: int,
                        need_gx: bool, need_gw: bool, need_gb: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    gx, gw, gb = _conv2d_backward_body(grad_y, weight, x, q, scale, int(seed.item()), x_shape, stride, padding,
+    gx, gw, gb = _conv2d_backward_body(grad_y, weight, x, q, scale, _seed_for(seed, grad_y), x_shape, stride, padding,
                                        dilation, config_of(config), need_gx, need_gw, need_gb)
     return _or_empty(gx, grad_y), _or_empty(gw, grad_y), _or_empty(gb, grad_y)
 
@@ -735,10 +746,11 @@ class _Conv2dFunction(torch.autograd.Function):
             grad_y, w, x, q, s, ctx.seed, ctx.x_shape, *ctx.geom, ctx.cfg, *needs, reuse=ctx.reuse))
 
 
-def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, stride: List[int], padding: List[int],
+def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed, stride: List[int], padding: List[int],
            dilation: List[int], keep: int, config, reuse=None) -> Tensor:
     """y = F.conv2d(...) with HOT's backward at ``config`` (a hot.Config): the custom op under torch.compile, else
-    the eager autograd.Function (reuse: :func:`reuse_of` the layer's parameter)."""
+    the eager autograd.Function (reuse: :func:`reuse_of` the layer's parameter). seed: a 0-d int64 tensor (an int
+    in eager mode, 0 without stochastic rounding)."""
     if torch.compiler.is_compiling():
         return torch.ops.hot.conv2d(x, weight, bias, seed, stride, padding, dilation, keep, config.code)[0]
-    return _Conv2dFunction.apply(x, weight, bias, int(seed.item()), stride, padding, dilation, keep, config, reuse)
+    return _Conv2dFunction.apply(x, weight, bias, _seed_for(seed, x), stride, padding, dilation, keep, config, reuse)

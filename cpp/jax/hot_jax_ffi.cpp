@@ -25,7 +25,8 @@
 //                                attributes kh, kw, sh, sw, ph, pw, dh, dw, patches (0/1), rank: i32
 // The seed operand holds two words of jax.random.bits(key, (2,), uint32); the 64-bit seed of the stochastic rounding
 // is word0 | word1 << 32 (hot.jax.seed_from_key documents and computes the same). It is an operand, not an
-// attribute, so a jitted step compiles once whatever its key.
+// attribute, so a jitted step compiles once whatever its key. On the GPU the kernels read it where it is (hot::Seed):
+// the host never waits for it, and a step XLA records in a CUDA graph rounds with the seed of each run.
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -172,7 +173,7 @@ hot::SavedActivation saved_buffer(const char* op, hot::Device dev, const ffi::An
   return saved;
 }
 
-void backward(hot::Device dev, hot::Stream stream, uint64_t seed, const ffi::AnyBuffer& gy, const ffi::AnyBuffer& w,
+void backward(hot::Device dev, hot::Stream stream, const hot::Seed& seed, const ffi::AnyBuffer& gy, const ffi::AnyBuffer& w,
               const ffi::AnyBuffer& q, const ffi::AnyBuffer& scale, ffi::AnyBuffer gx, ffi::AnyBuffer gw,
               const ffi::AnyBuffer* gb, const hot::Config& config) {
   const char* op = "hot.jax backward_linear";
@@ -197,7 +198,7 @@ struct ConvAttrs {
   int32_t n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, patches;
 };
 
-void backward_conv(hot::Device dev, hot::Stream stream, uint64_t seed, const ffi::AnyBuffer& gy,
+void backward_conv(hot::Device dev, hot::Stream stream, const hot::Seed& seed, const ffi::AnyBuffer& gy,
                    const ffi::AnyBuffer& w, const ffi::AnyBuffer& q, const ffi::AnyBuffer& scale, ffi::AnyBuffer gx,
                    ffi::AnyBuffer gw, const ffi::AnyBuffer* gb, const hot::Config& config, const ConvAttrs& a) {
   const char* op = "hot.jax backward_conv2d";
@@ -302,20 +303,14 @@ ffi::Error quantize_cpu(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> q, ffi::Re
 // ---- CUDA handlers -----------------------------------------------------------------------------------------------
 #if HOT_JAX_CUDA
 
-void cuda_check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) HOT_FAIL(internal, "hot.jax: ", what, ": ", cudaGetErrorString(e));
-}
-
-// The seed words live in device memory: copied to the host on XLA's stream (this waits for the stream to reach the
-// call; the core takes the seed as a host integer).
-uint64_t device_seed(const char* op, const ffi::AnyBuffer& seed, cudaStream_t stream) {
+// The seed words live in device memory, where the kernels read them (hot::Seed): two little-endian uint32 words are
+// the uint64 word0 | word1 << 32, the int64 element the core takes. Nothing waits for XLA's stream.
+hot::Seed device_seed(const char* op, const ffi::AnyBuffer& seed, int32_t device) {
   HOT_CHECK_TYPE(seed.element_type() == ffi::DataType::U32, op, ": seed has dtype ",
                  ffi_dtype_name(seed.element_type()), ", expected uint32 (two words of jax.random.bits)");
   HOT_CHECK_VALUE(seed.element_count() == 2, op, ": seed has ", seed.element_count(), " elements, expected 2");
-  uint32_t w[2];
-  cuda_check(cudaMemcpyAsync(w, seed.untyped_data(), sizeof w, cudaMemcpyDeviceToHost, stream), "copying the seed");
-  cuda_check(cudaStreamSynchronize(stream), "waiting for the seed");
-  return combine_seed(w);
+  static_assert(sizeof(uint32_t) * 2 == sizeof(int64_t), "two seed words make one int64");
+  return hot::Seed(0, hot::make_view(seed.untyped_data(), hot::DType::s64, hot::Device::cuda(device), {}));
 }
 
 ffi::Error compress_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> q,
@@ -328,7 +323,7 @@ ffi::Error backward_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer gy,
                          ffi::Result<ffi::AnyBuffer> gw, int64_t config) {
   return guarded([&] {
     const hot::Config c = make_config(config);
-    const uint64_t s = device_seed("hot.jax backward_linear", seed, stream);
+    const hot::Seed s = device_seed("hot.jax backward_linear", seed, device);
     backward(hot::Device::cuda(device), hot::Stream{stream}, s, gy, w, q, scale, *gx, *gw, nullptr, c);
   });
 }
@@ -339,7 +334,7 @@ ffi::Error backward_bias_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffe
                               ffi::Result<ffi::AnyBuffer> gb, int64_t config) {
   return guarded([&] {
     const hot::Config c = make_config(config);
-    const uint64_t s = device_seed("hot.jax backward_linear", seed, stream);
+    const hot::Seed s = device_seed("hot.jax backward_linear", seed, device);
     const ffi::AnyBuffer b = *gb;
     backward(hot::Device::cuda(device), hot::Stream{stream}, s, gy, w, q, scale, *gx, *gw, &b, c);
   });
@@ -351,7 +346,7 @@ ffi::Error backward_conv_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffe
                               int32_t h, int32_t wd, int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t ph,
                               int32_t pw, int32_t dh, int32_t dw, int32_t patches, int64_t config) {
   return guarded([&] {
-    const uint64_t s = device_seed("hot.jax backward_conv2d", seed, stream);
+    const hot::Seed s = device_seed("hot.jax backward_conv2d", seed, device);
     backward_conv(hot::Device::cuda(device), hot::Stream{stream}, s, gy, w, q, scale, *gx, *gw, nullptr,
                   make_config(config), {n, c, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, patches});
   });
@@ -364,7 +359,7 @@ ffi::Error backward_conv_bias_cuda(cudaStream_t stream, int32_t device, ffi::Any
                                    int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t ph, int32_t pw, int32_t dh,
                                    int32_t dw, int32_t patches, int64_t config) {
   return guarded([&] {
-    const uint64_t s = device_seed("hot.jax backward_conv2d", seed, stream);
+    const hot::Seed s = device_seed("hot.jax backward_conv2d", seed, device);
     const ffi::AnyBuffer b = *gb;
     backward_conv(hot::Device::cuda(device), hot::Stream{stream}, s, gy, w, q, scale, *gx, *gw, &b,
                   make_config(config), {n, c, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, patches});

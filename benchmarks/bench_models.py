@@ -311,6 +311,19 @@ def _sq(out, y):
     return out.float().pow(2).mean()
 
 
+def gpu_task(script: str, args) -> Optional[Task]:
+    """The full-size task args.model of a GPU benchmark script (LLaMA block: 8 KV heads, sequence 2048), or None after
+    printing why not (no GPU, or the task's reason to skip)."""
+    if not torch.cuda.is_available():
+        print(f"{script}: needs a CUDA GPU")
+        return None
+    args.llama_kv_heads, args.llama_seq = 8, 2048
+    task, note = make_task(args.model, False, args)
+    if task is None:
+        print(note)
+    return task
+
+
 def make_task(name: str, smoke: bool, args) -> (Optional[Task], str):
     """(Task, note) or (None, reason to skip)."""
     if name == "vit_b16":

@@ -84,13 +84,8 @@ def main() -> int:
     ap.add_argument("--modes", default="exact,hot")
     ap.add_argument("--steps", type=int, default=20)
     a = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("graph_step: needs a CUDA GPU")
-        return 2
-    a.llama_kv_heads, a.llama_seq = 8, 2048
-    task, note = bm.make_task(a.model, False, a)
+    task = bm.gpu_task("graph_step", a)
     if task is None:
-        print(note)
         return 2
     dev = torch.device("cuda")
     print(f"# {a.model}, bf16 autocast, batch {a.batch}: eager step against one CUDA graph per step\n")

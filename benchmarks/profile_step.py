@@ -184,13 +184,8 @@ def main() -> int:
     ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() once the model and optimizer are built")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("profile_step: needs a CUDA GPU")
-        return 2
-    a.llama_kv_heads, a.llama_seq = 8, 2048
-    task, note = bm.make_task(a.model, False, a)
+    task = bm.gpu_task("profile_step", a)
     if task is None:
-        print(note)
         return 2
     dev = torch.device("cuda")
     lines = [f"# Step profile: {a.model}, {a.dtype}, batch {a.batch}, torch.compile: {a.compile}"

@@ -207,6 +207,46 @@ void register_blocks(py::module_& m) {
       py::arg("g_y"), py::arg("bits"), py::arg("g_x"), py::arg("stream"));
 
   m.def(
+      "max_pool2d_offsets",
+      [](py::handle x, py::handle y, py::handle off, std::vector<int> kernel, std::vector<int> stride,
+         std::vector<int> padding, std::vector<int> dilation, int64_t stream) {
+        const char* op = "max_pool2d_offsets";
+        OpContext ctx(op, stream);
+        const hot::TensorView xv = ctx.input(x, "x", hotpy::kFloat, -2);
+        const hot::TensorView yv = ctx.output(y, "y", hotpy::kFloat, -2);
+        const hot::TensorView ov = ctx.output(off, "off", hotpy::kS8, -2);
+        HOT_CHECK_VALUE(xv.ndim() == 4, op, ": x has ", xv.ndim(), " dims, expected 4 (N, C, H, W)");
+        const hot::ConvGeometry g = geometry(op, xv.shape, kernel, stride, padding, dilation, false);
+        {
+          py::gil_scoped_release nogil;
+          hot::max_pool2d_offsets(xv, g, yv, ov, ctx.stream());
+        }
+      },
+      py::arg("x"), py::arg("y"), py::arg("off"), py::arg("kernel"), py::arg("stride"), py::arg("padding"),
+      py::arg("dilation"), py::arg("stream"),
+      "hot::max_pool2d_offsets into the caller's y and off (4-D, any strides).");
+
+  m.def(
+      "max_pool2d_offsets_backward",
+      [](py::handle g_y, py::handle off, py::handle g_x, std::vector<int> kernel, std::vector<int> stride,
+         std::vector<int> padding, std::vector<int> dilation, int64_t stream) {
+        const char* op = "max_pool2d_offsets_backward";
+        OpContext ctx(op, stream);
+        const hot::TensorView gv = ctx.input(g_y, "g_y", hotpy::kFloat, -2);
+        const hot::TensorView ov = ctx.input(off, "off", hotpy::kS8, -2);
+        const hot::TensorView xv = ctx.output(g_x, "g_x", hotpy::kFloat, -2);
+        HOT_CHECK_VALUE(xv.ndim() == 4, op, ": g_x has ", xv.ndim(), " dims, expected 4 (N, C, H, W)");
+        const hot::ConvGeometry g = geometry(op, xv.shape, kernel, stride, padding, dilation, false);
+        {
+          py::gil_scoped_release nogil;
+          hot::max_pool2d_offsets_backward(gv, ov, g, xv, ctx.stream());
+        }
+      },
+      py::arg("g_y"), py::arg("off"), py::arg("g_x"), py::arg("kernel"), py::arg("stride"), py::arg("padding"),
+      py::arg("dilation"), py::arg("stream"),
+      "hot::max_pool2d_offsets_backward into the caller's g_x (4-D, any strides).");
+
+  m.def(
       "pack_int4",
       [](py::handle q, py::handle packed, int64_t stream) {
         const char* op = "pack_int4";

@@ -47,6 +47,10 @@ struct GradOutputQuant {
   void transpose(const TensorView& in, const TensorView& out, Stream s);                                   \
   void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, Stream s);             \
   void relu_mask_backward(const TensorView& gy, const TensorView& bits, const TensorView& gx, Stream s);   \
+  void max_pool2d_offsets(const TensorView& x, const ConvGeometry& g, const TensorView& y, const TensorView& off, \
+                          Stream s);                                                                       \
+  void max_pool2d_offsets_backward(const TensorView& gy, const TensorView& off, const ConvGeometry& g,     \
+                                   const TensorView& gx, Stream s);                                        \
   void unpack_int4(const TensorView& packed, const TensorView& q, Stream s);                               \
   void gemm_s8s8s32(const TensorView& a, const TensorView& b, const TensorView& c, Stream s);              \
   void gemm_s4s4s32(const TensorView& a, const TensorView& b, const TensorView& c, Stream s);              \

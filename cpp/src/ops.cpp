@@ -281,6 +281,59 @@ void relu_mask_backward(const TensorView& g_y, const TensorView& bits, const Ten
   HOT_DISPATCH(g_y.device, relu_mask_backward, g_y, bits, g_x, stream);
 }
 
+namespace {
+
+// Every output position's window along one axis holds an input position (its first in-bounds tap exists).
+void check_pool_axis(const char* op, const char* axis, int64_t in, int64_t out, int k, int s, int p, int d) {
+  for (const int64_t o : {int64_t{0}, out - 1}) {
+    const int64_t start = o * s - p;
+    const int64_t first = start >= 0 ? start : start + (-start + d - 1) / d * d;
+    HOT_CHECK_VALUE(first <= start + static_cast<int64_t>(k - 1) * d && first < in, op, ": output ", axis, " ", o,
+                    "'s window (positions ", start, " + ", d, " i, i < ", k, ") holds none of the input's 0..", in - 1);
+  }
+}
+
+// x / g_x (N, C, H, W) and y / g_y, off (N, C, Ho, Wo) of a max-pool: dims, dtypes, one device, the window.
+void check_pool(const char* op, const char* xname, const TensorView& x, const char* yname, const TensorView& y,
+                const TensorView& off, const ConvGeometry& g) {
+  HOT_CHECK_DIM(op, xname, x, 4);
+  HOT_CHECK_DIM(op, yname, y, 4);
+  HOT_CHECK_DIM(op, "off", off, 4);
+  HOT_CHECK_DTYPE(op, xname, x, is_float(x.dtype), "a float dtype");
+  HOT_CHECK_TYPE(y.dtype == x.dtype, op, ": ", yname, " has dtype ", dtype_name(y.dtype), " but ", xname, " has ",
+                 dtype_name(x.dtype));
+  HOT_CHECK_DTYPE(op, "off", off, off.dtype == DType::s8, "int8");
+  HOT_CHECK_SHAPE(op, xname, x, (std::vector<int64_t>{g.N, g.C, g.H, g.W}));
+  HOT_CHECK_VALUE(y.shape[0] == g.N && y.shape[1] == g.C && y.shape[2] >= 1 && y.shape[3] >= 1, op, ": ", yname,
+                  " has shape ", shape_str(y.shape), ", expected (", g.N, ", ", g.C, ", Ho >= 1, Wo >= 1)");
+  HOT_CHECK_SHAPE(op, "off", off, y.shape);
+  HOT_CHECK_SAME_DEVICE(op, xname, x, yname, y);
+  HOT_CHECK_SAME_DEVICE(op, xname, x, "off", off);
+  HOT_CHECK_VALUE(g.N * g.C * g.H * g.W > 0, op, ": ", xname, " is empty (shape ", shape_str(x.shape), ")");
+  HOT_CHECK_VALUE(g.kh >= 1 && g.kw >= 1 && g.sh >= 1 && g.sw >= 1 && g.dh >= 1 && g.dw >= 1 && g.ph >= 0 && g.pw >= 0,
+                  op, ": kernel (", g.kh, ", ", g.kw, "), stride (", g.sh, ", ", g.sw, ") and dilation (", g.dh, ", ",
+                  g.dw, ") must be >= 1 and padding (", g.ph, ", ", g.pw, ") >= 0");
+  HOT_CHECK_VALUE(static_cast<int64_t>(g.kh) * g.kw <= 128, op, ": a window of ", g.kh, " x ", g.kw,
+                  " taps; at most 128 fit the int8 offsets");
+  HOT_CHECK_VALUE(!g.patches, op, ": patch order is a convolution's, not a max-pool's");
+  check_pool_axis(op, "row", g.H, y.shape[2], g.kh, g.sh, g.ph, g.dh);
+  check_pool_axis(op, "column", g.W, y.shape[3], g.kw, g.sw, g.pw, g.dw);
+}
+
+}  // namespace
+
+void max_pool2d_offsets(const TensorView& x, const ConvGeometry& g, const TensorView& y, const TensorView& off,
+                        Stream stream) {
+  check_pool("max_pool2d_offsets", "x", x, "y", y, off, g);
+  HOT_DISPATCH(x.device, max_pool2d_offsets, x, g, y, off, stream);
+}
+
+void max_pool2d_offsets_backward(const TensorView& g_y, const TensorView& off, const ConvGeometry& g,
+                                 const TensorView& g_x, Stream stream) {
+  check_pool("max_pool2d_offsets_backward", "g_x", g_x, "g_y", g_y, off, g);
+  HOT_DISPATCH(g_y.device, max_pool2d_offsets_backward, g_y, off, g, g_x, stream);
+}
+
 void pack_int4(const TensorView& q, const TensorView& packed, Stream stream) {
   const char* op = "pack_int4";
   check_typed_matrix(op, "q", q, DType::s8);

@@ -139,3 +139,33 @@ TEST(ReluMask, ArgumentErrors) {
 }
 
 }  // namespace
+
+// max_pool2d_offsets' arguments: named errors for the window, the shapes and dtypes, and a window without input.
+TEST(MaxPoolOffsets, ArgumentErrors) {
+  HostTensor xb = HostTensor::make1d(DType::f32, 2 * 3 * 8 * 8), yb = HostTensor::make1d(DType::f32, 2 * 3 * 4 * 4);
+  HostTensor ob = HostTensor::make1d(DType::s8, 2 * 3 * 4 * 4), y16 = HostTensor::make1d(DType::bf16, 2 * 3 * 4 * 4);
+  const auto v4 = [](const HostTensor& t, int64_t N, int64_t C, int64_t H, int64_t W) {
+    return hot::make_view(t.view().data, t.view().dtype, hot::Device::cpu(), {N, C, H, W});
+  };
+  hot::ConvGeometry g;
+  g.N = 2, g.C = 3, g.H = 8, g.W = 8, g.kh = g.kw = 3, g.sh = g.sw = 2, g.ph = g.pw = 1;
+  const hot::TensorView x = v4(xb, 2, 3, 8, 8), y = v4(yb, 2, 3, 4, 4), off = v4(ob, 2, 3, 4, 4);
+  hot::max_pool2d_offsets(x, g, y, off);  // the valid call
+  using hot::ErrorKind;
+  EXPECT_TRUE(throws_hot([&] { hot::max_pool2d_offsets(x, g, v4(y16, 2, 3, 4, 4), off); }, ErrorKind::type,
+                         {"max_pool2d_offsets", "y", "bfloat16", "float32"}));
+  EXPECT_TRUE(throws_hot([&] { hot::max_pool2d_offsets(x, g, y, v4(yb, 2, 3, 4, 4)); }, ErrorKind::type,
+                         {"max_pool2d_offsets", "off", "int8"}));
+  EXPECT_TRUE(throws_hot([&] { hot::max_pool2d_offsets(x, g, y, v4(ob, 2, 3, 2, 8)); }, ErrorKind::value,
+                         {"max_pool2d_offsets", "off", "(2, 3, 2, 8)"}));
+  hot::ConvGeometry big = g;
+  big.kh = big.kw = 12, big.ph = big.pw = 0, big.sh = big.sw = 12;
+  EXPECT_TRUE(throws_hot([&] { hot::max_pool2d_offsets(x, big, v4(yb, 2, 3, 1, 1), v4(ob, 2, 3, 1, 1)); },
+                         ErrorKind::value, {"max_pool2d_offsets", "12 x 12", "128"}));
+  hot::ConvGeometry outside = g;  // a 1 x 1 window 2 rows into the padding: output row 0 reads no input row
+  outside.kh = outside.kw = 1, outside.ph = outside.pw = 2, outside.sh = outside.sw = 4;
+  EXPECT_TRUE(throws_hot([&] { hot::max_pool2d_offsets(x, outside, v4(yb, 2, 3, 3, 3), v4(ob, 2, 3, 3, 3)); },
+                         ErrorKind::value, {"max_pool2d_offsets", "output row 0", "window"}));
+  EXPECT_TRUE(throws_hot([&] { hot::max_pool2d_offsets_backward(y, off, g, v4(yb, 2, 3, 4, 4)); }, ErrorKind::value,
+                         {"max_pool2d_offsets_backward", "g_x", "(2, 3, 8, 8)"}));
+}

@@ -671,6 +671,17 @@ def _compress_columns(c: _Call, q_map, x_shape, kernel, stride, padding, dilatio
     return c.result(q, rq), c.result(scale, rs)
 
 
+def _max_pool2d_offsets(c: _Call, x, y, off, kernel, stride, padding, dilation):
+    """max_pool2d_offsets of the (N, C, H, W) array x into the caller's y and off (int8), any strides."""
+    c.call(_C.max_pool2d_offsets, x, y, off, list(kernel), list(stride), list(padding), list(dilation), c.stream)
+
+
+def _max_pool2d_offsets_backward(c: _Call, gy, off, gx, kernel, stride, padding, dilation):
+    """max_pool2d_offsets_backward of gy and off into the caller's (N, C, H, W) gx, any strides."""
+    c.call(_C.max_pool2d_offsets_backward, gy, off, gx, list(kernel), list(stride), list(padding), list(dilation),
+           c.stream)
+
+
 def _relu_mask(c: _Call, x, y, bits=None):
     """relu_mask of the 1-D array x into y (x itself for the in-place ReLU; None: a new array) and bits (None: a new
     int8 array): (y, bits)."""

@@ -279,8 +279,9 @@ POOLS = [dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=2), dict(ker
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last", "unbatched"])
 @pytest.mark.parametrize("args", POOLS, ids=[str(i) for i in range(len(POOLS))])
 def test_max_pool_gradient_equals_nn_max_pool_bit_for_bit(args, layout, dtype, device):
-    """Outputs and input gradients equal nn.MaxPool2d's exactly (overlapping windows, dilation, ceil mode, ties of
-    ReLU zeros, NaN), from one byte per output element."""
+    """Outputs equal nn.MaxPool2d's exactly and input gradients equal its gradients summed in float32 and rounded once
+    (torch's CUDA backward; its CPU backward rounds after each add in bfloat16, the same bits in float32), with
+    overlapping windows, dilation, ceil mode, ties of ReLU zeros and NaN, from one byte per output element."""
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 3, 17, 16, generator=g).relu()  # many ties at 0, as after a ReLU
     x.view(-1)[5] = float("nan")
@@ -296,6 +297,9 @@ def test_max_pool_gradient_equals_nn_max_pool_bit_for_bit(args, layout, dtype, d
         y = mod(a * 1)
         y.backward(gy)
         res[name] = (y.detach(), a.grad)
+    a32 = x.detach().float().requires_grad_(True)  # the float32 sums of nn.MaxPool2d's gradient, rounded once
+    nn.MaxPool2d(**args)(a32 * 1).backward(gy.float())
+    res["exact"] = (res["exact"][0], a32.grad.to(dtype))
     assert res["hot"][1].is_contiguous(memory_format=torch.channels_last) == (layout == "channels_last")
     for e, h in zip(res["exact"], res["hot"]):
         assert torch.equal(torch.isnan(e), torch.isnan(h))
@@ -305,14 +309,14 @@ def test_max_pool_gradient_equals_nn_max_pool_bit_for_bit(args, layout, dtype, d
 def test_max_pool_keeps_one_byte_per_output_element():
     x = torch.randn(2, 4, 9, 9, requires_grad=True)
     saved, y = saved_during(lambda: ht.MaxPool2d(3, 2, 1)(x * 1))
-    assert [(t.dtype, tuple(t.shape)) for t in saved] == [(torch.uint8, tuple(y.shape))]
+    assert [(t.dtype, tuple(t.shape)) for t in saved] == [(torch.int8, tuple(y.shape))]
     saved_exact, y_exact = saved_during(lambda: nn.MaxPool2d(3, 2, 1)(x * 1))
     assert _storage_bytes(saved_exact) == x.numel() * 4 + y.numel() * 8  # torch: the input and int64 indices
 
 
 def test_max_pool_falls_back_where_offsets_do_not_fit_or_no_graph():
     x = torch.randn(1, 1, 20, 20, requires_grad=True)
-    saved, y = saved_during(lambda: max_pool2d(x * 1, 17))  # 289 > 256 positions in a window: torch's max-pool
+    saved, y = saved_during(lambda: max_pool2d(x * 1, 12))  # 144 > 128 positions in a window: torch's max-pool
     assert any(t.dtype == torch.int64 for t in saved)
     with torch.no_grad():
         assert ht.MaxPool2d(2)(x).grad_fn is None

@@ -95,6 +95,22 @@ void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits,
 // dtype (g_x may be g_y itself); bits: relu_mask's.
 void relu_mask_backward(const TensorView& g_y, const TensorView& bits, const TensorView& g_x, Stream stream = {});
 
+// Max-pool that keeps, per output, the offset of its maximum inside the window (SPEC §2, keep_less) instead of the
+// input and int64 positions. x: an (N, C, H, W) float map, y: (N, C, Ho, Wo) of x's dtype, off: (N, C, Ho, Wo) s8, all
+// 4-D with any strides (NCHW or channels-last); geometry: N, C, H, W (x's shape), the window kh x kw, stride, padding
+// and dilation (patches: false); Ho, Wo are y's (torch's floor or ceil output size). Window (oh, ow) scans its taps
+// (i, j) in order from the first in-bounds one, skipping taps in the padding, and takes a tap whose value is larger
+// than the maximum so far, or NaN (torch's max_pool2d: the first of equal maxima, the last NaN; a window of -inf
+// takes its first in-bounds tap): y = that element, bit for bit, off = i * kw + j. kh * kw <= 128; every window must
+// hold an in-bounds tap.
+void max_pool2d_offsets(const TensorView& x, const ConvGeometry& geometry, const TensorView& y, const TensorView& off,
+                        Stream stream = {});
+// Its backward: g_x[n, c, h, w] = the sum of g_y over the outputs whose chosen tap is (h, w), added in fp32 in (oh, ow)
+// order from zero and rounded once to g_x's dtype (0 where none chose it). g_y, off: (N, C, Ho, Wo), g_x: (N, C, H, W)
+// of g_y's dtype, any strides; geometry and off as max_pool2d_offsets'. Deterministic, no atomics.
+void max_pool2d_offsets_backward(const TensorView& g_y, const TensorView& off, const ConvGeometry& geometry,
+                                 const TensorView& g_x, Stream stream = {});
+
 // ---- the HOT layer operations ------------------------------------------------------------------
 
 // ABC buffer of a layer input (SPEC §2): q = Q8(HLA(x)) round-to-nearest per tensor, stored transposed

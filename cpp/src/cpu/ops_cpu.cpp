@@ -317,6 +317,69 @@ void relu_mask_backward(const TensorView& gy, const TensorView& bits, const Tens
   });
 }
 
+namespace {
+// Offset of element (n, c, h, w) of a 4-D view.
+inline int64_t at4(const TensorView& t, int64_t n, int64_t c, int64_t h, int64_t w) {
+  return n * t.strides[0] + c * t.strides[1] + h * t.strides[2] + w * t.strides[3];
+}
+}  // namespace
+
+void max_pool2d_offsets(const TensorView& x, const ConvGeometry& g, const TensorView& y, const TensorView& off,
+                        Stream) {
+  const int64_t Ho = y.shape[2], Wo = y.shape[3];
+  const size_t es = static_cast<size_t>(dtype_bits(x.dtype) / 8);
+  auto* o8 = static_cast<int8_t*>(off.data);
+  parallel_for(g.N * g.C, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n = p / g.C, c = p % g.C;
+      for (int64_t oh = 0; oh < Ho; ++oh)
+        for (int64_t ow = 0; ow < Wo; ++ow) {
+          const int64_t h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
+          float best = 0.0f;
+          int arg = -1;
+          int64_t at = 0;
+          for (int i = 0; i < g.kh; ++i) {
+            const int64_t h = h0 + static_cast<int64_t>(i) * g.dh;
+            if (h < 0 || h >= g.H) continue;
+            for (int j = 0; j < g.kw; ++j) {
+              const int64_t w = w0 + static_cast<int64_t>(j) * g.dw;
+              if (w < 0 || w >= g.W) continue;
+              const float v = load_float(x.data, x.dtype, at4(x, n, c, h, w));
+              if (arg < 0 || v > best || std::isnan(v)) best = v, arg = i * g.kw + j, at = at4(x, n, c, h, w);
+            }
+          }
+          std::memcpy(static_cast<char*>(y.data) + at4(y, n, c, oh, ow) * es,
+                      static_cast<const char*>(x.data) + at * es, es);  // the element itself, bit for bit
+          o8[at4(off, n, c, oh, ow)] = static_cast<int8_t>(arg);
+        }
+    }
+  });
+}
+
+void max_pool2d_offsets_backward(const TensorView& gy, const TensorView& off, const ConvGeometry& g,
+                                 const TensorView& gx, Stream) {
+  const int64_t Ho = gy.shape[2], Wo = gy.shape[3];
+  const auto* o8 = static_cast<const int8_t*>(off.data);
+  parallel_for(g.N * g.C, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> acc(static_cast<size_t>(g.H * g.W));
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n = p / g.C, c = p % g.C;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t oh = 0; oh < Ho; ++oh)  // (oh, ow) order: each pixel's terms are added in that order
+        for (int64_t ow = 0; ow < Wo; ++ow) {
+          const int t = o8[at4(off, n, c, oh, ow)];
+          if (t < 0 || t >= g.kh * g.kw) continue;  // not an offset of the window: contributes nothing
+          const int64_t h = oh * g.sh - g.ph + static_cast<int64_t>(t / g.kw) * g.dh;
+          const int64_t w = ow * g.sw - g.pw + static_cast<int64_t>(t % g.kw) * g.dw;
+          if (h < 0 || h >= g.H || w < 0 || w >= g.W) continue;  // a tap in the padding: likewise
+          acc[static_cast<size_t>(h * g.W + w)] += load_float(gy.data, gy.dtype, at4(gy, n, c, oh, ow));
+        }
+      for (int64_t h = 0; h < g.H; ++h)
+        for (int64_t w = 0; w < g.W; ++w) store_float(gx.data, gx.dtype, at4(gx, n, c, h, w), acc[h * g.W + w]);
+    }
+  });
+}
+
 void pack_int4(const TensorView& q, const TensorView& packed, Stream) {
   const int64_t R = q.shape[0], C = q.shape[1];
   parallel_for(R, row_grain(C), [&](int64_t r0, int64_t r1) {

@@ -677,6 +677,121 @@ void dispatch_raw_float(DType dt, const char* op, F&& f) {
   }
 }
 
+// ---- max-pool with window offsets (max_pool2d_offsets): a thread per output element (forward) or input element
+// (backward, a gather: no atomics), numbered so that neighbouring threads take neighbouring addresses: the channel
+// fastest for a channels-last map (unit channel stride), else the column.
+struct Pool4 {
+  int64_t s0, s1, s2, s3;  // strides of (n, c, h, w)
+};
+struct PoolDims {
+  int64_t N, C, H, W, Ho, Wo;
+  int kh, kw, sh, sw, ph, pw, dh, dw;
+  bool channels_fast;  // thread index order (n, h, w, c) rather than (n, c, h, w)
+};
+__device__ __forceinline__ void pool_index(int64_t e, int64_t C, int64_t H, int64_t W, bool channels_fast, int64_t& n,
+                                           int64_t& c, int64_t& h, int64_t& w) {
+  if (channels_fast) {
+    c = e % C, e /= C, w = e % W, e /= W, h = e % H, n = e / H;
+  } else {
+    w = e % W, e /= W, h = e % H, e /= H, c = e % C, n = e / C;
+  }
+}
+
+template <typename T>
+__global__ void max_pool_offsets_kernel(const T* __restrict__ x, Pool4 sx, T* __restrict__ y, Pool4 sy,
+                                        int8_t* __restrict__ off, Pool4 so, PoolDims d) {
+  const int64_t total = d.N * d.C * d.Ho * d.Wo;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t n, c, oh, ow;
+    pool_index(e, d.C, d.Ho, d.Wo, d.channels_fast, n, c, oh, ow);
+    const T* xp = x + n * sx.s0 + c * sx.s1;
+    const int64_t h0 = oh * d.sh - d.ph, w0 = ow * d.sw - d.pw;
+    float best = 0.0f;
+    int arg = -1;
+    const T* at = xp;
+    for (int i = 0; i < d.kh; ++i) {
+      const int64_t h = h0 + static_cast<int64_t>(i) * d.dh;
+      if (h < 0 || h >= d.H) continue;
+      for (int j = 0; j < d.kw; ++j) {
+        const int64_t w = w0 + static_cast<int64_t>(j) * d.dw;
+        if (w < 0 || w >= d.W) continue;
+        const float v = load_f(xp + h * sx.s2 + w * sx.s3);
+        if (arg < 0 || v > best || v != v) best = v, arg = i * d.kw + j, at = xp + h * sx.s2 + w * sx.s3;  // v != v: NaN
+      }
+    }
+    y[n * sy.s0 + c * sy.s1 + oh * sy.s2 + ow * sy.s3] = *at;  // the element itself, bit for bit
+    off[n * so.s0 + c * so.s1 + oh * so.s2 + ow * so.s3] = static_cast<int8_t>(arg);
+  }
+}
+
+// The outputs whose window can hold input position `p` along one axis: o in [lo, hi] with o * s - pad <= p and
+// o * s - pad + (k - 1) * dil >= p, clamped to [0, out).
+__device__ __forceinline__ void pool_range(int64_t p, int k, int s, int pad, int dil, int64_t out, int64_t& lo,
+                                           int64_t& hi) {
+  const int64_t top = p + pad, bottom = p + pad - static_cast<int64_t>(k - 1) * dil;
+  hi = std::min<int64_t>(top / s, out - 1);
+  lo = bottom <= 0 ? 0 : (bottom + s - 1) / s;
+}
+
+template <typename T>
+__global__ void max_pool_offsets_backward_kernel(const T* __restrict__ gy, Pool4 sy, const int8_t* __restrict__ off,
+                                                 Pool4 so, T* __restrict__ gx, Pool4 sx, PoolDims d) {
+  const int64_t total = d.N * d.C * d.H * d.W;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t n, c, h, w;
+    pool_index(e, d.C, d.H, d.W, d.channels_fast, n, c, h, w);
+    int64_t oh0, oh1, ow0, ow1;
+    pool_range(h, d.kh, d.sh, d.ph, d.dh, d.Ho, oh0, oh1);
+    pool_range(w, d.kw, d.sw, d.pw, d.dw, d.Wo, ow0, ow1);
+    float acc = 0.0f;
+    for (int64_t oh = oh0; oh <= oh1; ++oh) {  // (oh, ow) order, as the CPU backend adds
+      const int64_t di = h - (oh * d.sh - d.ph);
+      if (di % d.dh != 0) continue;
+      const int64_t i = di / d.dh;
+      for (int64_t ow = ow0; ow <= ow1; ++ow) {
+        const int64_t dj = w - (ow * d.sw - d.pw);
+        if (dj % d.dw != 0) continue;
+        const int64_t base = n * so.s0 + c * so.s1 + oh * so.s2 + ow * so.s3;
+        if (off[base] == i * d.kw + dj / d.dw)
+          acc += load_f(gy + n * sy.s0 + c * sy.s1 + oh * sy.s2 + ow * sy.s3);
+      }
+    }
+    store_f(gx + n * sx.s0 + c * sx.s1 + h * sx.s2 + w * sx.s3, acc);
+  }
+}
+
+inline Pool4 pool_strides(const TensorView& t) { return {t.strides[0], t.strides[1], t.strides[2], t.strides[3]}; }
+inline PoolDims pool_dims(const ConvGeometry& g, const TensorView& small, const TensorView& order) {
+  return {g.N, g.C, g.H, g.W, small.shape[2], small.shape[3], g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw,
+          order.strides[1] == 1 && g.C > 1};
+}
+
+template <typename Launch>
+void max_pool_offsets_launch(const TensorView& x, const ConvGeometry& g, const TensorView& y, const TensorView& off,
+                             const Launch& launch) {
+  const PoolDims d = pool_dims(g, y, y);
+  dispatch_float(x.dtype, "max_pool2d_offsets", [&](auto t) {
+    using T = decltype(t);
+    launch(max_pool_offsets_kernel<T>, dim3(grid_1d(d.N * d.C * d.Ho * d.Wo, kBasicThreads)), kBasicThreads, 0,
+           static_cast<const T*>(x.data), pool_strides(x), static_cast<T*>(y.data), pool_strides(y),
+           static_cast<int8_t*>(off.data), pool_strides(off), d);
+  });
+}
+
+template <typename Launch>
+void max_pool_offsets_backward_launch(const TensorView& gy, const TensorView& off, const ConvGeometry& g,
+                                      const TensorView& gx, const Launch& launch) {
+  const PoolDims d = pool_dims(g, gy, gx);
+  dispatch_float(gy.dtype, "max_pool2d_offsets_backward", [&](auto t) {
+    using T = decltype(t);
+    launch(max_pool_offsets_backward_kernel<T>, dim3(grid_1d(d.N * d.C * d.H * d.W, kBasicThreads)), kBasicThreads,
+           0, static_cast<const T*>(gy.data), pool_strides(gy), static_cast<const int8_t*>(off.data),
+           pool_strides(off), static_cast<T*>(gx.data), pool_strides(gx), d);
+  });
+}
+
 template <typename Launch>
 void relu_mask_launch(const TensorView& x, const TensorView& y, const TensorView& bits, const Launch& launch) {
   const int64_t n = x.shape[0];

@@ -65,6 +65,18 @@ void relu_mask_backward(const TensorView& gy, const TensorView& bits, const Tens
   relu_mask_backward_launch(gy, bits, gx, StreamLaunch{to_cuda(st)});
 }
 
+void max_pool2d_offsets(const TensorView& x, const ConvGeometry& g, const TensorView& y, const TensorView& off,
+                        Stream st) {
+  DeviceGuard dg(x.device.index);
+  max_pool_offsets_launch(x, g, y, off, StreamLaunch{to_cuda(st)});
+}
+
+void max_pool2d_offsets_backward(const TensorView& gy, const TensorView& off, const ConvGeometry& g,
+                                 const TensorView& gx, Stream st) {
+  DeviceGuard dg(gy.device.index);
+  max_pool_offsets_backward_launch(gy, off, g, gx, StreamLaunch{to_cuda(st)});
+}
+
 void pack_int4(const TensorView& q, const TensorView& packed, Stream st) {
   DeviceGuard dg(q.device.index);
   pack_int4_launch(q, packed, StreamLaunch{to_cuda(st)});

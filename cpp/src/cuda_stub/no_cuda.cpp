@@ -39,6 +39,12 @@ void compress_columns(const TensorView&, const ConvGeometry&, const TensorView&,
 void transpose(const TensorView&, const TensorView&, Stream) { missing(); }
 void relu_mask(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
 void relu_mask_backward(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
+void max_pool2d_offsets(const TensorView&, const ConvGeometry&, const TensorView&, const TensorView&, Stream) {
+  missing();
+}
+void max_pool2d_offsets_backward(const TensorView&, const TensorView&, const ConvGeometry&, const TensorView&, Stream) {
+  missing();
+}
 void pack_int4(const TensorView&, const TensorView&, Stream) { missing(); }
 void unpack_int4(const TensorView&, const TensorView&, Stream) { missing(); }
 void gemm_s8s8s32(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }

@@ -296,6 +296,52 @@ TEST_F(Cuda_ReluMask, BitExactVsCpu) {
     }
 }
 
+// Max-pool with window offsets on the GPU: the CPU's bytes (y, offsets, g_x), NCHW and channels-last, with NaN,
+// infinities and ties; ResNet's stem pool at a larger size.
+class Cuda_MaxPoolOffsets : public CudaTest {};
+TEST_F(Cuda_MaxPoolOffsets, BitExactVsCpu) {
+  struct P {
+    int64_t N, C, H, W;
+    int k, s, p, d;
+    int64_t Ho, Wo;
+  };
+  const P cases[] = {{2, 3, 9, 9, 3, 2, 1, 1, 5, 5}, {1, 4, 8, 7, 2, 2, 0, 1, 4, 4}, {2, 5, 7, 6, 3, 1, 1, 2, 5, 4},
+                     {4, 64, 112, 112, 3, 2, 1, 1, 56, 56}};
+  uint64_t seed = 8800;
+  for (DType dt : kFloatTypes)
+    for (const P& c : cases)
+      for (bool last : {false, true}) {
+        SCOPED_TRACE(testing::Message() << dt_name(dt) << " " << c.N << "x" << c.C << "x" << c.H << "x" << c.W
+                                        << (last ? " channels-last" : " NCHW"));
+        hot::ConvGeometry g;
+        g.N = c.N, g.C = c.C, g.H = c.H, g.W = c.W, g.kh = g.kw = c.k, g.sh = g.sw = c.s, g.ph = g.pw = c.p;
+        g.dh = g.dw = c.d;
+        const auto view4 = [&](hot::TensorView v, int64_t h, int64_t w) {
+          v.shape = {c.N, c.C, h, w};
+          v.strides = last ? hot::Shape{h * w * c.C, 1, w * c.C, c.C} : hot::Shape{c.C * h * w, h * w, w, 1};
+          return v;
+        };
+        HostTensor x = rand_float(dt, 1, c.N * c.C * c.H * c.W, seed++);
+        const int64_t n = x.numel(), m = c.N * c.C * c.Ho * c.Wo;
+        for (int64_t e = 5; e < n; e += 11) x.setf(e, x.getf(e - 1));  // ties
+        x.setf(n / 3, std::nanf(""));
+        x.setf(n / 2, -INFINITY);
+        HostTensor yc = out1d(dt, m), oc = out1d(DType::s8, m), gy = rand_float(dt, 1, m, seed++), gc = out1d(dt, n);
+        DevTensor dx(x), dy(yc), doff(oc), dgy(gy), dgx(gc);
+        hot::max_pool2d_offsets(view4(x.view(), c.H, c.W), g, view4(yc.view(), c.Ho, c.Wo), view4(oc.view(), c.Ho, c.Wo));
+        hot::max_pool2d_offsets(view4(dx.view(), c.H, c.W), g, view4(dy.view(), c.Ho, c.Wo),
+                                view4(doff.view(), c.Ho, c.Wo), st());
+        hot::max_pool2d_offsets_backward(view4(gy.view(), c.Ho, c.Wo), view4(oc.view(), c.Ho, c.Wo), g,
+                                         view4(gc.view(), c.H, c.W));
+        hot::max_pool2d_offsets_backward(view4(dgy.view(), c.Ho, c.Wo), view4(doff.view(), c.Ho, c.Wo), g,
+                                         view4(dgx.view(), c.H, c.W), st());
+        sync();
+        EXPECT_TRUE(all_bytes_equal(yc, dy.to_host())) << "y";
+        EXPECT_TRUE(all_bytes_equal(oc, doff.to_host())) << "off";
+        EXPECT_TRUE(all_bytes_equal(gc, dgx.to_host())) << "g_x";
+      }
+}
+
 class Cuda_Int4 : public CudaTest {};
 TEST_F(Cuda_Int4, PackUnpackBitExactVsCpu) {
   uint64_t seed = 400;

@@ -13,10 +13,13 @@ map needs no copy; ``hot.relu_mask_backward``: one pass over g_y); float64 and o
 
 MaxPool2d: torch's max-pool keeps its input and the int64 position of each window's maximum, but its backward reads
 only the positions (the input serves for its shape). ``hot.torch.MaxPool2d`` keeps each maximum's offset inside its
-window, one byte per output element (windows of at most 256 elements), and rebuilds the positions in the backward for
-torch's own max-pool backward: the same gradient, bit for bit. With a ``hot.torch.ReLU`` before it (ResNet's stem)
-nothing keeps the ReLU's output any more: the pair keeps one bit per input and one byte per output element, where
-torch keeps the output (4 or 2 bytes per element) and 8 bytes per pooled element.
+window, one byte per output element (windows of at most 128 elements): the engine's ``max_pool2d_offsets`` writes the
+output and the offsets in one pass over the input (torch's choice of maximum: the first of equal ones, the last NaN),
+and its backward gathers g_y onto the input in one pass, each input element's terms added in fp32 in output order and
+rounded once, as torch's CUDA backward adds them (torch's CPU backward rounds after each add in float16 / bfloat16; in
+float32 the two are the same bits). With a ``hot.torch.ReLU`` before it (ResNet's stem) nothing keeps the ReLU's
+output any more: the pair keeps one bit per input and one byte per output element, where torch keeps the output (4 or
+2 bytes per element) and 8 bytes per pooled element.
 """
 from __future__ import annotations
 
@@ -184,24 +187,86 @@ def _pair(v) -> Tuple[int, int]:
     return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
+def _pool_out(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """torch's max_pool2d output size along one side (floor, or ceil without a window that starts in the padding)."""
+    n = (size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (n - 1) * s >= size + p:
+        n -= 1
+    return n
+
+
+def _pool_shapes(x: Tensor, kernel, stride, padding, dilation, ceil_mode: bool):
+    """(y's shape, its memory format) of the max-pool of the (N, C, H, W) map x: x's format, as torch's max_pool2d."""
+    N, C, H, W = x.shape
+    Ho = _pool_out(H, kernel[0], stride[0], padding[0], dilation[0], ceil_mode)
+    Wo = _pool_out(W, kernel[1], stride[1], padding[1], dilation[1], ceil_mode)
+    return (N, C, Ho, Wo), _memory_format(x)
+
+
+def _pool_body(x: Tensor, kernel, stride, padding, dilation, ceil_mode: bool) -> Tuple[Tensor, Tensor]:
+    """(y, the int8 window offsets) of hot.max_pool2d_offsets on the 4-D x, in x's memory format."""
+    shape, fmt = _pool_shapes(x, kernel, stride, padding, dilation, ceil_mode)
+    y = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt)
+    off = torch.empty(shape, dtype=torch.int8, device=x.device, memory_format=fmt)
+    _api._max_pool2d_offsets(_call("max_pool2d_offsets", x), x, y, off, kernel, stride, padding, dilation)
+    return y, off
+
+
+def _pool_backward_body(g: Tensor, off: Tensor, x_shape: List[int], channels_last: bool, kernel, stride, padding,
+                        dilation) -> Tensor:
+    """g_x (x_shape, channels-last or contiguous as x was) of hot.max_pool2d_offsets_backward."""
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    gx = torch.empty(x_shape, dtype=g.dtype, device=g.device, memory_format=fmt)
+    _api._max_pool2d_offsets_backward(_call("max_pool2d_offsets_backward", g), g, off, gx, kernel, stride, padding,
+                                      dilation)
+    return gx
+
+
+@torch.library.custom_op("hot::max_pool2d_offsets", mutates_args=())
+def max_pool_op(x: Tensor, kernel: List[int], stride: List[int], padding: List[int], dilation: List[int],
+                ceil_mode: bool) -> Tuple[Tensor, Tensor]:
+    return _pool_body(x, kernel, stride, padding, dilation, ceil_mode)
+
+
+@max_pool_op.register_fake
+def _(x, kernel, stride, padding, dilation, ceil_mode):
+    shape, fmt = _pool_shapes(x, kernel, stride, padding, dilation, ceil_mode)
+    return (torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt),
+            torch.empty(shape, dtype=torch.int8, device=x.device, memory_format=fmt))
+
+
+@torch.library.custom_op("hot::max_pool2d_offsets_backward", mutates_args=())
+def max_pool_backward_op(g: Tensor, off: Tensor, x_shape: List[int], channels_last: bool, kernel: List[int],
+                         stride: List[int], padding: List[int], dilation: List[int]) -> Tensor:
+    return _pool_backward_body(g, off, x_shape, channels_last, kernel, stride, padding, dilation)
+
+
+@max_pool_backward_op.register_fake
+def _(g, off, x_shape, channels_last, kernel, stride, padding, dilation):
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    return torch.empty(x_shape, dtype=g.dtype, device=g.device, memory_format=fmt)
+
+
 class _OffsetMaxPool2d(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, kernel, stride, padding, dilation, ceil_mode: bool) -> Tensor:
-        y, idx = torch.ops.aten.max_pool2d_with_indices(x, kernel, stride, padding, dilation, ceil_mode)
-        ctx.save_for_backward(_window_offsets(idx, x.shape[-1], kernel, stride, padding, dilation))
-        ctx.geometry = (kernel, stride, padding, dilation, ceil_mode)
-        ctx.x_shape, ctx.x_format = x.shape, _memory_format(x)
+        if torch.compiler.is_compiling():
+            y, off = torch.ops.hot.max_pool2d_offsets(x, kernel, stride, padding, dilation, ceil_mode)
+        else:
+            y, off = _pool_body(x, kernel, stride, padding, dilation, ceil_mode)
+        ctx.save_for_backward(off)
+        ctx.geometry = (kernel, stride, padding, dilation)
+        ctx.x_shape, ctx.channels_last = list(x.shape), _memory_format(x) is torch.channels_last
         return y
 
     @staticmethod
     def backward(ctx, grad_y: Tensor):
         (off,) = ctx.saved_tensors
-        kernel, stride, padding, dilation, ceil_mode = ctx.geometry
-        idx = _window_positions(off, ctx.x_shape[-1], kernel, stride, padding, dilation)
-        shape_only = torch.empty(ctx.x_shape, dtype=grad_y.dtype, device=grad_y.device,  # never read: its shape
-                                 memory_format=ctx.x_format)                            # and layout only
-        g = torch.ops.aten.max_pool2d_with_indices_backward(grad_y, shape_only, kernel, stride, padding, dilation,
-                                                             ceil_mode, idx)
+        args = (ctx.x_shape, ctx.channels_last) + ctx.geometry
+        if torch.compiler.is_compiling():
+            g = torch.ops.hot.max_pool2d_offsets_backward(grad_y, off, *args)
+        else:
+            g = _pool_backward_body(grad_y, off, *args)
         return g, None, None, None, None, None
 
 
@@ -210,51 +275,23 @@ def _memory_format(t: Tensor):
         t.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
 
 
-def _window_origins(out_h: int, out_w: int, stride, padding, device):
-    """(top row, left column) of each output position's window (int32), shaped to broadcast over (..., out_h,
-    out_w)."""
-    h0 = torch.arange(out_h, device=device, dtype=torch.int32).mul_(stride[0]).sub_(padding[0]).view(out_h, 1)
-    w0 = torch.arange(out_w, device=device, dtype=torch.int32).mul_(stride[1]).sub_(padding[1]).view(1, out_w)
-    return h0, w0
-
-
-# Both conversions run in int32 (positions inside one plane: max_pool2d takes this route for planes of fewer than 2^31
-# pixels), in as few elementwise passes as torch's ops allow (integer alpha folds a multiply into an add).
-def _window_offsets(idx: Tensor, in_w: int, kernel, stride, padding, dilation) -> Tensor:
-    """uint8 offset (i * kw + j) inside its window of each maximum's flat input position idx (h * W + w)."""
-    h0, w0 = _window_origins(idx.shape[-2], idx.shape[-1], stride, padding, idx.device)
-    p = idx.to(torch.int32)
-    h = torch.div(p, in_w, rounding_mode="floor")
-    j = torch.sub(p, h, alpha=in_w).sub_(w0)  # w - w0
-    i = h.sub_(h0)  # h - h0 (after the column used h)
-    if dilation[0] != 1:
-        i = i.div_(dilation[0], rounding_mode="floor")
-    if dilation[1] != 1:
-        j = j.div_(dilation[1], rounding_mode="floor")
-    return torch.add(j, i, alpha=kernel[1]).to(torch.uint8)
-
-
-def _window_positions(off: Tensor, in_w: int, kernel, stride, padding, dilation) -> Tensor:
-    """The flat input positions (int64) that _window_offsets encoded: (h0 + i dh) W + w0 + j dw."""
-    h0, w0 = _window_origins(off.shape[-2], off.shape[-1], stride, padding, off.device)
-    o = off.to(torch.int32)
-    i = torch.div(o, kernel[1], rounding_mode="floor")
-    j = torch.sub(o, i, alpha=kernel[1])
-    if dilation[1] != 1:
-        j = j.mul_(dilation[1])
-    return torch.add(j, i, alpha=dilation[0] * in_w).add_(h0 * in_w + w0).to(torch.int64)
-
-
 def max_pool2d(x: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False) -> Tensor:
-    """``F.max_pool2d`` whose backward keeps one byte per output element (each maximum's offset in its window); the
-    plain max-pool where no gradient is recorded, for windows of more than 256 elements, planes of 2^31 pixels or more,
-    or inputs that are not (N, C, H, W) / (C, H, W)."""
+    """``F.max_pool2d`` whose backward keeps one byte per output element (each maximum's offset in its window; the
+    engine's ``max_pool2d_offsets``: y and the offsets in one pass over x, g_x in one pass over g_y); the plain
+    max-pool where no gradient is recorded, for dtypes other than float32, float16 and bfloat16, devices other than the
+    CPU and CUDA GPUs, windows of more than 128 elements, inputs that are not (N, C, H, W) / (C, H, W), and arguments
+    torch refuses (it raises)."""
     k = _pair(kernel_size)
     s = k if stride is None or (not isinstance(stride, int) and len(stride) == 0) else _pair(stride)
     p, d = _pair(padding), _pair(dilation)
-    if not (torch.is_grad_enabled() and x.requires_grad) or k[0] * k[1] > 256 or x.dim() not in (3, 4) \
-            or x.shape[-2] * x.shape[-1] >= 2**31:
+    if not (torch.is_grad_enabled() and x.requires_grad) or k[0] * k[1] > 128 or x.dim() not in (3, 4) \
+            or x.dtype not in _MASKED_DTYPES or x.device.type not in ("cpu", "cuda") or x.numel() == 0 \
+            or min(s) < 1 or min(d) < 1 or p[0] > k[0] // 2 or p[1] > k[1] // 2 \
+            or min(_pool_out(x.shape[-2], k[0], s[0], p[0], d[0], ceil_mode),
+                   _pool_out(x.shape[-1], k[1], s[1], p[1], d[1], ceil_mode)) < 1:
         return F.max_pool2d(x, k, s, p, d, ceil_mode=ceil_mode)
+    if x.dim() == 3:
+        return _OffsetMaxPool2d.apply(x.unsqueeze(0), list(k), list(s), list(p), list(d), ceil_mode).squeeze(0)
     return _OffsetMaxPool2d.apply(x, list(k), list(s), list(p), list(d), ceil_mode)
 
 

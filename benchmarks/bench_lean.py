@@ -53,23 +53,26 @@ def main():
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
     dev = torch.device("cuda")
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}; {a.dtype}, "
-          f"channels-last, batch {a.batch}; median of {a.reps}, us\n")
-    print("| op | input (N, C, H, W) | MB | copy | exact fwd | hot fwd | exact bwd | hot bwd | hot / exact (fwd+bwd) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          f"batch {a.batch}; median of {a.reps}, us\n")
+    print("| op | input (N, C, H, W) | layout | MB | copy | exact fwd | hot fwd | exact bwd | hot bwd | hot / exact (fwd+bwd) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     N = a.batch
     cases = [("ReLU (stem)", (N, 64, 112, 112), nn.ReLU(True), ht.ReLU(True)),
              ("ReLU (layer1 in)", (N, 64, 56, 56), nn.ReLU(True), ht.ReLU(True)),
              ("ReLU (layer1 out)", (N, 256, 56, 56), nn.ReLU(True), ht.ReLU(True)),
              ("ReLU (layer4 out)", (N, 2048, 7, 7), nn.ReLU(True), ht.ReLU(True)),
              ("MaxPool2d 3/2/1 (stem)", (N, 64, 112, 112), nn.MaxPool2d(3, 2, 1), ht.MaxPool2d(3, 2, 1))]
-    for name, shape, exact, lean in cases:
-        x = torch.randn(shape, device=dev, dtype=dt).to(memory_format=torch.channels_last)
+    cases = [c + (torch.channels_last,) for c in cases] + [cases[0] + (torch.contiguous_format,),
+                                                             cases[-1] + (torch.contiguous_format,)]
+    for name, shape, exact, lean, fmt in cases:
+        x = torch.randn(shape, device=dev, dtype=dt).contiguous(memory_format=fmt)
         dst = torch.empty_like(x)
         copy = _time(lambda _: dst.copy_(x), a.reps)
         ef, eb = bench(exact, x, a.reps)
         hf, hb = bench(lean, x, a.reps)
         mb = x.numel() * x.element_size() / 1e6
-        print(f"| {name} | {shape} | {mb:.0f} | {copy:.0f} | {ef:.0f} | {hf:.0f} | {eb:.0f} | {hb:.0f} | "
+        lay = "channels-last" if fmt == torch.channels_last else "NCHW"
+        print(f"| {name} | {shape} | {lay} | {mb:.0f} | {copy:.0f} | {ef:.0f} | {hf:.0f} | {eb:.0f} | {hb:.0f} | "
               f"{(hf + hb) / (ef + eb):.2f}x |")
 
 

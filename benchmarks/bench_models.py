@@ -324,6 +324,15 @@ def gpu_task(script: str, args) -> Optional[Task]:
     return task
 
 
+def layout(t, channels_last: bool):
+    """t (a model or a batch) in torch.channels_last when asked and 4-D (a model: its 4-D parameters), else as is."""
+    if not channels_last:
+        return t
+    if isinstance(t, torch.nn.Module):
+        return t.to(memory_format=torch.channels_last)
+    return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
+
+
 def make_task(name: str, smoke: bool, args) -> (Optional[Task], str):
     """(Task, note) or (None, reason to skip)."""
     if name == "vit_b16":
@@ -729,8 +738,7 @@ def run_config(task: Task, model, opt, cands: set, device, dtype: str, batch: in
     amp = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bf16" else contextlib.nullcontext()
     torch.manual_seed(1234 + batch)
     x, y = task.make_batch(batch, device)
-    if a.channels_last and x.dim() == 4:
-        x = x.contiguous(memory_format=torch.channels_last)
+    x = layout(x, a.channels_last)
     res.update(status="ok", stage=None)
 
     def fwd():
@@ -1281,7 +1289,7 @@ def _main(a) -> int:
                 rep = ht.convert(model, hot.Config.paper() if mode == "hot-paper" else None,
                                  keep_less=mode != "hot-plain")
                 assert {n for n, _, _ in rep.converted} == cands
-            model = model.to(device, memory_format=torch.channels_last) if a.channels_last else model.to(device)
+            model = layout(model.to(device), a.channels_last)
             model.train()
             params = [p for p in model.parameters() if p.requires_grad]
             runs[mode] = (model, torch.optim.AdamW(params, lr=1e-4), cands, sum(p.numel() for p in params))

@@ -6,6 +6,7 @@ call than torch's). HOT's stochastic-rounding seeds are drawn on the GPU inside 
 with new seeds (SPEC §5).
 
 Usage (GPU): python benchmarks/graph_step.py --model vit_b16 --batch 128 [--modes exact,hot] [--steps 20]
+                [--channels-last]  (the model's 4-D parameters and the images in torch.channels_last)
 Prints a markdown table (median and range of the step times, ms).
 """
 from __future__ import annotations
@@ -35,15 +36,16 @@ def timed(fn, steps: int):
     return out
 
 
-def run_mode(task, mode: str, batch: int, steps: int, dev):
+def run_mode(task, mode: str, batch: int, steps: int, dev, channels_last: bool = False):
     torch.manual_seed(0)
-    model = task.build().to(dev)
+    model = bm.layout(task.build().to(dev), channels_last)
     if mode == "hot":
         ht.convert(model)
     elif mode != "exact":
         raise ValueError(f"mode must be exact or hot, got {mode!r}")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=True)
     x, y = task.make_batch(batch, dev)
+    x = bm.layout(x, channels_last)
 
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -83,18 +85,20 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--modes", default="exact,hot")
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--channels-last", action="store_true", help="model and images in torch.channels_last")
     a = ap.parse_args()
     task = bm.gpu_task("graph_step", a)
     if task is None:
         return 2
     dev = torch.device("cuda")
-    print(f"# {a.model}, bf16 autocast, batch {a.batch}: eager step against one CUDA graph per step\n")
+    layout = ", channels-last" if a.channels_last else ""
+    print(f"# {a.model}{layout}, bf16 autocast, batch {a.batch}: eager step against one CUDA graph per step\n")
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; hot {hot.__version__}; median (min-max) of "
           f"{a.steps} steps, each synchronised\n")
     print("| mode | eager ms | CUDA graph ms | capture s | gradients finite |\n|---|---|---|---|---|")
     res = {}
     for mode in a.modes.split(","):
-        e, g, cap, fin = run_mode(task, mode, a.batch, a.steps, dev)
+        e, g, cap, fin = run_mode(task, mode, a.batch, a.steps, dev, a.channels_last)
         torch.cuda.empty_cache()  # the mode's model, optimizer and graph are gone
         res[mode] = (statistics.median(e), statistics.median(g))
         print(f"| {mode} | {res[mode][0]:.2f} ({min(e):.1f}-{max(e):.1f}) | {res[mode][1]:.2f} "

@@ -8,7 +8,7 @@ and the GPU kernels grouped (hot's own kernels, integer GEMMs, cuBLAS/cuDNN floa
 the rest). Host time not covered by GPU work shows as wall - GPU.
 
 Usage (GPU): python benchmarks/profile_step.py --model vit_b16 --batch 64 --dtype bf16 --modes exact,hot --out DIR
-Writes DIR/profile_<model>_<dtype>_b<batch>.md (DIR = --out, else $OUT, else .).
+Writes DIR/profile_<model>_<dtype>_b<batch>[_compile-<mode>][_cl].md (DIR = --out, else $OUT, else .).
 """
 from __future__ import annotations
 
@@ -51,9 +51,10 @@ def kind(name: str) -> str:
 
 
 def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, host_profile: bool = False,
-                 compile_mode: str = "none", kernels: bool = True, no_gc: bool = False, gc_freeze: bool = False):
+                 compile_mode: str = "none", kernels: bool = True, no_gc: bool = False, gc_freeze: bool = False,
+                 channels_last: bool = False):
     torch.manual_seed(0)
-    model = task.build().to(device)
+    model = bm.layout(task.build().to(device), channels_last)
     if mode == "hot":
         ht.convert(model)
     elif mode == "hot-paper":
@@ -64,6 +65,7 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
     if compile_mode != "none":
         model = torch.compile(model, mode=None if compile_mode == "default" else compile_mode)
     x, y = task.make_batch(batch, device)
+    x = bm.layout(x, channels_last)
     ac = torch.autocast("cuda", dtype=torch.bfloat16) if dtype == "bf16" else torch.autocast("cuda", enabled=False)
     host = collections.defaultdict(list)
 
@@ -182,6 +184,7 @@ def main() -> int:
     ap.add_argument("--no-kernels", action="store_true", help="skip the torch.profiler steps (timings only)")
     ap.add_argument("--no-gc", action="store_true", help="Python's garbage collector off during the steps")
     ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() once the model and optimizer are built")
+    ap.add_argument("--channels-last", action="store_true", help="model and images in torch.channels_last")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     task = bm.gpu_task("profile_step", a)
@@ -189,7 +192,7 @@ def main() -> int:
         return 2
     dev = torch.device("cuda")
     lines = [f"# Step profile: {a.model}, {a.dtype}, batch {a.batch}, torch.compile: {a.compile}"
-             + (", gc off" if a.no_gc else "") + (", gc.freeze()" if a.gc_freeze else ""), "",
+             + (", channels-last" if a.channels_last else "") + (", gc off" if a.no_gc else "") + (", gc.freeze()" if a.gc_freeze else ""), "",
              f"{torch.cuda.get_device_name()}; torch {torch.__version__}; hot {hot.__version__}; "
              f"mean of {a.steps} profiled steps (profiler overhead included in wall times)", ""]
     for mode in a.modes.split(","):
@@ -197,7 +200,7 @@ def main() -> int:
             torch._dynamo.reset()  # the previous mode's graphs (and the model they hold) go
         torch.cuda.empty_cache()
         walls, by, top, host = profile_mode(task, mode, a.batch, a.dtype, a.steps, dev, a.host_profile, a.compile,
-                                            not a.no_kernels, a.no_gc, a.gc_freeze)
+                                            not a.no_kernels, a.no_gc, a.gc_freeze, a.channels_last)
         lines += [f"## {mode}", ""]
         lines += [f"Step (median of {a.steps} free-running steps, without the profiler): "
                   f"{statistics.median(host['step']):.2f} ms (all: {', '.join(f'{t:.1f}' for t in host['step'])}); "
@@ -229,7 +232,7 @@ def main() -> int:
     print(text)
     out = a.out or os.environ.get("OUT") or "."
     os.makedirs(out, exist_ok=True)
-    suffix = "" if a.compile == "none" else f"_compile-{a.compile}"
+    suffix = ("" if a.compile == "none" else f"_compile-{a.compile}") + ("_cl" if a.channels_last else "")
     with open(os.path.join(out, f"profile_{a.model}_{a.dtype}_b{a.batch}{suffix}.md"), "w") as f:
         f.write(text + "\n")
     return 0

@@ -55,8 +55,6 @@ def main() -> int:
             runs["tensor"].append(time_ms(lambda: hot.backward_linear(gy, w, saved, seed=seed_t, bias=True), a.iters))
         ti, tt = statistics.median(runs["int"]) * 1e3, statistics.median(runs["tensor"]) * 1e3
         print(f"| {name} ({L}, {O}, {I}) | {ti:.1f} | {tt:.1f} | {tt / ti:.3f} |", flush=True)
-        del gy, w, saved
-        torch.cuda.empty_cache()
     return 0
 
 

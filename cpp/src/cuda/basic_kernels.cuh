@@ -677,9 +677,12 @@ void dispatch_raw_float(DType dt, const char* op, F&& f) {
   }
 }
 
-// ---- max-pool with window offsets (max_pool2d_offsets): a thread per output element (forward) or input element
-// (backward, a gather: no atomics), numbered so that neighbouring threads take neighbouring addresses: the channel
-// fastest for a channels-last map (unit channel stride), else the column.
+// ---- max-pool with window offsets (max_pool2d_offsets): the forward a thread per output element, numbered so that
+// neighbouring threads take neighbouring addresses (the channel fastest for a channels-last map, else the column); the
+// backward a gather (no atomics), a thread per input element. A channels-last map whose channels come in 16-byte
+// groups gives each thread V = 16 / sizeof(T) channels, loaded and stored as one vector; other maps take the backward
+// a strip of columns to a thread (max_pool_offsets_backward_strip_kernel). Maps whose every address fits 31 bits take
+// 32-bit index arithmetic (I = uint32_t; 64-bit division costs the GPU several times more).
 struct Pool4 {
   int64_t s0, s1, s2, s3;  // strides of (n, c, h, w)
 };
@@ -688,77 +691,155 @@ struct PoolDims {
   int kh, kw, sh, sw, ph, pw, dh, dw;
   bool channels_fast;  // thread index order (n, h, w, c) rather than (n, c, h, w)
 };
-__device__ __forceinline__ void pool_index(int64_t e, int64_t C, int64_t H, int64_t W, bool channels_fast, int64_t& n,
-                                           int64_t& c, int64_t& h, int64_t& w) {
+// V elements of E, loaded and stored as one access (aligned to their size).
+template <typename E, int V>
+struct alignas(sizeof(E) * V) PoolLanes {
+  E v[V];
+};
+template <typename I>
+__device__ __forceinline__ void pool_index(I e, I C, I H, I W, bool channels_fast, I& n, I& c, I& h, I& w) {
   if (channels_fast) {
     c = e % C, e /= C, w = e % W, e /= W, h = e % H, n = e / H;
   } else {
     w = e % W, e /= W, h = e % H, e /= H, c = e % C, n = e / C;
   }
 }
+template <typename I>
+__device__ __forceinline__ I pool_at(const Pool4& s, I n, I c, I h, I w) {
+  return n * static_cast<I>(s.s0) + c * static_cast<I>(s.s1) + h * static_cast<I>(s.s2) + w * static_cast<I>(s.s3);
+}
 
-template <typename T>
+template <typename T, int V, typename I>
 __global__ void max_pool_offsets_kernel(const T* __restrict__ x, Pool4 sx, T* __restrict__ y, Pool4 sy,
                                         int8_t* __restrict__ off, Pool4 so, PoolDims d) {
-  const int64_t total = d.N * d.C * d.Ho * d.Wo;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int64_t n, c, oh, ow;
-    pool_index(e, d.C, d.Ho, d.Wo, d.channels_fast, n, c, oh, ow);
-    const T* xp = x + n * sx.s0 + c * sx.s1;
-    const int64_t h0 = oh * d.sh - d.ph, w0 = ow * d.sw - d.pw;
-    float best = 0.0f;
-    int arg = -1;
-    const T* at = xp;
+  const I groups = static_cast<I>(d.C / V), Ho = static_cast<I>(d.Ho), Wo = static_cast<I>(d.Wo);
+  const I total = static_cast<I>(d.N) * groups * Ho * Wo;
+  const I step = static_cast<I>(gridDim.x) * blockDim.x;
+  for (I e = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; e < total; e += step) {
+    I n, c, oh, ow;
+    pool_index<I>(e, groups, Ho, Wo, d.channels_fast, n, c, oh, ow);
+    c *= V;
+    const int h0 = static_cast<int>(oh) * d.sh - d.ph, w0 = static_cast<int>(ow) * d.sw - d.pw;
+    float best[V];
+    PoolLanes<T, V> pick;      // the chosen elements themselves, bit for bit
+    PoolLanes<int8_t, V> arg;  // their offsets in the window, -1 before the first
+#pragma unroll
+    for (int j = 0; j < V; ++j) best[j] = 0.0f, arg.v[j] = -1, pick.v[j] = T();
     for (int i = 0; i < d.kh; ++i) {
-      const int64_t h = h0 + static_cast<int64_t>(i) * d.dh;
+      const int h = h0 + i * d.dh;
       if (h < 0 || h >= d.H) continue;
-      for (int j = 0; j < d.kw; ++j) {
-        const int64_t w = w0 + static_cast<int64_t>(j) * d.dw;
+      for (int k = 0; k < d.kw; ++k) {
+        const int w = w0 + k * d.dw;
         if (w < 0 || w >= d.W) continue;
-        const float v = load_f(xp + h * sx.s2 + w * sx.s3);
-        if (arg < 0 || v > best || v != v) best = v, arg = i * d.kw + j, at = xp + h * sx.s2 + w * sx.s3;  // v != v: NaN
+        const PoolLanes<T, V> l =
+            *reinterpret_cast<const PoolLanes<T, V>*>(x + pool_at<I>(sx, n, c, static_cast<I>(h), static_cast<I>(w)));
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const float v = load_f(&l.v[j]);
+          if (arg.v[j] < 0 || v > best[j] || v != v)  // v != v: NaN
+            best[j] = v, arg.v[j] = static_cast<int8_t>(i * d.kw + k), pick.v[j] = l.v[j];
+        }
       }
     }
-    y[n * sy.s0 + c * sy.s1 + oh * sy.s2 + ow * sy.s3] = *at;  // the element itself, bit for bit
-    off[n * so.s0 + c * so.s1 + oh * so.s2 + ow * so.s3] = static_cast<int8_t>(arg);
+    *reinterpret_cast<PoolLanes<T, V>*>(y + pool_at<I>(sy, n, c, oh, ow)) = pick;
+    *reinterpret_cast<PoolLanes<int8_t, V>*>(off + pool_at<I>(so, n, c, oh, ow)) = arg;
   }
 }
 
 // The outputs whose window can hold input position `p` along one axis: o in [lo, hi] with o * s - pad <= p and
 // o * s - pad + (k - 1) * dil >= p, clamped to [0, out).
-__device__ __forceinline__ void pool_range(int64_t p, int k, int s, int pad, int dil, int64_t out, int64_t& lo,
-                                           int64_t& hi) {
-  const int64_t top = p + pad, bottom = p + pad - static_cast<int64_t>(k - 1) * dil;
-  hi = std::min<int64_t>(top / s, out - 1);
+__device__ __forceinline__ void pool_range(int p, int k, int s, int pad, int dil, int out, int& lo, int& hi) {
+  const int top = p + pad, bottom = p + pad - (k - 1) * dil;
+  hi = std::min(top / s, out - 1);
   lo = bottom <= 0 ? 0 : (bottom + s - 1) / s;
 }
 
-template <typename T>
+template <typename T, int V, typename I>
 __global__ void max_pool_offsets_backward_kernel(const T* __restrict__ gy, Pool4 sy, const int8_t* __restrict__ off,
                                                  Pool4 so, T* __restrict__ gx, Pool4 sx, PoolDims d) {
-  const int64_t total = d.N * d.C * d.H * d.W;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int64_t n, c, h, w;
-    pool_index(e, d.C, d.H, d.W, d.channels_fast, n, c, h, w);
-    int64_t oh0, oh1, ow0, ow1;
-    pool_range(h, d.kh, d.sh, d.ph, d.dh, d.Ho, oh0, oh1);
-    pool_range(w, d.kw, d.sw, d.pw, d.dw, d.Wo, ow0, ow1);
-    float acc = 0.0f;
-    for (int64_t oh = oh0; oh <= oh1; ++oh) {  // (oh, ow) order, as the CPU backend adds
-      const int64_t di = h - (oh * d.sh - d.ph);
+  const I groups = static_cast<I>(d.C / V), H = static_cast<I>(d.H), W = static_cast<I>(d.W);
+  const I total = static_cast<I>(d.N) * groups * H * W;
+  const I step = static_cast<I>(gridDim.x) * blockDim.x;
+  for (I e = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; e < total; e += step) {
+    I n, c, h, w;
+    pool_index<I>(e, groups, H, W, d.channels_fast, n, c, h, w);
+    c *= V;
+    int oh0, oh1, ow0, ow1;
+    pool_range(static_cast<int>(h), d.kh, d.sh, d.ph, d.dh, static_cast<int>(d.Ho), oh0, oh1);
+    pool_range(static_cast<int>(w), d.kw, d.sw, d.pw, d.dw, static_cast<int>(d.Wo), ow0, ow1);
+    float acc[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) acc[j] = 0.0f;
+    for (int oh = oh0; oh <= oh1; ++oh) {  // (oh, ow) order, as the CPU backend adds
+      const int di = static_cast<int>(h) - (oh * d.sh - d.ph);
       if (di % d.dh != 0) continue;
-      const int64_t i = di / d.dh;
-      for (int64_t ow = ow0; ow <= ow1; ++ow) {
-        const int64_t dj = w - (ow * d.sw - d.pw);
+      for (int ow = ow0; ow <= ow1; ++ow) {
+        const int dj = static_cast<int>(w) - (ow * d.sw - d.pw);
         if (dj % d.dw != 0) continue;
-        const int64_t base = n * so.s0 + c * so.s1 + oh * so.s2 + ow * so.s3;
-        if (off[base] == i * d.kw + dj / d.dw)
-          acc += load_f(gy + n * sy.s0 + c * sy.s1 + oh * sy.s2 + ow * sy.s3);
+        const int8_t mine = static_cast<int8_t>(di / d.dh * d.kw + dj / d.dw);
+        const PoolLanes<int8_t, V> o = *reinterpret_cast<const PoolLanes<int8_t, V>*>(
+            off + pool_at<I>(so, n, c, static_cast<I>(oh), static_cast<I>(ow)));
+        bool any = false;
+#pragma unroll
+        for (int j = 0; j < V; ++j) any |= o.v[j] == mine;
+        if (!any) continue;  // g_y is read only where one of the V maxima came from here
+        const PoolLanes<T, V> g = *reinterpret_cast<const PoolLanes<T, V>*>(
+            gy + pool_at<I>(sy, n, c, static_cast<I>(oh), static_cast<I>(ow)));
+#pragma unroll
+        for (int j = 0; j < V; ++j)
+          if (o.v[j] == mine) acc[j] += load_f(&g.v[j]);
       }
     }
-    store_f(gx + n * sx.s0 + c * sx.s1 + h * sx.s2 + w * sx.s3, acc);
+    PoolLanes<T, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) store_f(&out.v[j], acc[j]);
+    *reinterpret_cast<PoolLanes<T, V>*>(gx + pool_at<I>(sx, n, c, h, w)) = out;
+  }
+}
+
+// The backward where the channels cannot go V to a thread (NCHW maps, or channels-last ones whose channels do not come
+// in 16-byte groups): a thread per strip of kPoolStrip neighbouring columns of one (n, c, h) row. Each output whose
+// window reaches the strip is read once (about (kPoolStrip + k) / s outputs per window row, where a thread per input
+// element read up to k^2 / s^2 each) and its offset names the one input it adds to; each element still adds its
+// outputs in (oh, ow) order.
+constexpr int kPoolStrip = 8;
+template <typename T, typename I>
+__global__ void max_pool_offsets_backward_strip_kernel(const T* __restrict__ gy, Pool4 sy,
+                                                       const int8_t* __restrict__ off, Pool4 so, T* __restrict__ gx,
+                                                       Pool4 sx, PoolDims d) {
+  const I strips = static_cast<I>((d.W + kPoolStrip - 1) / kPoolStrip), H = static_cast<I>(d.H),
+          C = static_cast<I>(d.C);
+  const I total = static_cast<I>(d.N) * C * H * strips;
+  const I step = static_cast<I>(gridDim.x) * blockDim.x;
+  for (I e = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; e < total; e += step) {
+    I n, c, h, t;
+    pool_index<I>(e, C, H, strips, false, n, c, h, t);
+    const int w0 = static_cast<int>(t) * kPoolStrip, w1 = std::min(w0 + kPoolStrip, static_cast<int>(d.W)) - 1;
+    int oh0, oh1, ow0, ow1, unused;
+    pool_range(static_cast<int>(h), d.kh, d.sh, d.ph, d.dh, static_cast<int>(d.Ho), oh0, oh1);
+    pool_range(w0, d.kw, d.sw, d.pw, d.dw, static_cast<int>(d.Wo), ow0, unused);
+    pool_range(w1, d.kw, d.sw, d.pw, d.dw, static_cast<int>(d.Wo), unused, ow1);
+    float acc[kPoolStrip];
+#pragma unroll
+    for (int j = 0; j < kPoolStrip; ++j) acc[j] = 0.0f;
+    for (int oh = oh0; oh <= oh1; ++oh) {  // (oh, ow) order, as the CPU backend adds
+      const int di = static_cast<int>(h) - (oh * d.sh - d.ph);
+      if (di % d.dh != 0) continue;
+      const int row = di / d.dh * d.kw;  // the offsets of this window row: row .. row + kw - 1
+      for (int ow = ow0; ow <= ow1; ++ow) {
+        const int k = off[pool_at<I>(so, n, c, static_cast<I>(oh), static_cast<I>(ow))] - row;
+        if (k < 0 || k >= d.kw) continue;
+        const int lane = ow * d.sw - d.pw + k * d.dw - w0;
+        if (lane < 0 || lane >= kPoolStrip) continue;
+        const float g = load_f(gy + pool_at<I>(sy, n, c, static_cast<I>(oh), static_cast<I>(ow)));
+#pragma unroll
+        for (int j = 0; j < kPoolStrip; ++j)
+          if (lane == j) acc[j] += g;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kPoolStrip; ++j)
+      if (w0 + j <= w1) store_f(gx + pool_at<I>(sx, n, c, h, static_cast<I>(w0 + j)), acc[j]);
   }
 }
 
@@ -767,28 +848,70 @@ inline PoolDims pool_dims(const ConvGeometry& g, const TensorView& small, const 
   return {g.N, g.C, g.H, g.W, small.shape[2], small.shape[3], g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw,
           order.strides[1] == 1 && g.C > 1};
 }
+// Whether every address of t (non-negative strides) fits 31 bits.
+inline bool pool_fits_int32(const TensorView& t) {
+  int64_t last = 0;
+  for (int i = 0; i < 4; ++i) {
+    if (t.strides[i] < 0) return false;
+    last += (t.shape[i] - 1) * t.strides[i];
+  }
+  return fits_int32(last) && fits_int32(t.numel());
+}
+// Whether t's channels can go V to a thread: unit channel stride, other strides multiples of V, the data aligned to
+// V elements.
+inline bool pool_lanes_ok(const TensorView& t, int V, int element_bytes) {
+  const int64_t bytes = static_cast<int64_t>(V) * element_bytes;
+  return t.strides[1] == 1 && t.shape[1] % V == 0 && t.strides[0] % V == 0 && t.strides[2] % V == 0 &&
+         t.strides[3] % V == 0 && reinterpret_cast<uintptr_t>(t.data) % bytes == 0;
+}
+// Picks the kernel's channels per thread (V: 1 or a 16-byte vector of T) and index type for the three maps, and runs
+// run(std::integral_constant<int, V>, an index-type value). narrow_index false: 64-bit indices whatever the sizes (the
+// emulation tests reach that path so).
+template <typename T, typename F>
+void pool_variant(const TensorView& a, const TensorView& b, const TensorView& off, bool narrow_index, F&& run) {
+  constexpr int kV = 16 / static_cast<int>(sizeof(T));
+  const bool lanes = pool_lanes_ok(a, kV, sizeof(T)) && pool_lanes_ok(b, kV, sizeof(T)) && pool_lanes_ok(off, kV, 1);
+  const bool narrow = narrow_index && pool_fits_int32(a) && pool_fits_int32(b) && pool_fits_int32(off);
+  if (lanes && narrow) run(std::integral_constant<int, kV>{}, uint32_t{});
+  else if (lanes) run(std::integral_constant<int, kV>{}, int64_t{});
+  else if (narrow) run(std::integral_constant<int, 1>{}, uint32_t{});
+  else run(std::integral_constant<int, 1>{}, int64_t{});
+}
 
 template <typename Launch>
 void max_pool_offsets_launch(const TensorView& x, const ConvGeometry& g, const TensorView& y, const TensorView& off,
-                             const Launch& launch) {
+                             const Launch& launch, bool narrow_index = true) {
   const PoolDims d = pool_dims(g, y, y);
   dispatch_float(x.dtype, "max_pool2d_offsets", [&](auto t) {
     using T = decltype(t);
-    launch(max_pool_offsets_kernel<T>, dim3(grid_1d(d.N * d.C * d.Ho * d.Wo, kBasicThreads)), kBasicThreads, 0,
-           static_cast<const T*>(x.data), pool_strides(x), static_cast<T*>(y.data), pool_strides(y),
-           static_cast<int8_t*>(off.data), pool_strides(off), d);
+    pool_variant<T>(x, y, off, narrow_index, [&](auto v, auto i) {
+      constexpr int V = decltype(v)::value;
+      launch(max_pool_offsets_kernel<T, V, decltype(i)>, dim3(grid_1d(d.N * d.C / V * d.Ho * d.Wo, kBasicThreads)),
+             kBasicThreads, 0, static_cast<const T*>(x.data), pool_strides(x), static_cast<T*>(y.data),
+             pool_strides(y), static_cast<int8_t*>(off.data), pool_strides(off), d);
+    });
   });
 }
 
 template <typename Launch>
 void max_pool_offsets_backward_launch(const TensorView& gy, const TensorView& off, const ConvGeometry& g,
-                                      const TensorView& gx, const Launch& launch) {
+                                      const TensorView& gx, const Launch& launch, bool narrow_index = true) {
   const PoolDims d = pool_dims(g, gy, gx);
   dispatch_float(gy.dtype, "max_pool2d_offsets_backward", [&](auto t) {
     using T = decltype(t);
-    launch(max_pool_offsets_backward_kernel<T>, dim3(grid_1d(d.N * d.C * d.H * d.W, kBasicThreads)), kBasicThreads,
-           0, static_cast<const T*>(gy.data), pool_strides(gy), static_cast<const int8_t*>(off.data),
-           pool_strides(off), static_cast<T*>(gx.data), pool_strides(gx), d);
+    pool_variant<T>(gx, gy, off, narrow_index, [&](auto v, auto i) {
+      constexpr int V = decltype(v)::value;
+      using I = decltype(i);
+      if constexpr (V > 1)
+        launch(max_pool_offsets_backward_kernel<T, V, I>, dim3(grid_1d(d.N * d.C / V * d.H * d.W, kBasicThreads)),
+               kBasicThreads, 0, static_cast<const T*>(gy.data), pool_strides(gy),
+               static_cast<const int8_t*>(off.data), pool_strides(off), static_cast<T*>(gx.data), pool_strides(gx), d);
+      else
+        launch(max_pool_offsets_backward_strip_kernel<T, I>,
+               dim3(grid_1d(d.N * d.C * d.H * ceil_div(d.W, kPoolStrip), kBasicThreads)), kBasicThreads, 0,
+               static_cast<const T*>(gy.data), pool_strides(gy), static_cast<const int8_t*>(off.data),
+               pool_strides(off), static_cast<T*>(gx.data), pool_strides(gx), d);
+    });
   });
 }
 

@@ -323,7 +323,8 @@ TEST(Emu_BiasGrad, MatchesFloat64AndDeterministic) {
 }
 
 // Max-pool with window offsets: the emulated kernels against the CPU backend, NCHW and channels-last, overlapping and
-// dilated windows, floor and ceil output sizes, with NaN, -inf and tied maxima in the map.
+// dilated windows, floor and ceil output sizes, with NaN, -inf and tied maxima in the map; channels one or a 16-byte
+// vector to a thread (channels-last, C = 12: f32 only, 16 and 24: every dtype), 32- and 64-bit index arithmetic.
 TEST(Emu_MaxPoolOffsets, BitExactVsCpu) {
   struct P {
     int64_t N, C, H, W;
@@ -331,7 +332,9 @@ TEST(Emu_MaxPoolOffsets, BitExactVsCpu) {
     bool ceil;
   };
   const P cases[] = {{2, 3, 9, 9, 3, 2, 1, 1, false}, {1, 4, 8, 7, 2, 2, 0, 1, true}, {2, 5, 7, 6, 3, 1, 1, 2, false},
-                     {1, 2, 5, 5, 3, 3, 1, 1, true},  {1, 16, 6, 6, 3, 2, 1, 1, false}, {3, 1, 4, 9, 2, 3, 1, 1, true}};
+                     {1, 2, 5, 5, 3, 3, 1, 1, true},  {1, 16, 6, 6, 3, 2, 1, 1, false}, {3, 1, 4, 9, 2, 3, 1, 1, true},
+                     {2, 24, 9, 8, 3, 2, 1, 1, false}, {1, 12, 7, 7, 2, 2, 1, 2, true},
+                     {1, 3, 5, 21, 3, 2, 1, 1, false}};
   const auto out_size = [](int64_t in, int k, int s, int p, int d, bool ceil) {
     const int64_t span = in + 2 * p - static_cast<int64_t>(d) * (k - 1) - 1;
     int64_t o = (ceil ? (span + s - 1) / s : span / s) + 1;
@@ -341,40 +344,42 @@ TEST(Emu_MaxPoolOffsets, BitExactVsCpu) {
   uint64_t seed = 4100;
   for (DType dt : kDtypes)
     for (const P& c : cases)
-      for (bool last : {false, true}) {
-        SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " " << c.N << "x" << c.C << "x" << c.H << "x" << c.W
-                                        << " k " << c.k << " s " << c.s << " p " << c.p << " d " << c.d << " ceil "
-                                        << c.ceil << (last ? " channels-last" : " NCHW"));
-        const int64_t Ho = out_size(c.H, c.k, c.s, c.p, c.d, c.ceil), Wo = out_size(c.W, c.k, c.s, c.p, c.d, c.ceil);
-        hot::ConvGeometry g;
-        g.N = c.N, g.C = c.C, g.H = c.H, g.W = c.W, g.kh = g.kw = c.k, g.sh = g.sw = c.s, g.ph = g.pw = c.p;
-        g.dh = g.dw = c.d;
-        const auto view4 = [&](HostTensor& t, int64_t h, int64_t w) {
-          hot::TensorView v = t.view();
-          v.shape = {c.N, c.C, h, w};
-          v.strides = last ? hot::Shape{h * w * c.C, 1, w * c.C, c.C} : hot::Shape{c.C * h * w, h * w, w, 1};
-          return v;
-        };
-        HostTensor x = rand_float(dt, 1, c.N * c.C * c.H * c.W, seed++);
-        const int64_t n = x.numel();
-        for (int64_t e = 5; e < n; e += 11) x.setf(e, x.getf(e - 1));  // ties
-        x.setf(n / 3, std::nanf(""));
-        x.setf(n / 2, -INFINITY);
-        x.setf(n - 2, INFINITY);
-        HostTensor yc = out1d(dt, c.N * c.C * Ho * Wo), ye = yc, oc = out1d(DType::s8, c.N * c.C * Ho * Wo), oe = oc;
-        hot::cpu::max_pool2d_offsets(view4(x, c.H, c.W), g, view4(yc, Ho, Wo), view4(oc, Ho, Wo), {});
-        hot::cuda::max_pool_offsets_launch(view4(x, c.H, c.W), g, view4(ye, Ho, Wo), view4(oe, Ho, Wo),
-                                           hot_emu::Launch{});
-        EXPECT_TRUE(all_bytes_equal(yc, ye)) << "y";
-        EXPECT_TRUE(all_bytes_equal(oc, oe)) << "off";
-        const HostTensor gy = rand_float(dt, 1, c.N * c.C * Ho * Wo, seed++);
-        HostTensor gc = out1d(dt, n), ge = gc;
-        hot::cpu::max_pool2d_offsets_backward(view4(const_cast<HostTensor&>(gy), Ho, Wo), view4(oc, Ho, Wo), g,
-                                              view4(gc, c.H, c.W), {});
-        hot::cuda::max_pool_offsets_backward_launch(view4(const_cast<HostTensor&>(gy), Ho, Wo), view4(oe, Ho, Wo), g,
-                                                    view4(ge, c.H, c.W), hot_emu::Launch{});
-        EXPECT_TRUE(all_bytes_equal(gc, ge)) << "g_x";
-      }
+      for (bool last : {false, true})
+        for (bool narrow : {true, false}) {
+          SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " " << c.N << "x" << c.C << "x" << c.H << "x" << c.W
+                                          << " k " << c.k << " s " << c.s << " p " << c.p << " d " << c.d << " ceil "
+                                          << c.ceil << (last ? " channels-last" : " NCHW")
+                                          << (narrow ? "" : " 64-bit indices"));
+          const int64_t Ho = out_size(c.H, c.k, c.s, c.p, c.d, c.ceil), Wo = out_size(c.W, c.k, c.s, c.p, c.d, c.ceil);
+          hot::ConvGeometry g;
+          g.N = c.N, g.C = c.C, g.H = c.H, g.W = c.W, g.kh = g.kw = c.k, g.sh = g.sw = c.s, g.ph = g.pw = c.p;
+          g.dh = g.dw = c.d;
+          const auto view4 = [&](HostTensor& t, int64_t h, int64_t w) {
+            hot::TensorView v = t.view();
+            v.shape = {c.N, c.C, h, w};
+            v.strides = last ? hot::Shape{h * w * c.C, 1, w * c.C, c.C} : hot::Shape{c.C * h * w, h * w, w, 1};
+            return v;
+          };
+          HostTensor x = rand_float(dt, 1, c.N * c.C * c.H * c.W, seed++);
+          const int64_t n = x.numel();
+          for (int64_t e = 5; e < n; e += 11) x.setf(e, x.getf(e - 1));  // ties
+          x.setf(n / 3, std::nanf(""));
+          x.setf(n / 2, -INFINITY);
+          x.setf(n - 2, INFINITY);
+          HostTensor yc = out1d(dt, c.N * c.C * Ho * Wo), ye = yc, oc = out1d(DType::s8, c.N * c.C * Ho * Wo), oe = oc;
+          hot::cpu::max_pool2d_offsets(view4(x, c.H, c.W), g, view4(yc, Ho, Wo), view4(oc, Ho, Wo), {});
+          hot::cuda::max_pool_offsets_launch(view4(x, c.H, c.W), g, view4(ye, Ho, Wo), view4(oe, Ho, Wo),
+                                             hot_emu::Launch{}, narrow);
+          EXPECT_TRUE(all_bytes_equal(yc, ye)) << "y";
+          EXPECT_TRUE(all_bytes_equal(oc, oe)) << "off";
+          const HostTensor gy = rand_float(dt, 1, c.N * c.C * Ho * Wo, seed++);
+          HostTensor gc = out1d(dt, n), ge = gc;
+          hot::cpu::max_pool2d_offsets_backward(view4(const_cast<HostTensor&>(gy), Ho, Wo), view4(oc, Ho, Wo), g,
+                                                view4(gc, c.H, c.W), {});
+          hot::cuda::max_pool_offsets_backward_launch(view4(const_cast<HostTensor&>(gy), Ho, Wo), view4(oe, Ho, Wo), g,
+                                                      view4(ge, c.H, c.W), hot_emu::Launch{}, narrow);
+          EXPECT_TRUE(all_bytes_equal(gc, ge)) << "g_x";
+        }
 }
 
 }  // namespace

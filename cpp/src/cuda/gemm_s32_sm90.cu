@@ -1,6 +1,8 @@
 // sm_90a entry points: the s32-output GEMM and the dispatch of the dequantising GEMMs, including the
-// padded-output route for N that TMA cannot store directly (rows of D must be 16-byte multiples).
+// padded-output route for N that TMA cannot store directly (rows of D must be 16-byte multiples) and the split-K
+// route for outputs of very few tiles (split_k_slices).
 #include "gemm_sm90.cuh"
+#include "generic_gemm_kernels.cuh"
 
 namespace hot::cuda::sm90 {
 
@@ -63,6 +65,26 @@ bool with_padding(const TensorView& bv, const TensorView& out, int elem_bytes, i
   return true;
 }
 
+// The split-K route (split_k_slices > 1): the equal K slices of A B^T as one batch of s32-output GEMMs into scratch,
+// then reduce(partials, slices, slice stride) sums them (reduce_s32_launch) into the caller's output. False, with
+// nothing launched, when the route does not apply (the caller runs the one GEMM).
+template <typename Reduce>
+bool split_k(const TensorView& a, const TensorView& b, int device, cudaStream_t s, Reduce&& reduce) {
+  const int64_t M = a.shape[0], K = a.shape[1], N = b.shape[0];
+  const int S = split_k_slices(M, N, K, sm_count(device));
+  if (S < 2 || N % 4 != 0 || b.strides[0] % 16 != 0 || !aligned16(b.data)) return false;
+  const int64_t Ks = K / S;  // a multiple of 16
+  Scratch part(static_cast<size_t>(S * M * N) * 4, device, Stream{s});
+  typename StoreEVT::Arguments fusion{{}, {}};
+  if (!run_gemm_for_m<int32_t, StoreEVT>(static_cast<const int8_t*>(a.data), a.strides[0],
+                                         static_cast<const int8_t*>(b.data), b.strides[0], part.get(), N,
+                                         static_cast<int>(M), static_cast<int>(N), static_cast<int>(Ks), fusion,
+                                         device, s, S, Ks, Ks, M * N))
+    return false;
+  reduce(make_view(part.get(), DType::s32, a.device, {M, N}), S, M * N);
+  return true;
+}
+
 }  // namespace
 }  // namespace hot::cuda::sm90
 
@@ -70,6 +92,11 @@ namespace hot::cuda {
 
 bool sm90_gemm_s8s8s32(const TensorView& a, const TensorView& b, const TensorView& c, int device, cudaStream_t s) {
   if (!sm90::a_operand_ok(a, b)) return false;
+  if (sm90::split_k(a, b, device, s, [&](const TensorView& part, int slices, int64_t stride) {
+        reduce_s32_launch(part, slices, stride, StoreS32{static_cast<int32_t*>(c.data), c.strides[0]},
+                          StreamLaunch{s});
+      }))
+    return true;
   const int M = static_cast<int>(a.shape[0]), K = static_cast<int>(a.shape[1]);
   const auto* ap = static_cast<const int8_t*>(a.data);
   return sm90::with_padding(b, c, 4, device, s, [&](const int8_t* bp, int64_t ldb, void* d, int64_t ldd, int N) {
@@ -80,6 +107,12 @@ bool sm90_gemm_s8s8s32(const TensorView& a, const TensorView& b, const TensorVie
 bool sm90_gemm_s8_dequant(const TensorView& a, const TensorView& b, const TensorView& sa, const TensorView& sb,
                           float factor, const TensorView& out, int device, cudaStream_t s) {
   if (!sm90::a_operand_ok(a, b)) return false;
+  if (sm90::split_k(a, b, device, s, [&](const TensorView& part, int slices, int64_t stride) {
+        dispatch_float(out.dtype, "gemm_s8_dequant", [&](auto t) {
+          reduce_s32_launch(part, slices, stride, make_dequant<decltype(t)>(sa, sb, factor, out), StreamLaunch{s});
+        });
+      }))
+    return true;
   const int M = static_cast<int>(a.shape[0]), K = static_cast<int>(a.shape[1]);
   const auto* ap = static_cast<const int8_t*>(a.data);
   const bool per_row = sa.shape[0] != 1;

@@ -7,10 +7,12 @@
 // when there are too few output tiles to fill the GPU (the g_w GEMM: M = O, N = I, K = L/2), in clusters of 2x1
 // (a pair of M tiles shares B's loads through TMA multicast) or, where M fits one tile (M <= 128: a conv's g_w GEMM
 // with O = 64 or 128), of 1x1: a pair would leave one CTA of each cluster without an M tile. Integer partial sums are
-// exact in any order, so stream-K is bit-exact.
+// exact in any order, so stream-K is bit-exact. Problems of very few output tiles take a split-K route instead
+// (split_k_slices; gemm_s32_sm90.cu): the K slices as a batch of GEMMs into s32 partials, then one summing pass.
 // Included only by *_sm90.cu files, which CMake compiles only for sm_90a.
 #pragma once
 
+#include <algorithm>
 #include <mutex>
 #include <vector>
 
@@ -71,6 +73,30 @@ struct GemmConfig {
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// Output tiles of an M x N problem.
+inline int64_t gemm_tiles(int64_t M, int64_t N) {
+  return ((M + size<0>(TileShape{}) - 1) / size<0>(TileShape{})) * ((N + size<1>(TileShape{}) - 1) / size<1>(TileShape{}));
+}
+
+// The K slices of the split-K route for an M x N x K problem on sm_count SMs, or 1 (no split). When the output has so
+// few tiles that stream-K would give each tile 8 or more peers (a conv's g_w GEMM: M = O, N = C k^2, K = the pixels),
+// the peers' fix-up of a shared 128 x 256 int32 tile dominated (benchmarks/NOTES.md); instead the K slices run as a
+// batch of independent GEMMs in one wave, each writing its own s32 partial, and one pass sums them. The slices are
+// equal (a batch has one K): K / 16 = q is split into S slices of m = q / S units of 16, m a divisor of q of at least
+// 32 (4 k-tiles), S as large as one wave allows; no such divisor with S >= max(2, wave / 2): no split.
+inline int split_k_slices(int64_t M, int64_t N, int64_t K, int sm_count) {
+  const int64_t tiles = gemm_tiles(M, N);
+  if (8 * tiles > sm_count || K % 16 != 0) return 1;
+  const int64_t wave = sm_count / tiles, q = K / 16;
+  int64_t best = 1;
+  for (int64_t d = 1; d * d <= q; ++d) {
+    if (q % d != 0) continue;
+    for (const int64_t S : {d, q / d})  // S slices of m = q / S units
+      if (q / S >= 32 && S <= wave && S > best) best = S;
+  }
+  return best >= 2 && 2 * best >= wave ? static_cast<int>(best) : 1;
+}
+
 // The dynamic shared memory a GEMM kernel needs beyond 48 KB, granted once per device (the current one, which the
 // caller's DeviceGuard set). CUTLASS's GemmUniversalAdapter::initialize() sets it on every call: one more CUDA API
 // call of host time per GEMM, twice per layer backward.
@@ -91,9 +117,12 @@ void set_gemm_smem(int device) {
 
 // Runs one GEMM; `make_fusion_args` builds the epilogue tree's arguments. Returns false when the
 // problem does not meet the kernel's requirements (alignment), before launching anything.
+// A batch of `batches` problems (batches > 1: the split-K route, see gemm_s32_sm90.cu) steps A, B and D by
+// batch_a, batch_b and batch_d elements.
 template <typename Cfg, typename FusionArgs>
 bool run_gemm(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, void* d, int64_t ldd, int M, int N, int K,
-              const FusionArgs& fusion, int device, cudaStream_t stream) {
+              const FusionArgs& fusion, int device, cudaStream_t stream, int batches = 1, int64_t batch_a = 0,
+              int64_t batch_b = 0, int64_t batch_d = 0) {
   using Gemm = typename Cfg::Gemm;
   using ElementD = typename Gemm::ElementD;
   if (K % 16 != 0 || lda % 16 != 0 || ldb % 16 != 0 || !aligned16(a) || !aligned16(b) || !aligned16(d) ||
@@ -103,20 +132,20 @@ bool run_gemm(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, void* 
   using StrideB = typename Gemm::GemmKernel::StrideB;
   using StrideC = typename Gemm::GemmKernel::StrideC;
   using StrideD = typename Gemm::GemmKernel::StrideD;
-  StrideA sA = make_stride(static_cast<int64_t>(lda), _1{}, int64_t(0));
-  StrideB sB = make_stride(static_cast<int64_t>(ldb), _1{}, int64_t(0));
-  StrideC sC = make_stride(static_cast<int64_t>(ldd), _1{}, int64_t(0));
-  StrideD sD = make_stride(static_cast<int64_t>(ldd), _1{}, int64_t(0));
+  StrideA sA = make_stride(static_cast<int64_t>(lda), _1{}, batch_a);
+  StrideB sB = make_stride(static_cast<int64_t>(ldb), _1{}, batch_b);
+  StrideC sC = make_stride(static_cast<int64_t>(ldd), _1{}, batch_d);
+  StrideD sD = make_stride(static_cast<int64_t>(ldd), _1{}, batch_d);
 
   cutlass::KernelHardwareInfo hw;
   hw.device_id = device;
   hw.sm_count = sm_count(device);
 
   // Few output tiles (the g_w GEMM: M = O, N = I, K = L/2): force stream-K so that every SM takes a
-  // share of K (the heuristic was seen to leave such problems data-parallel on a handful of SMs).
+  // share of K (the heuristic was seen to leave such problems data-parallel on a handful of SMs). Fewer still
+  // (split_k_slices > 1) take the split-K route before they get here.
   typename Gemm::GemmKernel::TileSchedulerArguments sched{};
-  const int64_t tiles = ((M + size<0>(TileShape{}) - 1) / size<0>(TileShape{})) *
-                        ((N + size<1>(TileShape{}) - 1) / size<1>(TileShape{}));
+  const int64_t tiles = gemm_tiles(M, N) * batches;
   const int64_t k_tiles = (K + size<2>(TileShape{}) - 1) / size<2>(TileShape{});
   if (2 * tiles <= hw.sm_count && k_tiles >= 16) {
     sched.decomposition_mode = decltype(sched.decomposition_mode)::StreamK;
@@ -124,7 +153,7 @@ bool run_gemm(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, void* 
     sched.reduction_mode = decltype(sched.reduction_mode)::Nondeterministic;
   }
   typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
-                                {M, N, K, 1},
+                                {M, N, K, batches},
                                 {a, sA, b, sB},
                                 {fusion, nullptr, sC, static_cast<ElementD*>(d), sD},
                                 hw,
@@ -150,10 +179,13 @@ bool run_gemm(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, void* 
 // run_gemm with the cluster shape for M (see the top of this file).
 template <typename ElementD, typename EVT, typename FusionArgs>
 bool run_gemm_for_m(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, void* d, int64_t ldd, int M, int N,
-                    int K, const FusionArgs& fusion, int device, cudaStream_t stream) {
+                    int K, const FusionArgs& fusion, int device, cudaStream_t stream, int batches = 1,
+                    int64_t batch_a = 0, int64_t batch_b = 0, int64_t batch_d = 0) {
   if (M <= size<0>(TileShape{}))
-    return run_gemm<GemmConfig<ElementD, EVT, 1>>(a, lda, b, ldb, d, ldd, M, N, K, fusion, device, stream);
-  return run_gemm<GemmConfig<ElementD, EVT, 2>>(a, lda, b, ldb, d, ldd, M, N, K, fusion, device, stream);
+    return run_gemm<GemmConfig<ElementD, EVT, 1>>(a, lda, b, ldb, d, ldd, M, N, K, fusion, device, stream, batches,
+                                                  batch_a, batch_b, batch_d);
+  return run_gemm<GemmConfig<ElementD, EVT, 2>>(a, lda, b, ldb, d, ldd, M, N, K, fusion, device, stream, batches,
+                                                batch_a, batch_b, batch_d);
 }
 
 template <typename ElementD>

@@ -1,7 +1,8 @@
 // The generic CUDA-core integer GEMM (exact int32 accumulation; s32 output or the fused dequantisation) and the
 // dequantisation of an s32 matrix, with their launch sequences. Used for shapes the tensor-core paths do not take
 // (K not a multiple of 16, misaligned views), for GPUs without a compiled tensor-core path, and (dequant_s32) after
-// the sm_80 CUTLASS GEMM. Included by gemm.cu and by the host emulation test (cpp/tests/emu), which runs these same
+// the sm_80 CUTLASS GEMM; reduce_s32 also sums the K slices of the sm_90 GEMM's split-K route. Included by gemm.cu,
+// gemm_s32_sm90.cu and by the host emulation test (cpp/tests/emu), which runs these same
 // kernels on the CPU. Launchers: the interface of StreamLaunch (common.cuh).
 #pragma once
 
@@ -78,15 +79,20 @@ __global__ void __launch_bounds__(256) gemm_s8_generic_kernel(Mat<const int8_t> 
     }
 }
 
-// out = float(acc) * sa[m | 0] * sb[0] * factor from an s32 matrix (sm80 path: the CUTLASS 2.x GEMM
-// writes s32, this applies the same scalar rule as the fused epilogues).
-template <typename T>
-__global__ void dequant_s32_kernel(Mat<const int32_t> c, Dequant<T> epi) {
+// epi(m, n, the sum of `slices` s32 matrices c + s * slice_stride) for every element: the s32 result of a GEMM (sm80
+// path: the CUTLASS 2.x GEMM writes s32, this applies the scalar rule of the fused epilogues), or the sum of its K
+// slices (the split-K route of the sm90 path, gemm_s32_sm90.cu), added in slice order. int32 is exact: every partial
+// sum of a GEMM whose K passed check_k_fits is bounded by K * qmax^2 < 2^31.
+template <typename Epi>
+__global__ void reduce_s32_kernel(Mat<const int32_t> c, int slices, int64_t slice_stride, Epi epi) {
   const int64_t n = c.rows * c.cols;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = e / c.cols, k = e % c.cols;
-    epi(r, k, c.p[r * c.ld + k]);
+    const int32_t* p = c.p + r * c.ld + k;
+    int32_t acc = 0;
+    for (int s = 0; s < slices; ++s) acc += p[s * slice_stride];
+    epi(r, k, acc);
   }
 }
 
@@ -106,12 +112,18 @@ void generic_gemm_launch(const Mat<const int8_t>& a, const Mat<const int8_t>& b,
   launch(gemm_s8_generic_kernel<Epi>, grid, 256, 0, a, b, epi);
 }
 
+// epi(m, n, sum over s < slices of c[s]) with c[s] at c.data + s * slice_stride (elements), c's shape and row stride.
+template <typename Epi, typename Launch>
+void reduce_s32_launch(const TensorView& c, int slices, int64_t slice_stride, const Epi& epi, const Launch& launch) {
+  launch(reduce_s32_kernel<Epi>, dim3(grid_1d(c.shape[0] * c.shape[1], 256)), 256, 0, mat<const int32_t>(c), slices,
+         slice_stride, epi);
+}
+
 // out = float(c) * sa[m | 0] * sb[0] * factor, for a float dtype T of out.
 template <typename T, typename Launch>
 void dequant_s32_launch(const TensorView& c, const TensorView& sa, const TensorView& sb, float factor,
                         const TensorView& out, const Launch& launch) {
-  launch(dequant_s32_kernel<T>, dim3(grid_1d(c.shape[0] * c.shape[1], 256)), 256, 0, mat<const int32_t>(c),
-         make_dequant<T>(sa, sb, factor, out));
+  reduce_s32_launch(c, 1, 0, make_dequant<T>(sa, sb, factor, out), launch);
 }
 
 }  // namespace

@@ -389,6 +389,9 @@ TEST_F(Cuda_GemmS8, BitExactVsCpu) {
   const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
       {1, 1, 1}, {1, 1, 16}, {17, 33, 48}, {129, 257, 512}, {300, 77, 1000}, {64, 128, 32}, {333, 200, 96},
       {1000, 40, 1024}, {7, 300, 2048},
+      // Few output tiles and a long K: the sm90 path's split-K route (128 and 64 slices), and a K / 16 that is prime
+      // (no equal slices: stream-K)
+      {64, 256, 65536}, {200, 72, 40960}, {64, 256, 16 * 4099},
       // K not a multiple of 16 takes the generic kernel on every GPU: M in the millions (more 64-row tiles than a
       // grid's y dimension holds)
       {4200000, 5, 8}};
@@ -466,6 +469,32 @@ TEST_F(Cuda_GemmDequant, BitExactVsCpu) {
           sync();
           EXPECT_TRUE(all_bytes_equal(oc, dout.to_host()));
         }
+}
+
+// The split-K route of the sm90 path (few output tiles, a long K: 48 and 32 equal slices summed by one pass into the
+// dequantised output; K / 16 prime: stream-K), against the CPU's one dequantisation of the whole sum.
+TEST_F(Cuda_GemmDequant, SplitKBitExactVsCpu) {
+  uint64_t seed = 750;
+  for (DType dt : kFloatTypes)
+    for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {200, 256, 24576}, {300, 96, 16384}, {64, 256, 16 * 4099}})
+      for (bool per_row : {false, true}) {
+        SCOPED_TRACE(testing::Message() << dt_name(dt) << " M " << M << " N " << N << " K " << K << " per_row "
+                                        << per_row);
+        HostTensor a = rand_int(DType::s8, M, K, -127, 127, seed++);
+        HostTensor b = rand_int(DType::s8, N, K, -127, 127, seed++);
+        HostTensor sa = HostTensor::make1d(DType::f32, per_row ? M : 1);
+        std::vector<float> r = hot_test::randn(static_cast<size_t>(sa.cols()), seed++);
+        for (int64_t i = 0; i < sa.cols(); ++i) sa.setf(i, 1e-3f * (1.0f + std::fabs(r[i])));
+        HostTensor sb = HostTensor::make1d(DType::f32, 1);
+        sb.setf(0, 0.0123f);
+        HostTensor oc = out2d(dt, M, N, N + 3), og = oc;  // a row stride the output's TMA store could not take
+        DevTensor da(a), db(b), dsa(sa), dsb(sb), dout(og);
+        hot::cpu::gemm_s8_dequant(a, b, sa, sb, 1.0f / 16, 8, oc, {});
+        hot::cuda::gemm_s8_dequant(da, db, dsa, dsb, 1.0f / 16, 8, dout, st());
+        sync();
+        EXPECT_TRUE(all_bytes_equal(oc, dout.to_host()));
+      }
 }
 
 // ---- layer operations ----------------------------------------------------------------------------------

@@ -13,7 +13,9 @@
 //   pass 2 (quant): the transforms are recomputed and quantised; q_g is written row-major (16 bytes per
 //                   thread), q_gh_t transposed through shared memory so that its rows are written whole.
 // Pass 2 walks the tiles in reverse order, so the tail of g_y that pass 1 left in L2 is read from L2.
-// Tile: 64 rows x 256 columns of g_y, one CTA of 256 threads per tile. bf16/fp16 g_y whose rows load as aligned
+// Tile: 64 rows x 256 columns of g_y, one CTA of 256 threads per tile; a narrow 16-bit g_y (max(O, O_pad) <= 128 or
+// <= 64) packs 2 or 4 row tiles side by side into one tile (QgoParams::pack, tile_spot), so that O = 64 does not leave
+// three quarters of the threads on zero columns. bf16/fp16 g_y whose rows load as aligned
 // 16-byte vectors stays 16-bit in shared memory (qgo16_kernel: 32 KB filled by cp.async, plus 21 KB of q_gh_t
 // staging in pass 2); anything else (fp32, unaligned rows) is converted to fp32 in shared memory (qgo_kernel:
 // 64 KB, the q_gh_t staging reuses it). Both tiles spread their accesses over the 32 banks.
@@ -97,6 +99,11 @@ struct QgoParams {
   bool vec_load;        // 4 consecutive columns load as one vector
   bool vec_store_qg;    // 4 consecutive q_g bytes store as one word
   bool word_store_qgh;  // q_gh_t rows can be written in 4-byte words
+  // Row tiles packed side by side in one 64 x 256 tile (qgo16_kernel only): 1, or 2 / 4 for a narrow g_y (max(O,
+  // O_pad) <= 128 / 64): tile t holds row tiles t * pack + q, q = 0 .. pack - 1, in columns q * seg .. q * seg + seg - 1
+  // (seg = 256 / pack = 1 << seg_shift), so that every thread has columns to work on.
+  int pack;
+  int seg_shift;
 };
 
 // Generic (slow, out of line) quantisation of n <= 4 consecutive logical elements e0 .. e0+n-1: any
@@ -222,9 +229,20 @@ struct TileF32 {
   }
 };
 
+// Where column lc of tile t lives in g_y: its row tile (rows rt * 64 ..) and its column (see QgoParams::pack).
+struct TileSpot {
+  int64_t rt, c;
+};
+__device__ __forceinline__ TileSpot tile_spot(const QgoParams& p, int64_t t, int64_t c0, int lc) {
+  if (p.pack == 1) return {t, c0 + lc};
+  const int q = lc >> p.seg_shift;
+  return {t * p.pack + q, c0 + (lc - (q << p.seg_shift))};
+}
+
 // ---- the work on one 64 x 256 tile of g_y once it is in shared memory ------------------------------------
-// Read through `tile` (TileF32 or TileRaw16). Tile (rt, ct) covers rows r0 = rt * 64 .. r0 + 63 and columns
-// c0 = ct * 256 .. c0 + 255 of g_y; the parts below run in this order (qgo_tile).
+// Read through `tile` (TileF32 or TileRaw16). Tile (t, ct) covers rows t * 64 .. t * 64 + 63 and columns
+// c0 = ct * 256 .. c0 + 255 of g_y, or (packed) row tiles t * pack + q side by side (tile_spot); the parts below run in
+// this order (qgo_tile).
 
 // G~, pass 1, one unit (16 columns x of row r): the unit's amax into the row's key (per token) or amax_gx.
 __device__ __forceinline__ void gx_unit_amax(const QgoParams& p, const float (&x)[16], int64_t r, uint32_t& amax_gx) {
@@ -291,20 +309,25 @@ __device__ __forceinline__ void gx_unit_quant_store(const QgoParams& p, const Ke
 
 // The g_x transform: G~ = g_y blockdiag(H_b) on units (row, 16 columns), 4 per thread; its amax (pass 1) or its
 // codes in q_g (pass 2). Only the tile's column groups below max(O, O_pad) are walked (a narrow g_y, O = 64, has 4 of
-// the 16: the threads share those instead of 3 in 4 transforming zeros), except with per-token scales, whose amax
-// reduction needs 16 consecutive lanes on one row.
+// the 16 in each packed row tile), except with per-token scales, whose amax reduction needs 16 consecutive lanes on one
+// row (such g_y is never packed).
 template <int PASS, class Tile, class Key>
-__device__ __forceinline__ void gx_transform(const QgoParams& p, const Key& key, const Tile& tile, int64_t r0,
+__device__ __forceinline__ void gx_transform(const QgoParams& p, const Key& key, const Tile& tile, int64_t t,
                                              int64_t c0, uint32_t& amax_gx) {
+  const int seg = 1 << p.seg_shift;  // columns per packed row tile (256 unpacked)
   const int64_t width = std::max(p.O, p.O_pad) - c0;  // > 0 for every column tile
-  const int groups = p.gx_per_row || width >= kTileCols ? kTileCols / 16 : static_cast<int>((width + 15) / 16);
+  const int gq = p.gx_per_row || width >= seg ? seg / 16 : static_cast<int>((width + 15) / 16);  // groups per segment
+  const int groups = gq * p.pack;
 #pragma unroll 1
   for (int u = threadIdx.x; u < kTileRows * groups; u += kThreads) {
     const int row = groups == kTileCols / 16 ? u / (kTileCols / 16) : u / groups;  // a shift in the common case
-    const int g16 = (u - row * groups) * 16;
-    const int64_t r = r0 + row, c = c0 + g16;
+    const int gi = u - row * groups;
+    const int q = p.pack == 1 ? 0 : gi / gq;
+    const int lc = (q << p.seg_shift) + (gi - q * gq) * 16;
+    const TileSpot at = tile_spot(p, t, c0, lc);
+    const int64_t r = at.rt * kTileRows + row, c = at.c;
     float x[16];
-    tile.load16(row, g16, x);
+    tile.load16(row, lc, x);
     fwht_regs<16>(x, p.block);  // G~: blocks of b columns
     if (PASS == 1) {
       gx_unit_amax(p, x, r, amax_gx);
@@ -316,12 +339,12 @@ __device__ __forceinline__ void gx_transform(const QgoParams& p, const Key& key,
 
 // The g_b partials (pass 1): column sums of the tile in row order, one column per thread.
 template <class Tile>
-__device__ __forceinline__ void bias_partials(const QgoParams& p, const Tile& tile, int64_t rt, int64_t c0) {
+__device__ __forceinline__ void bias_partials(const QgoParams& p, const Tile& tile, int64_t t, int64_t c0) {
   const int tid = threadIdx.x;
-  const int64_t c = c0 + tid;
+  const TileSpot at = tile_spot(p, t, c0, tid);
   float sum = 0.0f;
   for (int row = 0; row < kTileRows; ++row) sum = __fadd_rn(sum, tile.at(row, tid));
-  if (c < p.O) p.bias_partial[rt * p.O + c] = sum;
+  if (at.c < p.O && at.rt * kTileRows < p.L) p.bias_partial[at.rt * p.O + at.c] = sum;
 }
 
 // G^ = blockdiag(H^) g_y for one thread's (row block jb, 4 columns c4 .. c4+3): the 16 transformed rows, hx[t][v]
@@ -346,8 +369,9 @@ __device__ __forceinline__ void gw_load_transform(const Tile& tile, int jb, int 
 // G^, pass 2 with 8-element RNG groups (p.sr8): stochastic codes of the kept rows k < rank into packed[v][k / 4].
 // One Philox call per (row k, 8 columns) serves two neighbouring threads (lanes 2i, 2i+1 hold columns cg8 ..
 // cg8+3 and cg8+4 .. cg8+7): for the row pair (k, k+1) the even lane draws row k, the odd lane row k+1, and each
-// passes the partner the two words of the partner's columns. The conditions of the loop are warp-uniform (jb is
-// per warp), so every lane reaches the shuffles.
+// passes the partner the two words of the partner's columns. The conditions around the shuffles are warp-uniform
+// (the scale; the rank), so every lane reaches them: a packed tile puts two row tiles in one warp, one of which may
+// lie past L (jglob >= nb), which only decides whether a lane keeps its codes.
 template <class Key>
 __device__ __forceinline__ void gw_quant_sr8(const QgoParams& p, const Key& key, const float (&hx)[16][4], int rank,
                                              int64_t jglob, int64_t nb, int64_t cg, int nvalid,
@@ -355,7 +379,7 @@ __device__ __forceinline__ void gw_quant_sr8(const QgoParams& p, const Key& key,
   const int par = threadIdx.x & 1;
   const int64_t cg8 = cg - 4 * par;  // multiple of 8
   const float inv = p.inv_gw[0], pre = p.pre_gw[0];
-  if (jglob < nb && inv != 0.0f) {  // warp-uniform (inv == 0: all codes 0, packed stays zero)
+  if (inv != 0.0f) {  // warp-uniform (inv == 0: all codes 0, packed stays zero)
     uint32_t rows[16] = {};  // rows[k]: the codes of row k, columns c4 .. c4+3 as bytes 0..3
 #pragma unroll
     for (int k = 0; k < 16; k += 2) {
@@ -365,7 +389,7 @@ __device__ __forceinline__ void gw_quant_sr8(const QgoParams& p, const Key& key,
         const uint32_t s0 = par ? b.v[0] : b.v[2], s1 = par ? b.v[1] : b.v[3];
         const uint32_t m0 = par ? b.v[2] : b.v[0], m1 = par ? b.v[3] : b.v[1];
         const uint32_t r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-        if (nvalid > 0) {
+        if (nvalid > 0 && jglob < nb) {
           const int ka = hla_order(k);
           rows[k] = sr4_packed(hx[ka][0], hx[ka][1], hx[ka][2], hx[ka][3], par ? r0 : m0, par ? r1 : m1, inv, pre, 127);
           if (k + 1 < rank) {
@@ -439,10 +463,11 @@ template <int PASS, class Tile, class Key>
 __device__ __forceinline__ void gw_projection(const QgoParams& p, const Key& key, const Tile& tile, int rank, int64_t rt,
                                               int64_t c0, int jb, int c4, uint32_t& amax_gw, uint32_t (&packed)[4][4]) {
   const int64_t nb = (p.L + 15) / 16;
-  const int64_t jglob = rt * kRowBlocks + jb;
+  const TileSpot at = tile_spot(p, rt, c0, c4);  // the 4 columns share a segment
+  const int64_t jglob = at.rt * kRowBlocks + jb;
   float hx[16][4];
   gw_load_transform(tile, jb, c4, hx);
-  const int64_t cg = c0 + c4;
+  const int64_t cg = at.c;
   const int nvalid = static_cast<int>(std::min<int64_t>(4, std::max<int64_t>(0, p.O - cg)));
   if (PASS == 2 && p.sr8) {
     gw_quant_sr8(p, key, hx, rank, jglob, nb, cg, nvalid, packed);
@@ -451,10 +476,45 @@ __device__ __forceinline__ void gw_projection(const QgoParams& p, const Key& key
   }
 }
 
+// Rows [c0, c0 + nrows) of q_gh_t, bytes [col0, col1), from the staged rows src (stage_ld bytes apart).
+__device__ __forceinline__ void copy_qgh_rows(const QgoParams& p, const unsigned char* src0, int stage_ld, int64_t c0,
+                                              int nrows, int64_t col0, int64_t col1) {
+  const int tid = threadIdx.x;
+  const int width = static_cast<int>(col1 - col0);
+  // Item i = rr * units + w (units: words or bytes per row), i = tid, tid + kThreads, ...: (rr, w) advance by a fixed
+  // (rows, units) step with a carry, so the loop has no division (one per item was a quarter of pass 2's instructions).
+  const bool words = p.word_store_qgh;
+  const int unit = words ? 4 : 1, units = width / unit;
+  if (units == 0) return;
+  const int drr = kThreads / units, dw = kThreads % units;
+  int rr = tid / units, w = tid % units;
+  if (words && dw == 0) {
+    // Whole rows per step (a full row tile: kRowBlocks * rank / 4 words a row divide the block): a thread's word
+    // column stays fixed, both pointers advance by drr rows.
+    const int64_t dst_step = drr * p.ld_qgh;
+    int8_t* dst = p.q_gh + (c0 + rr) * p.ld_qgh + col0 + 4 * w;
+    const unsigned char* src = src0 + rr * stage_ld + 4 * w;
+    for (; rr < nrows; rr += drr, dst += dst_step, src += drr * stage_ld)
+      *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
+    return;
+  }
+  while (rr < nrows) {
+    int8_t* dst = p.q_gh + (c0 + rr) * p.ld_qgh + col0 + unit * w;
+    const unsigned char* src = src0 + rr * stage_ld + unit * w;
+    if (words) {
+      *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
+    } else {
+      *dst = static_cast<int8_t>(*src);
+    }
+    rr += drr, w += dw;
+    if (w >= units) w -= units, ++rr;
+  }
+}
+
 // The staging of q_gh_t (pass 2): every thread's packed codes go to `stage` transposed (one staged row of stage_ld
-// bytes per column of the tile), then the tile's rows of q_gh_t are written whole, bytes [col0, col1).
+// bytes per column of the tile), then each row tile's rows of q_gh_t are written whole, bytes [col0, col1).
 template <class Tile>
-__device__ __forceinline__ void stage_qgh_t(const QgoParams& p, const uint32_t (&packed)[4][4], int rank, int64_t rt,
+__device__ __forceinline__ void stage_qgh_t(const QgoParams& p, const uint32_t (&packed)[4][4], int rank, int64_t t,
                                             int64_t c0, int jb, int c4, unsigned char* stage) {
   const int tid = threadIdx.x;
   const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
@@ -463,8 +523,8 @@ __device__ __forceinline__ void stage_qgh_t(const QgoParams& p, const uint32_t (
   if (Tile::kStageAliases) __syncthreads();
   // Every thread stores all `rank` bytes of its 4 columns for its row block below, so the staged bytes
   // [0, kRowBlocks * rank) of each column are all written; only the last row tile also writes bytes past
-  // them (the K .. K_pad zero padding), so only it clears the staging first.
-  if (rt == n_rt - 1) {
+  // them (the K .. K_pad zero padding), so only the tile holding it clears the staging first.
+  if ((n_rt - 1) / p.pack == t) {
     uint32_t* s32 = reinterpret_cast<uint32_t*>(stage);
     for (int i = tid; i < kTileCols * stage_ld / 4; i += kThreads) s32[i] = 0u;
     __syncthreads();
@@ -485,38 +545,15 @@ __device__ __forceinline__ void stage_qgh_t(const QgoParams& p, const uint32_t (
           stage[(c4 + v) * stage_ld + jb * rank + k] = static_cast<unsigned char>(packed[v][k >> 2] >> (8 * (k & 3)));
   }
   __syncthreads();
-  // Write rows c of q_gh_t: bytes [col0, col1) (the last row tile also zero-fills K .. K_pad).
-  const int64_t col0 = rt * kRowBlocks * rank;
-  const int64_t col1 = rt == n_rt - 1 ? p.K_pad : std::min<int64_t>(col0 + kRowBlocks * rank, p.K_pad);
-  const int width = static_cast<int>(col1 - col0);
-  const int nrows = static_cast<int>(std::min<int64_t>(kTileCols, p.O - c0));
-  // Item i = rr * units + w (units: words or bytes per row), i = tid, tid + kThreads, ...: (rr, w) advance by a fixed
-  // (rows, units) step with a carry, so the loop has no division (one per item was a quarter of pass 2's instructions).
-  const bool words = p.word_store_qgh;
-  const int unit = words ? 4 : 1, units = width / unit;
-  if (units == 0) return;
-  const int drr = kThreads / units, dw = kThreads % units;
-  int rr = tid / units, w = tid % units;
-  if (words && dw == 0) {
-    // Whole rows per step (a full row tile: kRowBlocks * rank / 4 words a row divide the block): a thread's word
-    // column stays fixed, both pointers advance by drr rows.
-    const int64_t dst_step = drr * p.ld_qgh;
-    int8_t* dst = p.q_gh + (c0 + rr) * p.ld_qgh + col0 + 4 * w;
-    const unsigned char* src = stage + rr * stage_ld + 4 * w;
-    for (; rr < nrows; rr += drr, dst += dst_step, src += drr * stage_ld)
-      *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
-    return;
-  }
-  while (rr < nrows) {
-    int8_t* dst = p.q_gh + (c0 + rr) * p.ld_qgh + col0 + unit * w;
-    const unsigned char* src = stage + rr * stage_ld + unit * w;
-    if (words) {
-      *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
-    } else {
-      *dst = static_cast<int8_t>(*src);
-    }
-    rr += drr, w += dw;
-    if (w >= units) w -= units, ++rr;
+  // Per packed row tile rt: rows c of q_gh_t, bytes [col0, col1) (the last row tile also zero-fills K .. K_pad).
+  const int seg = 1 << p.seg_shift;
+  const int nrows = static_cast<int>(std::min<int64_t>(seg, p.O - c0));
+  for (int q = 0; q < p.pack; ++q) {
+    const int64_t rt = t * p.pack + q;
+    if (rt >= n_rt) break;
+    const int64_t col0 = rt * kRowBlocks * rank;
+    const int64_t col1 = rt == n_rt - 1 ? p.K_pad : std::min<int64_t>(col0 + kRowBlocks * rank, p.K_pad);
+    copy_qgh_rows(p, stage + (q << p.seg_shift) * stage_ld, stage_ld, c0, nrows, col0, col1);
   }
 }
 
@@ -526,8 +563,8 @@ template <int PASS, int R, class Tile, class Key>
 __device__ __forceinline__ void qgo_tile(const QgoParams& p, const Key& key, const Tile& tile, int64_t rt, int64_t ct,
                                          unsigned char* stage, uint32_t& amax_gx, uint32_t& amax_gw) {
   const int rank = R > 0 ? R : p.rank;  // HLA rank: compile-time (R) or run-time (R == 0)
-  const int64_t r0 = rt * kTileRows, c0 = ct * kTileCols;
-  if (p.gx) gx_transform<PASS>(p, key, tile, r0, c0, amax_gx);
+  const int64_t c0 = ct * kTileCols;
+  if (p.gx) gx_transform<PASS>(p, key, tile, rt, c0, amax_gx);
   if (PASS == 1 && p.bias) bias_partials(p, tile, rt, c0);
   if (p.gw) {
     // G^: thread = (row block jb, 4 columns c4)
@@ -655,20 +692,22 @@ __global__ void __launch_bounds__(kThreads, qgo16_min_ctas(PASS, R)) qgo16_kerne
   HOT_DYNAMIC_SMEM(smem);
   const int tid = threadIdx.x;
   const int64_t n_ct = (std::max<int64_t>(p.O_pad, p.O) + kTileCols - 1) / kTileCols;
-  const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
-  int64_t lin = blockIdx.x;  // a 1-D grid of n_ct * n_rt tiles
-  if (PASS == 2) lin = n_ct * n_rt - 1 - lin;  // reverse order: reuse what pass 1 left in L2
-  const int64_t rt = static_cast<uint32_t>(lin) / static_cast<uint32_t>(n_ct);  // < kMaxGridX tiles: 32-bit division
-  const int64_t ct = lin - rt * n_ct;
-  const int64_t r0 = rt * kTileRows, c0 = ct * kTileCols;
+  const int64_t n_t = ((p.L + kTileRows - 1) / kTileRows + p.pack - 1) / p.pack;  // tiles down (pack row tiles each)
+  int64_t lin = blockIdx.x;  // a 1-D grid of n_ct * n_t tiles
+  if (PASS == 2) lin = n_ct * n_t - 1 - lin;  // reverse order: reuse what pass 1 left in L2
+  const int64_t t = static_cast<uint32_t>(lin) / static_cast<uint32_t>(n_ct);  // < kMaxGridX tiles: 32-bit division
+  const int64_t ct = lin - t * n_ct;
+  const int64_t c0 = ct * kTileCols;
 
   // ---- load the tile by cp.async (zeros outside L x O) ------------------------------------------------
   // A thread copies chunk ch = tid % 32 of rows tid / 32 + 8 k: one column test, and per row a pointer step and a row
-  // test (the addresses are formed once; per-chunk 64-bit products were a fifth of pass 1's instructions).
+  // test (the addresses are formed once; per-chunk 64-bit products were a fifth of pass 1's instructions). The chunk's
+  // row tile and column: tile_spot (packed row tiles side by side, QgoParams::pack).
   {
     constexpr int kRowStep = kThreads / 32;
     const int ch = tid & 31, row0 = tid >> 5;
-    const int64_t c = c0 + 8 * ch;
+    const TileSpot at = tile_spot(p, t, c0, 8 * ch);
+    const int64_t c = at.c, r0 = at.rt * kTileRows;
     const bool col_in = c < p.O;  // O % 8 == 0: a chunk is all in or all out
     const int rows_left = static_cast<int>(std::min<int64_t>(p.L - (r0 + row0), kTileRows));
     const T* src = gy + (r0 + row0) * p.ld_in + c;
@@ -686,10 +725,10 @@ __global__ void __launch_bounds__(kThreads, qgo16_min_ctas(PASS, R)) qgo16_kerne
 
   uint32_t amax_gx = 0, amax_gw = 0;
   if constexpr (DS) {
-    qgo_tile<PASS, R>(p, DeviceSeed{p.seed + *p.seed_ptr}, TileRaw16<T>{smem}, rt, ct, smem + kRawTileBytes, amax_gx,
+    qgo_tile<PASS, R>(p, DeviceSeed{p.seed + *p.seed_ptr}, TileRaw16<T>{smem}, t, ct, smem + kRawTileBytes, amax_gx,
                       amax_gw);
   } else {
-    qgo_tile<PASS, R>(p, HostSeed{}, TileRaw16<T>{smem}, rt, ct, smem + kRawTileBytes, amax_gx, amax_gw);
+    qgo_tile<PASS, R>(p, HostSeed{}, TileRaw16<T>{smem}, t, ct, smem + kRawTileBytes, amax_gx, amax_gw);
   }
 
   if (PASS == 1) qgo_publish_amax(p, amax_gx, amax_gw, smem);  // its first barrier: everyone is done with the tile
@@ -723,7 +762,8 @@ GradOutputPlan abc_plan(int rank) {
 struct QgoSetup {
   QgoParams p;
   int64_t n_gx = 1;       // amax keys / scales of the g_x path: 1 (per tensor) or L (per token)
-  int64_t n_rt = 0, n_ct = 0;
+  int64_t n_rt = 0, n_ct = 0;  // row tiles (64 rows) and column tiles (256 columns) of g_y
+  int64_t n_t = 0;              // tiles down the grid: n_rt / pack, rounded up
   int fixed_rank = 0;     // R of the kernels: a compiled-in rank (8, 16), or 0 (run-time rank)
   bool raw16 = false;     // qgo16_kernel (16-bit g_y, aligned rows) rather than qgo_kernel
   size_t keys_bytes = 0, inv_bytes = 0, bias_bytes = 0;
@@ -796,6 +836,12 @@ QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradO
             smem, " bytes of shared memory per block; this GPU allows ", smem_optin);
   p.vec_store_qg = plan.gx && p.ld_qg % 16 == 0 && aligned(p.q_g, 16) && p.O_pad % 16 == 0;
   p.word_store_qgh = plan.gw && p.ld_qgh % 4 == 0 && aligned(p.q_gh, 4) && p.K_pad % 4 == 0;
+  // Narrow 16-bit g_y: 2 or 4 row tiles to a tile (QgoParams::pack); not with per-token G~ scales, whose amax needs a
+  // tile row to be one g_y row.
+  const int64_t width = std::max(p.O_pad, O);
+  p.pack = su.raw16 && !p.gx_per_row ? (width <= kTileCols / 4 ? 4 : width <= kTileCols / 2 ? 2 : 1) : 1;
+  p.seg_shift = p.pack == 4 ? 6 : p.pack == 2 ? 7 : 8;
+  su.n_t = (su.n_rt + p.pack - 1) / p.pack;
   HOT_CHECK_VALUE(su.n_rt * su.n_ct <= kMaxGridX, "quantize_grad_output / compress_activation: an input of ", L, " x ", O, " has ",
                   su.n_rt * su.n_ct, " tiles of ", kTileRows, " x ", kTileCols, "; at most ", kMaxGridX,
                   " fit one launch (split the rows)");
@@ -810,7 +856,7 @@ template <typename T, class Launch>
 void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutputQuant& out, const T* src,
                 Launch&& launch) {
   const QgoParams& p = su.p;
-  const dim3 grid(static_cast<unsigned>(su.n_ct * su.n_rt));  // one CTA per tile
+  const dim3 grid(static_cast<unsigned>(su.n_ct * su.n_t));  // one CTA per tile
   launch.zero(p.key_gx, su.keys_bytes);
   const auto pass = [&](auto pass_tag, const QgoParams& pp) {
     constexpr int P = decltype(pass_tag)::value;

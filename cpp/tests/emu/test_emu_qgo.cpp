@@ -187,6 +187,63 @@ TEST_P(Emu_QuantizeGradOutput, DeviceSeedBitExactVsCpu) {
     }
 }
 
+// Narrow 16-bit g_y (max(O, O_pad) <= 128): 2 or 4 row tiles of 64 rows share one tile (QgoParams::pack). Row counts
+// whose last tile is partly past L (130: 3 row tiles, 600: 10), widths packing 4 (16, 48, 64), 2 (72, 128) and none
+// (136); with and without bias, each path alone, compiled-in and run-time ranks, a device seed; and ABC of such x.
+TEST_P(Emu_QuantizeGradOutput, PackedNarrowTilesBitExactVsCpu) {
+  uint64_t seed = 8100;
+#if defined(HOT_EMU_RACE)
+  const std::vector<int64_t> Ls = {130}, Os = {48, 72};
+#else
+  const std::vector<int64_t> Ls = {130, 600}, Os = {16, 48, 64, 72, 128, 136};
+#endif
+  for (const DType dt : {DType::bf16, DType::f16})
+    for (const int64_t L : Ls)
+      for (const int64_t O : Os) {
+        {
+          GradOutputPlan plan = hot_cuda_test::qgo_plan({L, O, 8, ScaleMode::tensor, Rounding::stochastic, true, true,
+                                                         true, 16}, 1);
+          HostTensor gy = rand_float(dt, L, O, 1, O);
+          GradOutputQuant out;
+          HostTensor qg = out2d(DType::s8, L, O), qgh = out2d(DType::s8, O, hot::padded_k(hot::hla_rows(L, 16)));
+          out.q_g = qg;
+          out.q_gh_t = qgh;
+          const hot::cuda::QgoSetup su = hot::cuda::qgo_setup(gy, plan, out);
+          EXPECT_EQ(su.p.pack, O <= 64 ? 4 : O <= 128 ? 2 : 1) << "O " << O;
+        }
+        if (dt == DType::f16 && O != 48) continue;
+        run_case(dt, {L, O, 8, ScaleMode::tensor, Rounding::stochastic, true, true, true, 16}, seed++, 0);
+        run_case(dt, {L, O, 8, ScaleMode::tensor, Rounding::stochastic, true, true, false, 8}, seed++, 0);
+        run_case(dt, {L, O, 4, ScaleMode::tensor, Rounding::nearest, false, true, false, 5}, seed++, 0);
+        run_case(dt, {L, O, 8, ScaleMode::tensor, Rounding::stochastic, true, false, true, 16}, seed++, 0);
+        if (L == 600) run_case(dt, {L, O, 8, ScaleMode::tensor, Rounding::stochastic, true, true, true, 8}, seed++, 0, true);
+      }
+}
+
+TEST_P(Emu_CompressActivation, PackedNarrowTilesBitExactVsCpu) {
+  uint64_t seed = 8300;
+#if defined(HOT_EMU_RACE)
+  const std::vector<int64_t> Ls = {130}, Is = {64};
+#else
+  const std::vector<int64_t> Ls = {130, 600}, Is = {32, 64, 128};
+#endif
+  for (const int64_t L : Ls)
+    for (const int64_t I : Is)
+      for (const int rank : {8, 16}) {
+        SCOPED_TRACE(testing::Message() << "L " << L << " I " << I << " rank " << rank);
+        HostTensor x = rand_float(DType::bf16, L, I, seed++, I);
+        const int64_t Kp = hot::padded_k(hot::hla_rows(L, rank));
+        HostTensor qc = out2d(DType::s8, I, Kp), qe = qc, sc = out1d(DType::f32, 1), se = sc;
+        hot::cpu::compress_activation(x, qc, sc, rank, {});
+        GradOutputQuant out;
+        out.q_gh_t = qe;
+        out.s_gh = se;
+        emu_quantize_grad_output(x, hot::cuda::abc_plan(rank), out);
+        EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qc, qe));
+        EXPECT_TRUE(hot_cuda_test::all_bytes_equal(sc, se));
+      }
+}
+
 TEST_P(Emu_CompressActivation, BitExactVsCpu) {
   uint64_t seed = 7000;
   for (DType dt : kDtypes)

@@ -75,7 +75,8 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 
 // Output tiles of an M x N problem.
 inline int64_t gemm_tiles(int64_t M, int64_t N) {
-  return ((M + size<0>(TileShape{}) - 1) / size<0>(TileShape{})) * ((N + size<1>(TileShape{}) - 1) / size<1>(TileShape{}));
+  constexpr int64_t tm = size<0>(TileShape{}), tn = size<1>(TileShape{});
+  return ((M + tm - 1) / tm) * ((N + tn - 1) / tn);
 }
 
 // The K slices of the split-K route for an M x N x K problem on sm_count SMs, or 1 (no split). When the output has so

@@ -187,6 +187,23 @@ TEST_P(Emu_QuantizeGradOutput, DeviceSeedBitExactVsCpu) {
     }
 }
 
+// compress_activation of an L x I input with row stride ld: the emulated kernels (what hot::cuda::compress_activation
+// runs) against the CPU backend, bit for bit.
+void run_abc_case(DType dt, int64_t L, int64_t I, int64_t ld, int rank, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " L " << L << " I " << I << " ld " << ld << " rank "
+                                  << rank);
+  HostTensor x = rand_float(dt, L, I, seed, ld);
+  const int64_t Kp = hot::padded_k(hot::hla_rows(L, rank));
+  HostTensor qc = out2d(DType::s8, I, Kp), qe = qc, sc = out1d(DType::f32, 1), se = sc;
+  hot::cpu::compress_activation(x, qc, sc, rank, {});
+  GradOutputQuant out;
+  out.q_gh_t = qe;
+  out.s_gh = se;
+  emu_quantize_grad_output(x, hot::cuda::abc_plan(rank), out);
+  EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qc, qe));
+  EXPECT_TRUE(hot_cuda_test::all_bytes_equal(sc, se));
+}
+
 // Narrow 16-bit g_y (max(O, O_pad) <= 128): 2 or 4 row tiles of 64 rows share one tile (QgoParams::pack). Row counts
 // whose last tile is partly past L (130: 3 row tiles, 600: 10), widths packing 4 (16, 48, 64), 2 (72, 128) and none
 // (136); with and without bias, each path alone, compiled-in and run-time ranks, a device seed; and ABC of such x.
@@ -229,19 +246,7 @@ TEST_P(Emu_CompressActivation, PackedNarrowTilesBitExactVsCpu) {
 #endif
   for (const int64_t L : Ls)
     for (const int64_t I : Is)
-      for (const int rank : {8, 16}) {
-        SCOPED_TRACE(testing::Message() << "L " << L << " I " << I << " rank " << rank);
-        HostTensor x = rand_float(DType::bf16, L, I, seed++, I);
-        const int64_t Kp = hot::padded_k(hot::hla_rows(L, rank));
-        HostTensor qc = out2d(DType::s8, I, Kp), qe = qc, sc = out1d(DType::f32, 1), se = sc;
-        hot::cpu::compress_activation(x, qc, sc, rank, {});
-        GradOutputQuant out;
-        out.q_gh_t = qe;
-        out.s_gh = se;
-        emu_quantize_grad_output(x, hot::cuda::abc_plan(rank), out);
-        EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qc, qe));
-        EXPECT_TRUE(hot_cuda_test::all_bytes_equal(sc, se));
-      }
+      for (const int rank : {8, 16}) run_abc_case(DType::bf16, L, I, I, rank, seed++);
 }
 
 TEST_P(Emu_CompressActivation, BitExactVsCpu) {
@@ -249,19 +254,7 @@ TEST_P(Emu_CompressActivation, BitExactVsCpu) {
   for (DType dt : kDtypes)
     for (int64_t L : kLs)
       for (int64_t I : kIs)
-        for (int rank : kRanks) {
-          SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " L " << L << " I " << I << " rank " << rank);
-          HostTensor x = rand_float(dt, L, I, seed++, I + 3 * (L % 2));
-          const int64_t Kp = hot::padded_k(hot::hla_rows(L, rank));
-          HostTensor qc = out2d(DType::s8, I, Kp), qe = qc, sc = out1d(DType::f32, 1), se = sc;
-          hot::cpu::compress_activation(x, qc, sc, rank, {});
-          GradOutputQuant out;
-          out.q_gh_t = qe;
-          out.s_gh = se;
-          emu_quantize_grad_output(x, hot::cuda::abc_plan(rank), out);  // what hot::cuda::compress_activation runs
-          EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qc, qe));
-          EXPECT_TRUE(hot_cuda_test::all_bytes_equal(sc, se));
-        }
+        for (int rank : kRanks) run_abc_case(dt, L, I, I + 3 * (L % 2), rank, seed++);
 }
 
 // Inputs with millions of rows (a convolution's L = batch x H x W): every launch of the pass fits the GPU's grid

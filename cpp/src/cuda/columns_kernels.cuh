@@ -53,7 +53,10 @@ __device__ __forceinline__ void split_lanes(uint32_t word, int32_t& even, int32_
   even = static_cast<int32_t>(x & 0x00ff00ffu);
   odd = static_cast<int32_t>((x >> 8) & 0x00ff00ffu);
 }
-__device__ __forceinline__ void fwht_lanes(int32_t (&x)[16]) {
+// The transform of 16 such registers, each lane then biased by +2048: lane = coefficient + 2048 in [16, 4080], so
+// that both 16-bit halves of a register hold their lane as an unsigned field (no borrow from the low lane into the
+// high one). Coefficient 0 comes out of the transform biased already (the +128 offset of its 16 rows).
+__device__ __forceinline__ void fwht_lanes_biased(int32_t (&x)[16]) {
 #pragma unroll
   for (int h = 1; h < 16; h *= 2)
 #pragma unroll
@@ -63,11 +66,24 @@ __device__ __forceinline__ void fwht_lanes(int32_t (&x)[16]) {
         x[j] = a + b;
         x[j + h] = a - b;
       }
-  x[0] -= 2048 + 2048 * 65536;  // the +128 offset of all 16 rows, in both lanes
+#pragma unroll
+  for (int j = 1; j < 16; ++j) x[j] += 2048 + 2048 * 65536;
 }
-// Lane 0 (lo) or 1 (hi) of x.
-__device__ __forceinline__ int lane_value(int32_t x, int lane) {
-  return lane == 0 ? static_cast<int16_t>(x) : ((x + 0x8000) >> 16);
+// The code of the biased lane `hi` (0: low half, 1: high half) of y: q_nearest(v, inv, 1, 127) of the coefficient v
+// = lane - 2048, in the low byte of the result, without the conversion instructions (a quarter of the rate of an
+// add): the lane put under the exponent of 1.5 * 2^23 (a byte permute) is the float 12,584,960 + v exactly, minus
+// 12,584,960 gives v; v * inv rounded to an integer, ties to even, by adding 1.5 * 2^23 (the float's ulp there is 1),
+// whose low byte is then the code's two's complement. Equal to q_nearest's bits because |v * inv| <= 127 (v is one
+// of the values whose amax gave inv; 127.5 is out of reach) and pre == 1: the amax of integers is 0 or >= 1, so
+// quant_scale_from_amax never needs the 2^64 pre-scale here.
+__device__ __forceinline__ uint32_t lane_code(int32_t y, int hi, float inv) {
+  const float v = __fsub_rn(__uint_as_float(__byte_perm(static_cast<uint32_t>(y), 0x4B400000u, hi ? 0x7632u : 0x7610u)),
+                            12584960.0f);
+  return __float_as_uint(__fadd_rn(__fmul_rn(v, inv), 12582912.0f));
+}
+// Four codes' low bytes in one word, a's first.
+__device__ __forceinline__ uint32_t pack_low_bytes(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  return __byte_perm(__byte_perm(a, b, 0x0040u), __byte_perm(c, d, 0x0040u), 0x5410u);
 }
 
 // (ul, b) += (dul, db) with the carry of ul into b (dul < nu).
@@ -101,7 +117,8 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
     qs = quant_scale_from_amax(amax_from_key(*key), 127);
     if (blockIdx.x == 0 && threadIdx.x == 0) *scale = qs.scale;
   }
-  uint32_t m = 0;
+  uint32_t m = 0;                                      // pass 1: the amax key (V = 1)
+  uint32_t lane_max = 0u, lane_min = 0xffffffffu;      // pass 1: the biased lanes' range (V = 4)
   for (int64_t tl = blockIdx.x; tl < ntiles; tl += gridDim.x) {
     const int64_t jb0 = tl * TB;
     const int nb = nblk - jb0 < TB ? static_cast<int>(nblk - jb0) : TB;  // blocks of this tile
@@ -143,33 +160,55 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
           else
             word[t] = in ? static_cast<uint32_t>(*src) : 0u;
         }
-        // V = 4: the transform in integers, two channels per 32-bit register (channels 0, 2 and 1, 3 as 16-bit
-        // lanes, see split_lanes), half the adds of one float transform per channel and no conversions before it.
-        int32_t even[16], odd[16];
         if constexpr (V == 4) {
+          // The transform in integers, two channels per 32-bit register (channels 0, 2 in even, 1, 3 in odd, as
+          // biased 16-bit lanes, see split_lanes and fwht_lanes_biased): half the adds of a float transform per channel
+          // and no conversions.
+          int32_t even[16], odd[16];
 #pragma unroll
           for (int t = 0; t < 16; ++t) split_lanes(word[t], even[t], odd[t]);
-          fwht_lanes(even);
-          fwht_lanes(odd);
-        }
+          fwht_lanes_biased(even);
+          fwht_lanes_biased(odd);
+          if (!kQuant) {  // the lanes' range, two lanes per instruction: |coefficient| <= max(mx - 2048, 2048 - mn)
 #pragma unroll
-        for (int s = 0; s < V; ++s) {  // one channel at a time: 16 floats live
-          float v[16];
-          if constexpr (V == 4) {
-#pragma unroll
-            for (int t = 0; t < 16; ++t) v[t] = static_cast<float>(lane_value((s & 1) ? odd[t] : even[t], s >> 1));
+            for (int k = 0; k < 16; ++k)
+              if (k < rank) {
+                const uint32_t e = static_cast<uint32_t>(even[hla_order(k)]), o = static_cast<uint32_t>(odd[hla_order(k)]);
+                lane_max = __vmaxu2(lane_max, __vmaxu2(e, o));
+                lane_min = __vminu2(lane_min, __vminu2(e, o));
+              }
           } else {
 #pragma unroll
-            for (int t = 0; t < 16; ++t) v[t] = static_cast<float>(static_cast<int8_t>(word[t] >> (8 * s)));
-            fwht_regs<16>(v);
+            for (int s = 0; s < 4; ++s) {
+              const int32_t(&y)[16] = (s & 1) ? odd : even;
+              const int hi = s >> 1;
+              int8_t* dst = tile + (s * nu + ul) * pitch + b * rank;
+              if (rank % 4 == 0) {  // whole 32-bit words (pitch and b * rank are multiples of 4)
+#pragma unroll
+                for (int k = 0; k < 16; k += 4)
+                  if (k < rank)
+                    *reinterpret_cast<uint32_t*>(dst + k) =
+                        pack_low_bytes(lane_code(y[hla_order(k)], hi, qs.inv), lane_code(y[hla_order(k + 1)], hi, qs.inv),
+                                       lane_code(y[hla_order(k + 2)], hi, qs.inv), lane_code(y[hla_order(k + 3)], hi, qs.inv));
+              } else {
+#pragma unroll
+                for (int k = 0; k < 16; ++k)
+                  if (k < rank) dst[k] = static_cast<int8_t>(lane_code(y[hla_order(k)], hi, qs.inv) & 0xffu);
+              }
+            }
           }
+        } else {  // V = 1: one channel, a float transform
+          float v[16];
+#pragma unroll
+          for (int t = 0; t < 16; ++t) v[t] = static_cast<float>(static_cast<int8_t>(word[t]));
+          fwht_regs<16>(v);
           if (!kQuant) {
 #pragma unroll
             for (int k = 0; k < 16; ++k)
               if (k < rank) m = max(m, amax_key(v[hla_order(k)]));
           } else {
-            int8_t* dst = tile + (s * nu + ul) * pitch + b * rank;
-            if (rank % 4 == 0) {  // whole 32-bit words (pitch and b * rank are multiples of 4)
+            int8_t* dst = tile + ul * pitch + b * rank;
+            if (rank % 4 == 0) {
 #pragma unroll
               for (int k = 0; k < 16; k += 4)
                 if (k < rank) {
@@ -203,7 +242,16 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
           const int lane = tid & 31, nwarps = nthr >> 5;
           int rl = tid >> 5, s = 0, ul = rl;
           while (ul >= nu) ul -= nu, ++s;
-          for (; rl < nu * V; rl += nwarps) {
+          if (have == seg && nw <= 32) {  // every tile but the last (TB * rank <= 128 bytes): a word per lane
+            for (; rl < nu * V; rl += nwarps) {
+              if (lane < nw)
+                *reinterpret_cast<uint32_t*>(q + (static_cast<int64_t>(u0 + ul) * V + s) * ldq + start + lane * 4) =
+                    *reinterpret_cast<const uint32_t*>(tile + rl * pitch + lane * 4);
+              ul += nwarps;
+              while (ul >= nu) ul -= nu, ++s;
+            }
+          }
+          for (; rl < nu * V; rl += nwarps) {  // the last tile: a partial word and the zeros up to K_pad
             const int8_t* src_row = tile + rl * pitch;
             int8_t* dst_row = q + (static_cast<int64_t>(u0 + ul) * V + s) * ldq + start;
             for (int wi = lane; wi < nw; wi += 32) {
@@ -231,6 +279,11 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
     }
   }
   if (!kQuant) {
+    if constexpr (V == 4) {  // the amax key of the largest |coefficient| (an integer: the key of its float)
+      const int lo = max(static_cast<int>(lane_max & 0xffffu) - 2048, 2048 - static_cast<int>(lane_min & 0xffffu));
+      const int hi = max(static_cast<int>(lane_max >> 16) - 2048, 2048 - static_cast<int>(lane_min >> 16));
+      m = amax_key(static_cast<float>(max(0, max(lo, hi))));
+    }
     m = block_max_u32(m, red);
     if (threadIdx.x == 0) atomicMax(key, m);
   }

@@ -249,6 +249,18 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   return r;
 }
 
+// The per-halfword unsigned maximum / minimum of two words (SIMD within a register).
+inline unsigned emu_halves(unsigned a, unsigned b, bool take_max) {
+  unsigned r = 0;
+  for (int h = 0; h < 2; ++h) {
+    const unsigned x = (a >> (16 * h)) & 0xffffu, y = (b >> (16 * h)) & 0xffffu;
+    r |= (take_max ? (x > y ? x : y) : (x < y ? x : y)) << (16 * h);
+  }
+  return r;
+}
+inline unsigned __vmaxu2(unsigned a, unsigned b) { return emu_halves(a, b, true); }
+inline unsigned __vminu2(unsigned a, unsigned b) { return emu_halves(a, b, false); }
+
 inline int max(int a, int b) { return a > b ? a : b; }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }

@@ -234,24 +234,26 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
         // [jb0 * rank, end), and the zeros up to K_pad after the last block
         const int64_t start = jb0 * rank, end = jb0 + nb == nblk ? K_pad : start + int64_t{nb} * rank;
         const int seg = static_cast<int>(end - start), have = nb * rank;
-        if (words) {
-          // A warp per tile row (rows warp, warp + nwarps, ...), its lanes on the row's words: the row's (channel s,
-          // unit ul) advance with a carry instead of a division per word (the divisions were half of pass 2's
-          // instructions).
-          const int nw = seg / 4;  // start, K_pad and TB * rank are multiples of 4
-          const int lane = tid & 31, nwarps = nthr >> 5;
-          int rl = tid >> 5, s = 0, ul = rl;
-          while (ul >= nu) ul -= nu, ++s;
-          if (have == seg && nw <= 32) {  // every tile but the last (TB * rank <= 128 bytes): a word per lane
-            for (; rl < nu * V; rl += nwarps) {
-              if (lane < nw)
-                *reinterpret_cast<uint32_t*>(q + (static_cast<int64_t>(u0 + ul) * V + s) * ldq + start + lane * 4) =
-                    *reinterpret_cast<const uint32_t*>(tile + rl * pitch + lane * 4);
-              ul += nwarps;
-              while (ul >= nu) ul -= nu, ++s;
-            }
+        const int lane = tid & 31, warp = tid >> 5, nwarps = nthr >> 5;
+        const int nw = seg / 4;  // start, K_pad and TB * rank are multiples of 4
+        if (words && have == seg && nw <= 32) {
+          // Every tile but the last (TB * rank <= 128 bytes): a warp per tile row, a word per lane, the rows of one
+          // channel-in-unit sv after another with both pointers stepped (no index arithmetic per row).
+#pragma unroll
+          for (int sv = 0; sv < V; ++sv) {
+            const int8_t* src = tile + (sv * nu + warp) * pitch + lane * 4;
+            int8_t* dst = q + (static_cast<int64_t>(u0 + warp) * V + sv) * ldq + start + lane * 4;
+            const int64_t dst_step = static_cast<int64_t>(nwarps) * V * ldq;
+#pragma unroll 2
+            for (int u = warp; u < nu; u += nwarps, src += nwarps * pitch, dst += dst_step)
+              if (lane < nw) *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
           }
-          for (; rl < nu * V; rl += nwarps) {  // the last tile: a partial word and the zeros up to K_pad
+        } else if (words) {
+          // The last tile: a warp per tile row (rows warp, warp + nwarps, ...), its lanes on the row's words, with a
+          // partial word and the zeros up to K_pad; the row's (channel s, unit ul) advance with a carry.
+          int rl = warp, s = 0, ul = rl;
+          while (ul >= nu) ul -= nu, ++s;
+          for (; rl < nu * V; rl += nwarps) {
             const int8_t* src_row = tile + rl * pitch;
             int8_t* dst_row = q + (static_cast<int64_t>(u0 + ul) * V + s) * ldq + start;
             for (int wi = lane; wi < nw; wi += 32) {

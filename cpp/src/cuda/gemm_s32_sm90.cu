@@ -66,22 +66,29 @@ bool with_padding(const TensorView& bv, const TensorView& out, int elem_bytes, i
 }
 
 // The split-K route (split_k_slices > 1): the equal K slices of A B^T as one batch of s32-output GEMMs into scratch,
-// then reduce(partials, slices, slice stride) sums them (reduce_s32_launch) into the caller's output. False, with
-// nothing launched, when the route does not apply (the caller runs the one GEMM).
+// then reduce(partials, slices, slice stride, transposed) sums them (reduce_s32_launch) into the caller's output.
+// Where N cannot be a row of the partials (N % 4 != 0: a conv's g_w with C k^2 columns, 147 for a 7 x 7 stem) but M
+// can, the batch computes the transposed product B A^T (N x M partials; `transposed`: element (r, c) of the sum is
+// output (c, r)), so that B needs neither padding nor a copy. False, with nothing launched, when the route does not
+// apply (the caller runs the one GEMM).
 template <typename Reduce>
 bool split_k(const TensorView& a, const TensorView& b, int device, cudaStream_t s, Reduce&& reduce) {
   const int64_t M = a.shape[0], K = a.shape[1], N = b.shape[0];
-  const int S = split_k_slices(M, N, K, sm_count(device));
-  if (S < 2 || N % 4 != 0 || b.strides[0] % 16 != 0 || !aligned16(b.data)) return false;
+  const bool transposed = N % 4 != 0 && M % 4 == 0 && a_operand_ok(b, a);
+  const TensorView& x = transposed ? b : a;  // the problem's A (rows: the partials' rows) and B
+  const TensorView& y = transposed ? a : b;
+  const int64_t Mx = x.shape[0], Ny = y.shape[0];
+  const int S = split_k_slices(Mx, Ny, K, sm_count(device));
+  if (S < 2 || Ny % 4 != 0 || y.strides[0] % 16 != 0 || !aligned16(y.data)) return false;
   const int64_t Ks = K / S;  // a multiple of 16
-  Scratch part(static_cast<size_t>(S * M * N) * 4, device, Stream{s});
+  Scratch part(static_cast<size_t>(S * Mx * Ny) * 4, device, Stream{s});
   typename StoreEVT::Arguments fusion{{}, {}};
-  if (!run_gemm_for_m<int32_t, StoreEVT>(static_cast<const int8_t*>(a.data), a.strides[0],
-                                         static_cast<const int8_t*>(b.data), b.strides[0], part.get(), N,
-                                         static_cast<int>(M), static_cast<int>(N), static_cast<int>(Ks), fusion,
-                                         device, s, S, Ks, Ks, M * N))
+  if (!run_gemm_for_m<int32_t, StoreEVT>(static_cast<const int8_t*>(x.data), x.strides[0],
+                                         static_cast<const int8_t*>(y.data), y.strides[0], part.get(), Ny,
+                                         static_cast<int>(Mx), static_cast<int>(Ny), static_cast<int>(Ks), fusion,
+                                         device, s, S, Ks, Ks, Mx * Ny))
     return false;
-  reduce(make_view(part.get(), DType::s32, a.device, {M, N}), S, M * N);
+  reduce(make_view(part.get(), DType::s32, a.device, {Mx, Ny}), S, Mx * Ny, transposed);
   return true;
 }
 
@@ -92,8 +99,8 @@ namespace hot::cuda {
 
 bool sm90_gemm_s8s8s32(const TensorView& a, const TensorView& b, const TensorView& c, int device, cudaStream_t s) {
   if (!sm90::a_operand_ok(a, b)) return false;
-  if (sm90::split_k(a, b, device, s, [&](const TensorView& part, int slices, int64_t stride) {
-        reduce_s32_launch(part, slices, stride, StoreS32{static_cast<int32_t*>(c.data), c.strides[0]},
+  if (sm90::split_k(a, b, device, s, [&](const TensorView& part, int slices, int64_t stride, bool transposed) {
+        reduce_s32_launch(part, slices, stride, StoreS32{static_cast<int32_t*>(c.data), c.strides[0]}, transposed,
                           StreamLaunch{s});
       }))
     return true;
@@ -107,9 +114,10 @@ bool sm90_gemm_s8s8s32(const TensorView& a, const TensorView& b, const TensorVie
 bool sm90_gemm_s8_dequant(const TensorView& a, const TensorView& b, const TensorView& sa, const TensorView& sb,
                           float factor, const TensorView& out, int device, cudaStream_t s) {
   if (!sm90::a_operand_ok(a, b)) return false;
-  if (sm90::split_k(a, b, device, s, [&](const TensorView& part, int slices, int64_t stride) {
+  if (sm90::split_k(a, b, device, s, [&](const TensorView& part, int slices, int64_t stride, bool transposed) {
         dispatch_float(out.dtype, "gemm_s8_dequant", [&](auto t) {
-          reduce_s32_launch(part, slices, stride, make_dequant<decltype(t)>(sa, sb, factor, out), StreamLaunch{s});
+          reduce_s32_launch(part, slices, stride, make_dequant<decltype(t)>(sa, sb, factor, out), transposed,
+                            StreamLaunch{s});
         });
       }))
     return true;

@@ -81,10 +81,11 @@ __global__ void __launch_bounds__(256) gemm_s8_generic_kernel(Mat<const int8_t> 
 
 // epi(m, n, the sum of `slices` s32 matrices c + s * slice_stride) for every element: the s32 result of a GEMM (sm80
 // path: the CUTLASS 2.x GEMM writes s32, this applies the scalar rule of the fused epilogues), or the sum of its K
-// slices (the split-K route of the sm90 path, gemm_s32_sm90.cu), added in slice order. int32 is exact: every partial
-// sum of a GEMM whose K passed check_k_fits is bounded by K * qmax^2 < 2^31.
+// slices (the split-K route of the sm90 path, gemm_s32_sm90.cu), added in slice order; `transposed`: element (r, k)
+// of c is output (k, r) (the route's transposed product). int32 is exact: every partial sum of a GEMM whose K passed
+// check_k_fits is bounded by K * qmax^2 < 2^31.
 template <typename Epi>
-__global__ void reduce_s32_kernel(Mat<const int32_t> c, int slices, int64_t slice_stride, Epi epi) {
+__global__ void reduce_s32_kernel(Mat<const int32_t> c, int slices, int64_t slice_stride, bool transposed, Epi epi) {
   const int64_t n = c.rows * c.cols;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -92,7 +93,10 @@ __global__ void reduce_s32_kernel(Mat<const int32_t> c, int slices, int64_t slic
     const int32_t* p = c.p + r * c.ld + k;
     int32_t acc = 0;
     for (int s = 0; s < slices; ++s) acc += p[s * slice_stride];
-    epi(r, k, acc);
+    if (transposed)
+      epi(k, r, acc);
+    else
+      epi(r, k, acc);
   }
 }
 
@@ -112,18 +116,20 @@ void generic_gemm_launch(const Mat<const int8_t>& a, const Mat<const int8_t>& b,
   launch(gemm_s8_generic_kernel<Epi>, grid, 256, 0, a, b, epi);
 }
 
-// epi(m, n, sum over s < slices of c[s]) with c[s] at c.data + s * slice_stride (elements), c's shape and row stride.
+// epi(m, n, sum over s < slices of c[s]) with c[s] at c.data + s * slice_stride (elements), c's shape and row stride;
+// transposed: epi(n, m, ...) for element (m, n) of the sum.
 template <typename Epi, typename Launch>
-void reduce_s32_launch(const TensorView& c, int slices, int64_t slice_stride, const Epi& epi, const Launch& launch) {
+void reduce_s32_launch(const TensorView& c, int slices, int64_t slice_stride, const Epi& epi, bool transposed,
+                       const Launch& launch) {
   launch(reduce_s32_kernel<Epi>, dim3(grid_1d(c.shape[0] * c.shape[1], 256)), 256, 0, mat<const int32_t>(c), slices,
-         slice_stride, epi);
+         slice_stride, transposed, epi);
 }
 
 // out = float(c) * sa[m | 0] * sb[0] * factor, for a float dtype T of out.
 template <typename T, typename Launch>
 void dequant_s32_launch(const TensorView& c, const TensorView& sa, const TensorView& sb, float factor,
                         const TensorView& out, const Launch& launch) {
-  reduce_s32_launch(c, 1, 0, make_dequant<T>(sa, sb, factor, out), launch);
+  reduce_s32_launch(c, 1, 0, make_dequant<T>(sa, sb, factor, out), false, launch);
 }
 
 }  // namespace

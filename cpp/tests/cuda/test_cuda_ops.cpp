@@ -390,8 +390,9 @@ TEST_F(Cuda_GemmS8, BitExactVsCpu) {
       {1, 1, 1}, {1, 1, 16}, {17, 33, 48}, {129, 257, 512}, {300, 77, 1000}, {64, 128, 32}, {333, 200, 96},
       {1000, 40, 1024}, {7, 300, 2048},
       // Few output tiles and a long K: the sm90 path's split-K route (128 and 64 slices), and a K / 16 that is prime
-      // (no equal slices: stream-K)
-      {64, 256, 65536}, {200, 72, 40960}, {64, 256, 16 * 4099},
+      // (no equal slices: stream-K); N % 4 != 0 (a 7 x 7 stem's g_w): the route's transposed product (66 slices),
+      // and the padded route where K / 16 is prime
+      {64, 256, 65536}, {200, 72, 40960}, {64, 256, 16 * 4099}, {64, 147, 16 * 2112}, {64, 147, 16 * 4099},
       // K not a multiple of 16 takes the generic kernel on every GPU: M in the millions (more 64-row tiles than a
       // grid's y dimension holds)
       {4200000, 5, 8}};
@@ -472,12 +473,13 @@ TEST_F(Cuda_GemmDequant, BitExactVsCpu) {
 }
 
 // The split-K route of the sm90 path (few output tiles, a long K: 48 and 32 equal slices summed by one pass into the
-// dequantised output; K / 16 prime: stream-K), against the CPU's one dequantisation of the whole sum.
+// dequantised output; K / 16 prime: stream-K; N = 147: the transposed product, 66 slices), against the CPU's one
+// dequantisation of the whole sum.
 TEST_F(Cuda_GemmDequant, SplitKBitExactVsCpu) {
   uint64_t seed = 750;
   for (DType dt : kFloatTypes)
     for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
-             {200, 256, 24576}, {300, 96, 16384}, {64, 256, 16 * 4099}})
+             {200, 256, 24576}, {300, 96, 16384}, {64, 256, 16 * 4099}, {64, 147, 16 * 2112}})
       for (bool per_row : {false, true}) {
         SCOPED_TRACE(testing::Message() << dt_name(dt) << " M " << M << " N " << N << " K " << K << " per_row "
                                         << per_row);

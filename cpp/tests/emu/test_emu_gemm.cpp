@@ -99,46 +99,50 @@ TEST(Emu_GemmDequantGeneric, BitExactVsCpu) {
 }
 
 // reduce_s32 as the split-K route uses it: the s32 products of K slices (the CPU backend's, on column ranges of A
-// and B) summed in slice order, then dequantised or stored: the CPU's bytes for the whole K.
+// and B) summed in slice order, then dequantised or stored: the CPU's bytes for the whole K. Transposed: the slices
+// of B A^T (N x M), each element stored at its transpose (the route for N % 4 != 0).
 TEST(Emu_ReduceS32, SlicesBitExactVsCpu) {
   uint64_t seed = 990;
   for (auto [M, N, K, S] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{
-           {37, 20, 96, 3}, {5, 64, 256, 8}, {70, 9, 160, 2}}) {
-    SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " K " << K << " slices " << S);
-    HostTensor a = rand_int(DType::s8, M, K, -127, 127, seed++);
-    HostTensor b = rand_int(DType::s8, N, K, -127, 127, seed++);
-    HostTensor part = out2d(DType::s32, S * M, N);  // slice s: rows s * M .. s * M + M - 1
-    const int64_t ks = K / S;
-    for (int64_t sl = 0; sl < S; ++sl) {
-      hot::TensorView av = a.view(), bv = b.view(), pv = part.view();
-      av.data = static_cast<int8_t*>(av.data) + sl * ks, av.shape[1] = ks;
-      bv.data = static_cast<int8_t*>(bv.data) + sl * ks, bv.shape[1] = ks;
-      pv.data = static_cast<int32_t*>(pv.data) + sl * M * N, pv.shape[0] = M;
-      hot::cpu::gemm_s8s8s32(av, bv, pv, {});
+           {37, 20, 96, 3}, {5, 64, 256, 8}, {70, 9, 160, 2}})
+    for (bool transposed : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " K " << K << " slices " << S << " transposed "
+                                      << transposed);
+      HostTensor a = rand_int(DType::s8, M, K, -127, 127, seed++);
+      HostTensor b = rand_int(DType::s8, N, K, -127, 127, seed++);
+      const int64_t R = transposed ? N : M, C = transposed ? M : N;  // the partials' shape
+      HostTensor part = out2d(DType::s32, S * R, C);  // slice s: rows s * R .. s * R + R - 1
+      const int64_t ks = K / S;
+      for (int64_t sl = 0; sl < S; ++sl) {
+        hot::TensorView av = a.view(), bv = b.view(), pv = part.view();
+        av.data = static_cast<int8_t*>(av.data) + sl * ks, av.shape[1] = ks;
+        bv.data = static_cast<int8_t*>(bv.data) + sl * ks, bv.shape[1] = ks;
+        pv.data = static_cast<int32_t*>(pv.data) + sl * R * C, pv.shape[0] = R;
+        hot::cpu::gemm_s8s8s32(transposed ? bv : av, transposed ? av : bv, pv, {});
+      }
+      hot::TensorView first = part.view();
+      first.shape[0] = R;
+      HostTensor cc = out2d(DType::s32, M, N), ce = out2d(DType::s32, M, N, N + 2);
+      hot::cpu::gemm_s8s8s32(a, b, cc, {});
+      hot::cuda::reduce_s32_launch(first, static_cast<int>(S), R * C,
+                                   hot::cuda::StoreS32{static_cast<int32_t*>(ce.view().data), ce.view().strides[0]},
+                                   transposed, hot_emu::Launch{});
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) ASSERT_EQ(cc.geti(m, n), ce.geti(m, n)) << m << "," << n;
+      for (DType dt : kDtypes) {
+        HostTensor sa = HostTensor::make1d(DType::f32, M), sb = HostTensor::make1d(DType::f32, 1);
+        for (int64_t i = 0; i < M; ++i) sa.setf(i, 1e-3f * static_cast<float>(1 + i % 7));
+        sb.setf(0, 0.0123f);
+        HostTensor oc = out2d(dt, M, N, N + 1), oe = oc;
+        hot::cpu::gemm_s8_dequant(a, b, sa, sb, 0.0625f, 8, oc, {});
+        hot::cuda::dispatch_float(dt, "emu", [&](auto t) {
+          hot::cuda::reduce_s32_launch(first, static_cast<int>(S), R * C,
+                                       hot::cuda::make_dequant<decltype(t)>(sa.view(), sb.view(), 0.0625f, oe.view()),
+                                       transposed, hot_emu::Launch{});
+        });
+        EXPECT_TRUE(all_bytes_equal(oc, oe)) << hot::dtype_name(dt);
+      }
     }
-    hot::TensorView first = part.view();
-    first.shape[0] = M;
-    HostTensor cc = out2d(DType::s32, M, N), ce = out2d(DType::s32, M, N, N + 2);
-    hot::cpu::gemm_s8s8s32(a, b, cc, {});
-    hot::cuda::reduce_s32_launch(first, static_cast<int>(S), M * N,
-                                 hot::cuda::StoreS32{static_cast<int32_t*>(ce.view().data), ce.view().strides[0]},
-                                 hot_emu::Launch{});
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < N; ++n) ASSERT_EQ(cc.geti(m, n), ce.geti(m, n)) << m << "," << n;
-    for (DType dt : kDtypes) {
-      HostTensor sa = HostTensor::make1d(DType::f32, M), sb = HostTensor::make1d(DType::f32, 1);
-      for (int64_t i = 0; i < M; ++i) sa.setf(i, 1e-3f * static_cast<float>(1 + i % 7));
-      sb.setf(0, 0.0123f);
-      HostTensor oc = out2d(dt, M, N, N + 1), oe = oc;
-      hot::cpu::gemm_s8_dequant(a, b, sa, sb, 0.0625f, 8, oc, {});
-      hot::cuda::dispatch_float(dt, "emu", [&](auto t) {
-        hot::cuda::reduce_s32_launch(first, static_cast<int>(S), M * N,
-                                     hot::cuda::make_dequant<decltype(t)>(sa.view(), sb.view(), 0.0625f, oe.view()),
-                                     hot_emu::Launch{});
-      });
-      EXPECT_TRUE(all_bytes_equal(oc, oe)) << hot::dtype_name(dt);
-    }
-  }
 }
 
 }  // namespace

@@ -69,7 +69,7 @@ __device__ __forceinline__ void fwht_lanes_biased(int32_t (&x)[16]) {
 #pragma unroll
   for (int j = 1; j < 16; ++j) x[j] += 2048 + 2048 * 65536;
 }
-// The code of the biased lane `hi` (0: low half, 1: high half) of y: q_nearest(v, inv, 1, 127) of the coefficient v
+// The code of the biased lane `hi` (0: low half, 1: high half) of y: q_nearest(v, inv, 1) of the coefficient v
 // = lane - 2048, in the low byte of the result, without the conversion instructions (a quarter of the rate of an
 // add): the lane put under the exponent of 1.5 * 2^23 (a byte permute) is the float 12,584,960 + v exactly, minus
 // 12,584,960 gives v; v * inv rounded to an integer, ties to even, by adding 1.5 * 2^23 (the float's ulp there is 1),
@@ -79,11 +79,7 @@ __device__ __forceinline__ void fwht_lanes_biased(int32_t (&x)[16]) {
 __device__ __forceinline__ uint32_t lane_code(int32_t y, int hi, float inv) {
   const float v = __fsub_rn(__uint_as_float(__byte_perm(static_cast<uint32_t>(y), 0x4B400000u, hi ? 0x7632u : 0x7610u)),
                             12584960.0f);
-  return __float_as_uint(__fadd_rn(__fmul_rn(v, inv), 12582912.0f));
-}
-// Four codes' low bytes in one word, a's first.
-__device__ __forceinline__ uint32_t pack_low_bytes(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  return __byte_perm(__byte_perm(a, b, 0x0040u), __byte_perm(c, d, 0x0040u), 0x5410u);
+  return __float_as_uint(__fadd_rn(__fmul_rn(v, inv), kRoundMagic));
 }
 
 // (ul, b) += (dul, db) with the carry of ul into b (dul < nu).
@@ -188,8 +184,8 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
                 for (int k = 0; k < 16; k += 4)
                   if (k < rank)
                     *reinterpret_cast<uint32_t*>(dst + k) =
-                        pack_low_bytes(lane_code(y[hla_order(k)], hi, qs.inv), lane_code(y[hla_order(k + 1)], hi, qs.inv),
-                                       lane_code(y[hla_order(k + 2)], hi, qs.inv), lane_code(y[hla_order(k + 3)], hi, qs.inv));
+                        pack_codes(lane_code(y[hla_order(k)], hi, qs.inv), lane_code(y[hla_order(k + 1)], hi, qs.inv),
+                                   lane_code(y[hla_order(k + 2)], hi, qs.inv), lane_code(y[hla_order(k + 3)], hi, qs.inv));
               } else {
 #pragma unroll
                 for (int k = 0; k < 16; ++k)
@@ -211,19 +207,14 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
             if (rank % 4 == 0) {
 #pragma unroll
               for (int k = 0; k < 16; k += 4)
-                if (k < rank) {
-                  uint32_t packed = 0;
-#pragma unroll
-                  for (int z = 0; z < 4; ++z)
-                    packed |= static_cast<uint32_t>(static_cast<uint8_t>(
-                                  q_nearest(v[hla_order(k + z)], qs.inv, qs.pre, 127)))
-                              << (8 * z);
-                  *reinterpret_cast<uint32_t*>(dst + k) = packed;
-                }
+                if (k < rank)
+                  *reinterpret_cast<uint32_t*>(dst + k) = pack_codes(
+                      q_nearest_bits(v[hla_order(k)], qs.inv, qs.pre), q_nearest_bits(v[hla_order(k + 1)], qs.inv, qs.pre),
+                      q_nearest_bits(v[hla_order(k + 2)], qs.inv, qs.pre), q_nearest_bits(v[hla_order(k + 3)], qs.inv, qs.pre));
             } else {
 #pragma unroll
               for (int k = 0; k < 16; ++k)
-                if (k < rank) dst[k] = q_nearest(v[hla_order(k)], qs.inv, qs.pre, 127);
+                if (k < rank) dst[k] = q_nearest(v[hla_order(k)], qs.inv, qs.pre);
             }
           }
         }

@@ -42,16 +42,29 @@ static_assert(hla_order_matches(), "hla_order must equal hot::kHlaOrder");
 // The rules of hot/quant_rules.h with fewer instructions, bit-identical for the inputs their callers pass (the g_y
 // pass, compress_columns): the callers handle inv == 0 (an all-zero or non-finite amax: every code is 0) once per
 // unit of work, or pass only finite v, for which inv == 0 gives 0 here too; otherwise these run only with inv != 0,
-// which implies a finite, non-zero amax, so |v * inv| <= qmax and v * inv + u < qmax + 1: the float rounding + float
-// clamp + conversion becomes one rounding conversion and an integer clamp. (A check of inv in here became a branch
-// per element in the unrolled loops: two more instructions each, in SASS.)
-__device__ __forceinline__ int8_t q_nearest(float v, float inv, float pre, int qmax) {
-  const int i = __float2int_rn(__fmul_rn(__fmul_rn(v, pre), inv));
-  return static_cast<int8_t>(max(-qmax, min(qmax, i)));
+// which implies a finite, non-zero amax, so |v * inv| < qmax + 1/2 and |v * inv + u| <= qmax + 1. (A check of inv in
+// here became a branch per element in the unrolled loops: two more instructions each, in SASS.)
+// The rounding to an integer is an fp32 add of 1.5 * 2^23 (where the float's ulp is 1; exact for |x| < 2^22), in
+// the rounding direction of the rule (to nearest even, or down), instead of a float-to-int conversion, which the
+// GPU issues at a quarter of an add's rate (it throttled the g_y pass's quantisation): the code is the low byte of
+// the sum's bits (two's complement of the integer). Round-to-nearest needs no clamp (|v * inv| < qmax + 1/2); the
+// stochastic rule clamps the sum v * inv + u to [-qmax, qmax] first (floor is monotone: the clamped integer).
+constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23
+__device__ __forceinline__ uint32_t q_nearest_bits(float v, float inv, float pre) {
+  return __float_as_uint(__fadd_rn(__fmul_rn(__fmul_rn(v, pre), inv), kRoundMagic));
 }
-__device__ __forceinline__ int8_t q_stochastic(float v, float inv, float pre, int qmax, float u) {
-  const int i = __float2int_rd(__fadd_rn(__fmul_rn(__fmul_rn(v, pre), inv), u));
-  return static_cast<int8_t>(max(-qmax, min(qmax, i)));
+__device__ __forceinline__ uint32_t q_stochastic_bits(float v, float inv, float pre, float qmax, float u) {
+  const float s = __fadd_rn(__fmul_rn(__fmul_rn(v, pre), inv), u);
+  return __float_as_uint(__fadd_rd(fminf(fmaxf(s, -qmax), qmax), kRoundMagic));
+}
+__device__ __forceinline__ int8_t q_nearest(float v, float inv, float pre) {
+  return static_cast<int8_t>(q_nearest_bits(v, inv, pre) & 0xffu);
+}
+
+// Codes a, b, c, d (the low bytes of four words: ints in -127..127, or the *_bits above) as bytes 0..3 of a word:
+// 3 byte permutes.
+__device__ __forceinline__ uint32_t pack_codes(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
 }
 
 // scale[i] / inv[i] / pre[i] of n quantisers from their amax keys (hot/quant_rules.h), grid-stride over the

@@ -125,7 +125,7 @@ __device__ __forceinline__ void quant4(const float (&v)[4], int n, float inv, fl
     for (int i = 0; i < 4; ++i) q[i] = 0;
     if (inv != 0.0f) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) q[i] = q_nearest(v[i], inv, pre, qmax);
+      for (int i = 0; i < 4; ++i) q[i] = q_nearest(v[i], inv, pre);
     }
   } else {
     float vv[4] = {v[0], v[1], v[2], v[3]};
@@ -161,23 +161,15 @@ __device__ __forceinline__ float u16_hi(uint32_t w) { return __fsub_rn(__uint_as
 // Stochastic rounding of 4 values whose uniforms are the 4 halves of words a (elements 0, 1) and b (2, 3).
 __device__ __forceinline__ uint32_t sr4_packed(float v0, float v1, float v2, float v3, uint32_t a, uint32_t b, float inv,
                                                float pre, int qmax) {
-  const int8_t q0 = q_stochastic(v0, inv, pre, qmax, u16_lo(a));
-  const int8_t q1 = q_stochastic(v1, inv, pre, qmax, u16_hi(a));
-  const int8_t q2 = q_stochastic(v2, inv, pre, qmax, u16_lo(b));
-  const int8_t q3 = q_stochastic(v3, inv, pre, qmax, u16_hi(b));
-  return static_cast<uint32_t>(static_cast<uint8_t>(q0)) | (static_cast<uint32_t>(static_cast<uint8_t>(q1)) << 8) |
-         (static_cast<uint32_t>(static_cast<uint8_t>(q2)) << 16) | (static_cast<uint32_t>(static_cast<uint8_t>(q3)) << 24);
+  const float qm = static_cast<float>(qmax);
+  return pack_codes(q_stochastic_bits(v0, inv, pre, qm, u16_lo(a)), q_stochastic_bits(v1, inv, pre, qm, u16_hi(a)),
+                    q_stochastic_bits(v2, inv, pre, qm, u16_lo(b)), q_stochastic_bits(v3, inv, pre, qm, u16_hi(b)));
 }
 
 __device__ __forceinline__ uint32_t pack4(const int8_t (&q)[4]) {
   return static_cast<uint32_t>(static_cast<uint8_t>(q[0])) | (static_cast<uint32_t>(static_cast<uint8_t>(q[1])) << 8) |
          (static_cast<uint32_t>(static_cast<uint8_t>(q[2])) << 16) |
          (static_cast<uint32_t>(static_cast<uint8_t>(q[3])) << 24);
-}
-
-// Codes (ints in -127..127) a, b, c, d as bytes 0..3 of a word: 3 byte permutes.
-__device__ __forceinline__ uint32_t pack_codes(int a, int b, int c, int d) {
-  return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
 }
 
 // 4 x 4 byte transpose: row[i] holds bytes (i, 0..3); col[j] gets bytes (0..3, j). 8 byte permutes.
@@ -428,10 +420,10 @@ __device__ __forceinline__ void gw_amax_or_quant(const QgoParams& p, const Key& 
       if (4 * g < rank) {
 #pragma unroll
         for (int v = 0; v < 4; ++v) {
-          int q[4];
+          uint32_t q[4];
 #pragma unroll
           for (int i = 0; i < 4; ++i)
-            q[i] = 4 * g + i < rank ? q_nearest(hx[hla_order(4 * g + i)][v], inv, pre, 127) : 0;
+            q[i] = 4 * g + i < rank ? q_nearest_bits(hx[hla_order(4 * g + i)][v], inv, pre) : 0u;
           packed[v][g] = pack_codes(q[0], q[1], q[2], q[3]);
         }
       }

@@ -228,6 +228,12 @@ V __ldg(const V* p) {
 }
 
 inline float __fadd_rn(float a, float b) { return a + b; }
+// a + b rounded toward -infinity: the nearest sum r and its exact error e (a + b = r + e, Knuth's TwoSum); r is the
+// rounded-down sum unless e < 0, then the float below it. Finite inputs whose sum is finite.
+inline float __fadd_rd(float a, float b) {
+  const float r = a + b, bv = r - a, av = r - bv, e = (a - av) + (b - bv);
+  return e < 0.0f ? std::nextafter(r, -INFINITY) : r;
+}
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }

@@ -40,6 +40,39 @@ void with_type(DType dt, F&& f) {
   hot::cuda::dispatch_float(dt, "emu", [&](auto t) { f(t, hot_emu::Launch{}); });
 }
 
+// The kernels' rounding (fwht.cuh: an fp32 add of 1.5 * 2^23 in the rule's rounding direction, the code in the low
+// byte) against hot/quant_rules.h's rules, for the inputs the kernels pass them (inv from the amax of values that
+// include v, so |v| <= amax): the amax itself and its neighbours (where v * inv may round past qmax, so the stochastic
+// clamp is needed at u = 0 and u = 1 - 2^-16), ties of round-to-nearest, tiny amax (the 2^64 pre-scale) and random v.
+TEST(Emu_QuantRules, KernelRoundingEqualsRules) {
+  std::vector<float> amaxes = {1e-38f, 3e-37f, 1e-20f, 0.37f, 1.0f, 7.0f, 127.0f, 254.0f, 2032.0f, 3.3e5f, 1e30f};
+  const std::vector<float> r = hot_test::randn(64, 4242);
+  for (float x : r) amaxes.push_back(std::ldexp(std::fabs(x) + 0.01f, static_cast<int>(x * 20.0f)));
+  const std::vector<float> us = {0.0f, 1.0f / 65536, 0.5f, 32767.0f / 65536, 65535.0f / 65536};
+  const std::vector<float> w = hot_test::randn(200, 4343);
+  int64_t checked = 0;
+  for (const int qmax : {7, 127})
+    for (const float amax : amaxes) {
+      const hot::QuantScale qs = hot::quant_scale_from_amax(amax, qmax);
+      ASSERT_NE(qs.inv, 0.0f);
+      std::vector<float> vs = {amax, std::nextafter(amax, 0.0f), amax * 0.5f, 0.0f};
+      for (int k = 0; k <= 2 * qmax; ++k) vs.push_back(amax * (k + 0.5f) / (2 * qmax + 1));  // near ties
+      for (float x : w) vs.push_back(amax * std::tanh(x));
+      for (const float v0 : vs)
+        for (const float v : {v0, -v0}) {
+          SCOPED_TRACE(testing::Message() << "qmax " << qmax << " amax " << amax << " v " << v);
+          ASSERT_EQ(hot::cuda::q_nearest(v, qs.inv, qs.pre), hot::quantize_nearest(v, qs, qmax));
+          for (const float u : us) {
+            const auto code = static_cast<int8_t>(
+                hot::cuda::q_stochastic_bits(v, qs.inv, qs.pre, static_cast<float>(qmax), u) & 0xffu);
+            ASSERT_EQ(code, hot::quantize_stochastic(v, qs, qmax, u)) << "u " << u;
+          }
+          ++checked;
+        }
+    }
+  EXPECT_GT(checked, 10000);
+}
+
 TEST(Emu_Hadamard, BitExactVsCpu) {
   const std::vector<std::tuple<int64_t, int64_t, int>> cases = {
       {1, 1, 1}, {3, 16, 16}, {32, 5, 16}, {7, 256, 256}, {256, 3, 256}, {64, 96, 32}, {130, 24, 8}, {33, 50, 2}};

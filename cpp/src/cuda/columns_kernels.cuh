@@ -13,12 +13,13 @@
 // each column in registers (integers of magnitude at most 16 * 127, exact in fp32, hence the CPU's values whatever the
 // butterfly order and arithmetic: V = 4 transforms two channels per int32 register, split_lanes; V = 1 fwht_regs<16>
 // in fp32) and keeps the rank rows of kHlaOrder.
-// Pass 1 (kQuant = false) takes their amax (a block max, one atomicMax per CTA). Pass 2 quantises them to nearest
-// with the scale of that amax (q_nearest: hot/quant_rules.h's rule in fewer instructions, the same bits for these
-// finite values) into a shared tile, one row per column (rows of TB*rank + 4 bytes, ordered by channel-in-unit first,
-// so a warp's stores fall in distinct banks), then copies the tile out row by row in 32-bit words: each output row
-// gets TB*rank contiguous bytes, a warp (one tile row at a time) stores 128 contiguous bytes. The tile of the last
-// block also writes the zeros of columns K..K_pad. The gathers' addresses: each row's window origin as an element
+// Pass 1 (kQuant = false) takes their amax (a block max, one atomicMax per CTA; V = 4: the range of the transform's
+// biased 16-bit lanes, two per instruction, turned into a key once per thread). Pass 2 quantises them to nearest with
+// the scale of that amax (hot/quant_rules.h's rule in fewer instructions, the same bits for these finite values; V = 4:
+// lane_code, no conversions) into a shared tile, one row per column (rows of TB*rank + 4 bytes, ordered by
+// channel-in-unit first, so a warp's stores fall in distinct banks), then copies the tile out, a warp per tile row
+// and a 32-bit word per lane: each output row gets TB*rank contiguous bytes (<= 128: one store instruction per row of
+// a full tile, both pointers stepped). The tile of the last block also writes the zeros of columns K..K_pad. The gathers' addresses: each row's window origin as an element
 // offset into the map (shared memory) plus the item's kernel-offset-and-channel offset, with unsigned bounds checks.
 #pragma once
 

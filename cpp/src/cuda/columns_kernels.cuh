@@ -8,14 +8,16 @@
 // once per row; rows past the last get an origin far outside the map, so they read as zeros), then walks the columns
 // in chunks of 256 (each chunk's units decoded once into shared memory, unit_at; a thread's items stepped with a
 // carry, no division per item). A work item is one unit of V channels (V = 4: one 32-bit load per gathered pixel, when
-// the map's channel run and row stride allow; else V = 1) of one block: consecutive threads take consecutive units of
+// the map's channel run and row stride allow; V = 3: three byte loads, for C a multiple of 3 (an RGB image: a stem
+// conv); else V = 1) of one block: consecutive threads take consecutive units of
 // one block (a warp's gathers read consecutive words of one map pixel); the item gathers its 16 x V values, transforms
 // each column in registers (integers of magnitude at most 16 * 127, exact in fp32, hence the CPU's values whatever the
-// butterfly order and arithmetic: V = 4 transforms two channels per int32 register, split_lanes; V = 1 fwht_regs<16>
+// butterfly order and arithmetic: V = 4 and 3 transform two channels per int32 register, split_lanes (V = 3: the
+// fourth byte is 0, its lane all-zero coefficients, never stored); V = 1 fwht_regs<16>
 // in fp32) and keeps the rank rows of kHlaOrder.
-// Pass 1 (kQuant = false) takes their amax (a block max, one atomicMax per CTA; V = 4: the range of the transform's
+// Pass 1 (kQuant = false) takes their amax (a block max, one atomicMax per CTA; V = 4, 3: the range of the transform's
 // biased 16-bit lanes, two per instruction, turned into a key once per thread). Pass 2 quantises them to nearest with
-// the scale of that amax (hot/quant_rules.h's rule in fewer instructions, the same bits for these finite values; V = 4:
+// the scale of that amax (hot/quant_rules.h's rule in fewer instructions, the same bits for these finite values; V = 4, 3:
 // lane_code, no conversions) into a shared tile, one row per column (rows of TB*rank + 4 bytes, ordered by
 // channel-in-unit first, so a warp's stores fall in distinct banks), then copies the tile out, a warp per tile row
 // and a 32-bit word per lane: each output row gets TB*rank contiguous bytes (<= 128: one store instruction per row of
@@ -115,7 +117,7 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
     if (blockIdx.x == 0 && threadIdx.x == 0) *scale = qs.scale;
   }
   uint32_t m = 0;                                      // pass 1: the amax key (V = 1)
-  uint32_t lane_max = 0u, lane_min = 0xffffffffu;      // pass 1: the biased lanes' range (V = 4)
+  uint32_t lane_max = 0u, lane_min = 0xffffffffu;      // pass 1: the biased lanes' range (V = 4, 3)
   for (int64_t tl = blockIdx.x; tl < ntiles; tl += gridDim.x) {
     const int64_t jb0 = tl * TB;
     const int nb = nblk - jb0 < TB ? static_cast<int>(nblk - jb0) : TB;  // blocks of this tile
@@ -144,7 +146,7 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
         const ColumnsOrigin ua = unit_at[ul];
         const int64_t off = ua.off;  // of kernel offset (i, j), channel c
         const int idh = ua.h, jdw = ua.w;
-        uint32_t word[16];  // the 16 rows' V bytes (V = 1: one byte, sign-extended)
+        uint32_t word[16];  // the 16 rows' V bytes (V = 3: the fourth 0; V = 1: one byte, sign-extended)
 #pragma unroll
         for (int t = 0; t < 16; ++t) {
           const ColumnsOrigin o = origin[b * 16 + t];
@@ -152,12 +154,18 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
           const bool in = static_cast<unsigned>(h) < static_cast<unsigned>(p.H) &&
                           static_cast<unsigned>(w) < static_cast<unsigned>(p.W);
           const int8_t* src = map + (o.off + off);
-          if constexpr (V == 4)
+          if constexpr (V == 4) {
             word[t] = in ? *reinterpret_cast<const uint32_t*>(src) : 0u;
-          else
+          } else if constexpr (V == 3) {
+            const auto* u = reinterpret_cast<const uint8_t*>(src);
+            word[t] = in ? static_cast<uint32_t>(u[0]) | (static_cast<uint32_t>(u[1]) << 8) |
+                               (static_cast<uint32_t>(u[2]) << 16)
+                         : 0u;
+          } else {
             word[t] = in ? static_cast<uint32_t>(*src) : 0u;
+          }
         }
-        if constexpr (V == 4) {
+        if constexpr (V >= 3) {
           // The transform in integers, two channels per 32-bit register (channels 0, 2 in even, 1, 3 in odd, as
           // biased 16-bit lanes, see split_lanes and fwht_lanes_biased): half the adds of a float transform per channel
           // and no conversions.
@@ -176,7 +184,7 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
               }
           } else {
 #pragma unroll
-            for (int s = 0; s < 4; ++s) {
+            for (int s = 0; s < V; ++s) {
               const int32_t(&y)[16] = (s & 1) ? odd : even;
               const int hi = s >> 1;
               int8_t* dst = tile + (s * nu + ul) * pitch + b * rank;
@@ -273,7 +281,7 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
     }
   }
   if (!kQuant) {
-    if constexpr (V == 4) {  // the amax key of the largest |coefficient| (an integer: the key of its float)
+    if constexpr (V >= 3) {  // the amax key of the largest |coefficient| (an integer: the key of its float)
       const int lo = max(static_cast<int>(lane_max & 0xffffu) - 2048, 2048 - static_cast<int>(lane_min & 0xffffu));
       const int hi = max(static_cast<int>(lane_max >> 16) - 2048, 2048 - static_cast<int>(lane_min >> 16));
       m = amax_key(static_cast<float>(max(0, max(lo, hi))));
@@ -308,6 +316,8 @@ void compress_columns_launch(const TensorView& map, const ConvGeometry& g, const
   launch.zero(key, 4);
   if (g.C % 4 == 0 && map.strides[0] % 4 == 0 && reinterpret_cast<uintptr_t>(m) % 4 == 0)
     go(std::integral_constant<int, 4>{});
+  else if (g.C % 3 == 0)
+    go(std::integral_constant<int, 3>{});
   else
     go(std::integral_constant<int, 1>{});
 }

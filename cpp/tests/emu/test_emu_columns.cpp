@@ -48,7 +48,8 @@ TEST(Emu_CompressColumns, BitExactVsCpu) {
 TEST(Emu_CompressColumns, ExtremeCodesBitExactVsCpu) {
   const std::vector<hot::ConvGeometry> all = hot_cuda_test::col2im_geometries();
   uint64_t seed = 9700;
-  for (const hot::ConvGeometry& g : {all[7], all[8]})  // C = 16 and 64: four channels per gathered word
+  for (const hot::ConvGeometry& g : {all[7], all[8], all[0], all[9]})  // C = 16, 64: four channels per gathered
+                                                                       // word; C = 3, 6: three
     for (int pattern = 0; pattern < 3; ++pattern) {
       SCOPED_TRACE(testing::Message() << "C " << g.C << " pattern " << pattern);
       const int64_t rows = g.N * g.H * g.W, L = g.N * g.out_h() * g.out_w(), K = g.C * g.kh * g.kw;

@@ -1,7 +1,7 @@
 // The generic CUDA-core integer GEMM (exact int32 accumulation; s32 output or the fused dequantisation) and the
 // dequantisation of an s32 matrix, with their launch sequences. Used for shapes the tensor-core paths do not take
 // (K not a multiple of 16, misaligned views), for GPUs without a compiled tensor-core path, and (dequant_s32) after
-// the sm_80 CUTLASS GEMM; reduce_s32 also sums the K slices of the sm_90 GEMM's split-K route. Included by gemm.cu,
+// the sm_80 CUTLASS GEMM; reduce_s32 sums the K slices of the sm_90 GEMM's split-K route. Included by gemm.cu,
 // gemm_s32_sm90.cu and by the host emulation test (cpp/tests/emu), which runs these same
 // kernels on the CPU. Launchers: the interface of StreamLaunch (common.cuh).
 #pragma once
@@ -79,24 +79,57 @@ __global__ void __launch_bounds__(256) gemm_s8_generic_kernel(Mat<const int8_t> 
     }
 }
 
-// epi(m, n, the sum of `slices` s32 matrices c + s * slice_stride) for every element: the s32 result of a GEMM (sm80
-// path: the CUTLASS 2.x GEMM writes s32, this applies the scalar rule of the fused epilogues), or the sum of its K
-// slices (the split-K route of the sm90 path, gemm_s32_sm90.cu), added in slice order; `transposed`: element (r, k)
-// of c is output (k, r) (the route's transposed product). int32 is exact: every partial sum of a GEMM whose K passed
-// check_k_fits is bounded by K * qmax^2 < 2^31.
+// epi(m, n, c[m][n]) for every element of an s32 matrix: the sm_80 path's dequantisation (the CUTLASS 2.x GEMM writes
+// s32; this applies the scalar rule of the fused epilogues).
 template <typename Epi>
-__global__ void reduce_s32_kernel(Mat<const int32_t> c, int slices, int64_t slice_stride, bool transposed, Epi epi) {
+__global__ void apply_s32_kernel(Mat<const int32_t> c, Epi epi) {
   const int64_t n = c.rows * c.cols;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = e / c.cols, k = e % c.cols;
-    const int32_t* p = c.p + r * c.ld + k;
-    int32_t acc = 0;
-    for (int s = 0; s < slices; ++s) acc += p[s * slice_stride];
-    if (transposed)
-      epi(k, r, acc);
-    else
-      epi(r, k, acc);
+    const int64_t r = e / c.cols, k = e - r * c.cols;
+    epi(r, k, c.p[r * c.ld + k]);
+  }
+}
+
+// epi(m, n, the sum of `slices` s32 matrices c + s * slice_stride) for every element: the K slices of a GEMM (the
+// split-K route of the sm90 path, gemm_s32_sm90.cu); `transposed`: element (r, k) of c is output (k, r) (the route's
+// transposed product). int32 is exact: every partial sum of a GEMM whose K passed check_k_fits is bounded by
+// K * qmax^2 < 2^31.
+constexpr int kReduceGroups = 8;  // slice groups of reduce_s32_kernel: one warp each, a block of 8 warps
+template <typename Epi>
+__global__ void __launch_bounds__(32 * kReduceGroups) reduce_s32_kernel(Mat<const int32_t> c, int slices,
+                                                                        int64_t slice_stride, bool transposed, Epi epi) {
+  // A block takes 32 consecutive elements at a time; warp y sums slices y, y + 8, ... of them (each load a warp's
+  // 128 contiguous bytes; several loads in flight per thread), and warp 0 adds the 8 groups' sums and applies epi.
+  // The pass is latency-bound (a few thousand elements, tens of slices each): one thread per element summing all
+  // slices waited on one load after another. Any association of the integer sum is exact.
+  __shared__ int32_t part[kReduceGroups][33];
+  const int lane = static_cast<int>(threadIdx.x) & 31, group = static_cast<int>(threadIdx.x) >> 5;
+  const int64_t n = c.rows * c.cols;
+  for (int64_t e0 = blockIdx.x * int64_t{32}; e0 < n; e0 += gridDim.x * int64_t{32}) {
+    const int64_t e = e0 + lane;
+    const int64_t r = e < n ? e / c.cols : 0, k = e < n ? e - r * c.cols : 0;
+    int32_t acc[4] = {};
+    if (e < n) {
+      const int32_t* p = c.p + r * c.ld + k;
+      int s = group;
+      for (; s + 3 * kReduceGroups < slices; s += 4 * kReduceGroups)
+#pragma unroll
+        for (int u = 0; u < 4; ++u) acc[u] += p[(s + u * kReduceGroups) * slice_stride];
+      for (; s < slices; s += kReduceGroups) acc[0] += p[s * slice_stride];
+    }
+    part[group][lane] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    __syncthreads();
+    if (group == 0 && e < n) {
+      int32_t sum = 0;
+#pragma unroll
+      for (int g = 0; g < kReduceGroups; ++g) sum += part[g][lane];
+      if (transposed)
+        epi(k, r, sum);
+      else
+        epi(r, k, sum);
+    }
+    __syncthreads();  // part is rewritten next
   }
 }
 
@@ -121,15 +154,16 @@ void generic_gemm_launch(const Mat<const int8_t>& a, const Mat<const int8_t>& b,
 template <typename Epi, typename Launch>
 void reduce_s32_launch(const TensorView& c, int slices, int64_t slice_stride, const Epi& epi, bool transposed,
                        const Launch& launch) {
-  launch(reduce_s32_kernel<Epi>, dim3(grid_1d(c.shape[0] * c.shape[1], 256)), 256, 0, mat<const int32_t>(c), slices,
-         slice_stride, transposed, epi);
+  launch(reduce_s32_kernel<Epi>, dim3(grid_1d(c.shape[0] * c.shape[1], 32)), 32 * kReduceGroups, 0,
+         mat<const int32_t>(c), slices, slice_stride, transposed, epi);
 }
 
 // out = float(c) * sa[m | 0] * sb[0] * factor, for a float dtype T of out.
 template <typename T, typename Launch>
 void dequant_s32_launch(const TensorView& c, const TensorView& sa, const TensorView& sb, float factor,
                         const TensorView& out, const Launch& launch) {
-  reduce_s32_launch(c, 1, 0, make_dequant<T>(sa, sb, factor, out), false, launch);
+  launch(apply_s32_kernel<Dequant<T>>, dim3(grid_1d(c.shape[0] * c.shape[1], 256)), 256, 0, mat<const int32_t>(c),
+         make_dequant<T>(sa, sb, factor, out));
 }
 
 }  // namespace

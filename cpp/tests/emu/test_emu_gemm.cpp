@@ -104,7 +104,7 @@ TEST(Emu_GemmDequantGeneric, BitExactVsCpu) {
 TEST(Emu_ReduceS32, SlicesBitExactVsCpu) {
   uint64_t seed = 990;
   for (auto [M, N, K, S] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{
-           {37, 20, 96, 3}, {5, 64, 256, 8}, {70, 9, 160, 2}})
+           {37, 20, 96, 3}, {5, 64, 256, 8}, {70, 9, 160, 2}, {12, 28, 352, 11}, {6, 40, 640, 40}})
     for (bool transposed : {false, true}) {
       SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " K " << K << " slices " << S << " transposed "
                                       << transposed);

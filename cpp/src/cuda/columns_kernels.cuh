@@ -15,14 +15,15 @@
 // butterfly order and arithmetic: V = 4 and 3 transform two channels per int32 register, split_lanes (V = 3: the
 // fourth byte is 0, its lane all-zero coefficients, never stored); V = 1 fwht_regs<16>
 // in fp32) and keeps the rank rows of kHlaOrder.
-// Pass 1 (kQuant = false) takes their amax (a block max, one atomicMax per CTA; V = 4, 3: the range of the transform's
-// biased 16-bit lanes, two per instruction, turned into a key once per thread). Pass 2 quantises them to nearest with
-// the scale of that amax (hot/quant_rules.h's rule in fewer instructions, the same bits for these finite values; V = 4, 3:
-// lane_code, no conversions) into a shared tile, one row per column (rows of TB*rank + 4 bytes, ordered by
-// channel-in-unit first, so a warp's stores fall in distinct banks), then copies the tile out, a warp per tile row
-// and a 32-bit word per lane: each output row gets TB*rank contiguous bytes (<= 128: one store instruction per row of
-// a full tile, both pointers stepped). The tile of the last block also writes the zeros of columns K..K_pad. The gathers' addresses: each row's window origin as an element
-// offset into the map (shared memory) plus the item's kernel-offset-and-channel offset, with unsigned bounds checks.
+// Pass 1 (kQuant = false) takes their amax (a block max, one atomicMax per CTA; V = 4, 3: the range of the
+// transform's biased 16-bit lanes, two per instruction, turned into a key once per thread). Pass 2 quantises them to
+// nearest with the scale of that amax (hot/quant_rules.h's rule in fewer instructions, the same bits for these finite
+// values; V = 4, 3: lane_code, no conversions) into a shared tile, one row per column (rows of TB*rank + 4 bytes,
+// ordered by channel-in-unit first, so a warp's stores fall in distinct banks), then copies the tile out, a warp per
+// tile row and a 32-bit word per lane: each output row gets TB*rank contiguous bytes (<= 128: one store instruction
+// per row of a full tile, both pointers stepped). The tile of the last block also writes the zeros of columns
+// K..K_pad. The gathers' addresses: each row's window origin as an element offset into the map (shared memory) plus
+// the item's kernel-offset-and-channel offset, with unsigned bounds checks.
 #pragma once
 
 #include <algorithm>
@@ -178,7 +179,7 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
 #pragma unroll
             for (int k = 0; k < 16; ++k)
               if (k < rank) {
-                const uint32_t e = static_cast<uint32_t>(even[hla_order(k)]), o = static_cast<uint32_t>(odd[hla_order(k)]);
+                const auto e = static_cast<uint32_t>(even[hla_order(k)]), o = static_cast<uint32_t>(odd[hla_order(k)]);
                 lane_max = __vmaxu2(lane_max, __vmaxu2(e, o));
                 lane_min = __vminu2(lane_min, __vminu2(e, o));
               }
@@ -192,9 +193,9 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
 #pragma unroll
                 for (int k = 0; k < 16; k += 4)
                   if (k < rank)
-                    *reinterpret_cast<uint32_t*>(dst + k) =
-                        pack_codes(lane_code(y[hla_order(k)], hi, qs.inv), lane_code(y[hla_order(k + 1)], hi, qs.inv),
-                                   lane_code(y[hla_order(k + 2)], hi, qs.inv), lane_code(y[hla_order(k + 3)], hi, qs.inv));
+                    *reinterpret_cast<uint32_t*>(dst + k) = pack_codes(
+                        lane_code(y[hla_order(k)], hi, qs.inv), lane_code(y[hla_order(k + 1)], hi, qs.inv),
+                        lane_code(y[hla_order(k + 2)], hi, qs.inv), lane_code(y[hla_order(k + 3)], hi, qs.inv));
               } else {
 #pragma unroll
                 for (int k = 0; k < 16; ++k)
@@ -217,9 +218,11 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
 #pragma unroll
               for (int k = 0; k < 16; k += 4)
                 if (k < rank)
-                  *reinterpret_cast<uint32_t*>(dst + k) = pack_codes(
-                      q_nearest_bits(v[hla_order(k)], qs.inv, qs.pre), q_nearest_bits(v[hla_order(k + 1)], qs.inv, qs.pre),
-                      q_nearest_bits(v[hla_order(k + 2)], qs.inv, qs.pre), q_nearest_bits(v[hla_order(k + 3)], qs.inv, qs.pre));
+                  *reinterpret_cast<uint32_t*>(dst + k) =
+                      pack_codes(q_nearest_bits(v[hla_order(k)], qs.inv, qs.pre),
+                                 q_nearest_bits(v[hla_order(k + 1)], qs.inv, qs.pre),
+                                 q_nearest_bits(v[hla_order(k + 2)], qs.inv, qs.pre),
+                                 q_nearest_bits(v[hla_order(k + 3)], qs.inv, qs.pre));
             } else {
 #pragma unroll
               for (int k = 0; k < 16; ++k)

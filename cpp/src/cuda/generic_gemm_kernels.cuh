@@ -97,8 +97,8 @@ __global__ void apply_s32_kernel(Mat<const int32_t> c, Epi epi) {
 // K * qmax^2 < 2^31.
 constexpr int kReduceGroups = 8;  // slice groups of reduce_s32_kernel: one warp each, a block of 8 warps
 template <typename Epi>
-__global__ void __launch_bounds__(32 * kReduceGroups) reduce_s32_kernel(Mat<const int32_t> c, int slices,
-                                                                        int64_t slice_stride, bool transposed, Epi epi) {
+__global__ void __launch_bounds__(32 * kReduceGroups)
+    reduce_s32_kernel(Mat<const int32_t> c, int slices, int64_t slice_stride, bool transposed, Epi epi) {
   // A block takes 32 consecutive elements at a time; warp y sums slices y, y + 8, ... of them (each load a warp's
   // 128 contiguous bytes; several loads in flight per thread), and warp 0 adds the 8 groups' sums and applies epi.
   // The pass is latency-bound (a few thousand elements, tens of slices each): one thread per element summing all

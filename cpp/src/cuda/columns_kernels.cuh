@@ -86,6 +86,21 @@ __device__ __forceinline__ uint32_t lane_code(int32_t y, int hi, float inv) {
   return __float_as_uint(__fadd_rn(__fmul_rn(v, inv), kRoundMagic));
 }
 
+// The codes of the rank kept rows of one column block into dst (its row of the tile): code(k) gives bits whose low byte
+// is the code of row hla_order(k). Whole 32-bit words where rank % 4 == 0 (pitch and b * rank are multiples of 4).
+template <typename Code>
+__device__ __forceinline__ void store_block_codes(int8_t* dst, int rank, const Code& code) {
+  if (rank % 4 == 0) {
+#pragma unroll
+    for (int k = 0; k < 16; k += 4)
+      if (k < rank) *reinterpret_cast<uint32_t*>(dst + k) = pack_codes(code(k), code(k + 1), code(k + 2), code(k + 3));
+  } else {
+#pragma unroll
+    for (int k = 0; k < 16; ++k)
+      if (k < rank) dst[k] = static_cast<int8_t>(code(k) & 0xffu);
+  }
+}
+
 // (ul, b) += (dul, db) with the carry of ul into b (dul < nu).
 __device__ __forceinline__ void step_item(int& ul, int& b, int dul, int db, int nu) {
   ul += dul, b += db;
@@ -188,19 +203,8 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
             for (int s = 0; s < V; ++s) {
               const int32_t(&y)[16] = (s & 1) ? odd : even;
               const int hi = s >> 1;
-              int8_t* dst = tile + (s * nu + ul) * pitch + b * rank;
-              if (rank % 4 == 0) {  // whole 32-bit words (pitch and b * rank are multiples of 4)
-#pragma unroll
-                for (int k = 0; k < 16; k += 4)
-                  if (k < rank)
-                    *reinterpret_cast<uint32_t*>(dst + k) = pack_codes(
-                        lane_code(y[hla_order(k)], hi, qs.inv), lane_code(y[hla_order(k + 1)], hi, qs.inv),
-                        lane_code(y[hla_order(k + 2)], hi, qs.inv), lane_code(y[hla_order(k + 3)], hi, qs.inv));
-              } else {
-#pragma unroll
-                for (int k = 0; k < 16; ++k)
-                  if (k < rank) dst[k] = static_cast<int8_t>(lane_code(y[hla_order(k)], hi, qs.inv) & 0xffu);
-              }
+              store_block_codes(tile + (s * nu + ul) * pitch + b * rank, rank,
+                                [&](int k) { return lane_code(y[hla_order(k)], hi, qs.inv); });
             }
           }
         } else {  // V = 1: one channel, a float transform
@@ -213,21 +217,8 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
             for (int k = 0; k < 16; ++k)
               if (k < rank) m = max(m, amax_key(v[hla_order(k)]));
           } else {
-            int8_t* dst = tile + ul * pitch + b * rank;
-            if (rank % 4 == 0) {
-#pragma unroll
-              for (int k = 0; k < 16; k += 4)
-                if (k < rank)
-                  *reinterpret_cast<uint32_t*>(dst + k) =
-                      pack_codes(q_nearest_bits(v[hla_order(k)], qs.inv, qs.pre),
-                                 q_nearest_bits(v[hla_order(k + 1)], qs.inv, qs.pre),
-                                 q_nearest_bits(v[hla_order(k + 2)], qs.inv, qs.pre),
-                                 q_nearest_bits(v[hla_order(k + 3)], qs.inv, qs.pre));
-            } else {
-#pragma unroll
-              for (int k = 0; k < 16; ++k)
-                if (k < rank) dst[k] = q_nearest(v[hla_order(k)], qs.inv, qs.pre);
-            }
+            store_block_codes(tile + ul * pitch + b * rank, rank,
+                              [&](int k) { return q_nearest_bits(v[hla_order(k)], qs.inv, qs.pre); });
           }
         }
       }

@@ -82,7 +82,7 @@ __device__ __forceinline__ void fwht_lanes_biased(int32_t (&x)[16]) {
 // quant_scale_from_amax never needs the 2^64 pre-scale here.
 __device__ __forceinline__ uint32_t lane_code(int32_t y, int hi, float inv) {
   const float v = __fsub_rn(__uint_as_float(__byte_perm(static_cast<uint32_t>(y), 0x4B400000u, hi ? 0x7632u : 0x7610u)),
-                            12584960.0f);
+                            kRoundMagic + 2048.0f);  // 0x4B400000 is kRoundMagic's bits; 2048 the lane's bias
   return __float_as_uint(__fadd_rn(__fmul_rn(v, inv), kRoundMagic));
 }
 

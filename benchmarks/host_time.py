@@ -66,6 +66,12 @@ def main() -> int:
         cases.append((f"Conv2d {k}x{k} 16->16 8x8, forward", lambda c=c: c(xc), lambda hc=hc: hc(xc)))
         cases.append((f"Conv2d {k}x{k} 16->16 8x8, forward + backward", lambda c=c: c(xc).sum().backward(),
                       lambda hc=hc: hc(xc).sum().backward()))
+    xcl = xc.detach().to(memory_format=torch.channels_last).requires_grad_()
+    for k, p in ((1, 0), (3, 1)):  # a channels-last network's layers (ResNet-50 as graph_step runs it)
+        c = nn.Conv2d(16, 16, k, padding=p, bias=False).to(dev).to(memory_format=torch.channels_last)
+        hc = converted(nn.Conv2d(16, 16, k, padding=p, bias=False).to(dev).to(memory_format=torch.channels_last))
+        cases.append((f"Conv2d {k}x{k} 16->16 8x8 channels-last, forward + backward",
+                      lambda c=c: c(xcl).sum().backward(), lambda hc=hc: hc(xcl).sum().backward()))
     r, hr = nn.ReLU(), ht.ReLU()
     cases.append(("ReLU, forward + backward", lambda: r(xc).sum().backward(), lambda: hr(xc).sum().backward()))
     print(f"# host time per call, {torch.cuda.get_device_name() if dev.type == 'cuda' else 'CPU'}, "

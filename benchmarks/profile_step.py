@@ -138,6 +138,10 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
             walls["fwd"] += (t1 - t0) * 1e3 / steps
             walls["bwd"] += (t2 - t1) * 1e3 / steps
             walls["opt"] += (t3 - t2) * 1e3 / steps
+    # CUDA runtime / driver API calls per step (count, host us): synchronisations and allocations show here
+    for e in prof.key_averages():
+        if e.key.startswith("cu") and not e.key.startswith("cudnn"):
+            host["api"].append((e.key, e.count / steps, e.cpu_time_total / steps))
     # GPU kernels by the range whose window holds their start on the GPU timeline
     events = prof.events()
     windows = [(e.name, e.time_range.start, e.time_range.end) for e in events
@@ -155,14 +159,18 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
         import cProfile
         import io
         import pstats
+        # the backward on the caller's thread (the autograd engine's device thread is invisible to cProfile)
+        torch.autograd.set_multithreading_enabled(False)
         pr = cProfile.Profile()
         pr.enable()
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
         pr.disable()
+        torch.autograd.set_multithreading_enabled(True)
         buf = io.StringIO()
-        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(25)
+        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(40)
+        pstats.Stats(pr, stream=buf).sort_stats("cumulative").print_stats(40)
         host["cprofile"] = buf.getvalue()
     gc.enable()
     gc.unfreeze()
@@ -223,6 +231,9 @@ def main() -> int:
             lines += ["", f"Top kernels, {mode} {r} (ms per step):", ""]
             for name, us in top[r].most_common(a.top):
                 lines.append(f"- {us / 1e3:.3f}  `{name}`")
+        lines += ["", f"CUDA API calls per step, {mode} (profiled steps; count, host ms):", ""]
+        for name, n, us in sorted(host["api"], key=lambda t: -t[2])[:a.top]:
+            lines.append(f"- {name}: {n:.0f} calls, {us / 1e3:.2f} ms")
         if "cprofile" in host:
             lines += ["", f"Host time by function, {mode} ({a.steps} whole steps, cProfile, by own time):", "", "```",
                       host["cprofile"].strip(), "```"]

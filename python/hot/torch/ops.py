@@ -486,11 +486,14 @@ def _rows_nchw(rows: Tensor, shape) -> Tensor:
 def _pixel_rows(t: Tensor, stride, patches: bool) -> Tensor:
     """The (N*Ho*Wo) x C row matrix of a pointwise conv's operand t (N, C, H, W): the pixels the kernel reads
     (every stride-th), rows in (n, ho, wo) order or in 4 x 4 patch order; a view for a channels-last t at stride 1
-    without patches, the engine's transpose for a contiguous one, else one copy."""
+    without patches, the engine's transpose for a contiguous one, the engine's gather (a 1 x 1 im2col) for a strided
+    channels-last one, else one copy."""
     N, C = t.shape[:2]
     if tuple(stride) == (1, 1) and not patches:
         return _nchw_rows(t)
     if tuple(stride) != (1, 1):
+        if _channels_last(t) and t.dtype in (torch.float32, torch.float16, torch.bfloat16):
+            return im2col(t, (1, 1), stride, (0, 0), (1, 1), patches)
         t = t[:, :, ::stride[0], ::stride[1]]
     r = t.permute(0, 2, 3, 1)
     if patches:
@@ -500,23 +503,22 @@ def _pixel_rows(t: Tensor, stride, patches: bool) -> Tensor:
 
 def _pixel_unrows(rows: Tensor, x_shape, stride, Ho: int, Wo: int, patches: bool, last: bool = False) -> Tensor:
     """The adjoint of :func:`_pixel_rows`: rows (N*Ho*Wo) x C back onto (N, C, H, W), zero at the pixels a stride
-    skips; channels-last (a view of the rows at stride 1) where ``last`` (the network's g_y is channels-last: its
-    other ops' backward then sees the layout it runs in), else contiguous."""
+    skips (at stride > 1 the engine's scatter, a 1 x 1 col2im: every pixel written once, its value or zero);
+    channels-last (a view of the rows at stride 1) where ``last`` (the network's g_y is channels-last: its other ops'
+    backward then sees the layout it runs in), else contiguous."""
     N, C, H, W = x_shape
+    if tuple(stride) != (1, 1):
+        out = col2im(rows, x_shape, (1, 1), stride, (0, 0), (1, 1), patches)
+        return out if last else _rows_nchw(out.permute(0, 2, 3, 1), x_shape)
     if patches:
         r = rows.reshape(N, Ho // 4, Wo // 4, 4, 4, C).permute(0, 1, 3, 2, 4, 5).reshape(N, Ho, Wo, C)
     else:
         r = rows.reshape(N, Ho, Wo, C)
     r = r.permute(0, 3, 1, 2)
-    if tuple(stride) == (1, 1):
-        if last:
-            return r if r.is_contiguous(memory_format=torch.channels_last) else r.contiguous(
-                memory_format=torch.channels_last)
-        return _rows_nchw(r.permute(0, 2, 3, 1), x_shape)
-    out = torch.empty((N, C, H, W), dtype=rows.dtype, device=rows.device,
-                      memory_format=torch.channels_last if last else torch.contiguous_format).zero_()
-    out[:, :, ::stride[0], ::stride[1]] = r
-    return out
+    if last:
+        return r if r.is_contiguous(memory_format=torch.channels_last) else r.contiguous(
+            memory_format=torch.channels_last)
+    return _rows_nchw(r.permute(0, 2, 3, 1), x_shape)
 
 
 def _conv_keep(x: Tensor, weight: Tensor, stride, padding, dilation, cfg) -> Tuple[Tensor, Tensor]:

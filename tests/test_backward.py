@@ -310,19 +310,28 @@ def test_torch_requires_grad_inputs_are_accepted(rng):
     assert not gi.requires_grad and gi.shape == (16, 8)
 
 
+MAX_INT32_K = (2**31 - 1) // 127**2 // 16 * 16  # hot::kMaxInt32K: the longest exact int32 sum of 8-bit products
+
+
 @pytest.mark.parametrize("source", ["raw_x", "saved"])
-def test_rows_past_the_int32_gw_limit_are_split(source):
-    """K = ceil(L/16)*rank past 133144 would overflow the int32 g_w GEMM: the core splits the call into row chunks
-    (g_w, g_b summed in float32) and still matches the float64 gradient to 8-bit accuracy."""
+def test_rows_past_the_int32_gw_limit_are_one_call(source):
+    """K = ceil(L/16)*rank past 133136 would overflow one int32 g_w GEMM: the call is still one backward over all rows
+    (SPEC §4): with round-to-nearest, G^ is the ABC buffer of g_y, and g_w is the int64 sum of its codes and x's,
+    times (s_gh * s_x) / 16 in float32, rounded once; the raw x is compressed whole, as compress_activation does. And
+    it matches the float64 gradient to 8-bit accuracy."""
     cfg = hot.Config(gx_bits=8, rank=16, rounding="nearest")
-    L = hot._C.gw_chunk_rows(cfg.rank) + 300
-    assert hot._C.padded_k(hot._C.hla_rows(L, cfg.rank)) > (2**31 - 1) // 127**2  # one GEMM would not fit
+    L = MAX_INT32_K + 300
+    assert hot._C.padded_k(hot._C.hla_rows(L, cfg.rank)) > MAX_INT32_K  # one int32 GEMM would not fit
     rng = np.random.default_rng(5)
     x = rng.standard_normal((L, 16), dtype=np.float32)
     w = rng.standard_normal((16, 16), dtype=np.float32)
     gy = rng.standard_normal((L, 16), dtype=np.float32)
-    saved = x if source == "raw_x" else hot.compress_activation(x, cfg)
-    gx, gw, gb = hot.backward_linear(gy, w, saved, bias=True, config=cfg)
+    abc = hot.compress_activation(x, cfg)
+    gx, gw, gb = hot.backward_linear(gy, w, x if source == "raw_x" else abc, bias=True, config=cfg)
+    gh = hot.compress_activation(gy, cfg)
+    s = np.asarray(gh.q, np.int64) @ np.asarray(abc.q, np.int64).T
+    alpha = np.float32(np.float32(np.asarray(gh.scale)[0] * np.asarray(abc.scale)[0]) * np.float32(1 / 16))
+    np.testing.assert_array_equal(np.asarray(gw), s.astype(np.float32) * alpha)
     rel = lambda a, b: np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b)  # noqa: E731
     # 8-bit per-tensor RTN of Gaussian operands: ~1% relative error each, so ~1.5% for a product.
     assert rel(gx, gy.astype(np.float64) @ w) < 0.05
@@ -330,45 +339,11 @@ def test_rows_past_the_int32_gw_limit_are_split(source):
     assert rel(gb, gy.sum(0, dtype=np.float64)) < 1e-5
 
 
-@pytest.mark.parametrize("source", ["raw_x", "saved"])
-def test_split_rows_follow_the_chunk_rule(source):
-    """The chunked call is the per-chunk calls combined by SPEC §4's rule: chunk n is rows [n*step, (n+1)*step) with
-    seed + n * 0x9E3779B97F4A7C15 (mod 2^64) (a raw x compressed per chunk, a SavedActivation sliced by columns);
-    g_x rows as computed, g_w and g_b rounded per chunk to the output dtype, summed in float32 in chunk order."""
-    torch = pytest.importorskip("torch")
-    cfg = hot.Config(gx_bits=8, rank=8, rounding="stochastic", gx_scale="token")
-    step = hot._C.gw_chunk_rows(cfg.rank)
-    L, O, I, seed = 2 * step + 40, 8, 12, 2**64 - 5  # three chunks; the chunk seeds wrap past 2^64
-    g = torch.Generator().manual_seed(4)
-    x = (torch.randn(L, I, generator=g) * 3).bfloat16()
-    w = torch.randn(O, I, generator=g).bfloat16()
-    gy = torch.randn(L, O, generator=g)
-    gy[9] *= 30  # an outlier row: the chunks' scales differ
-    gy = gy.bfloat16()
-    whole = hot.compress_activation(x, cfg)
-    gx, gw, gb = hot.backward_linear(gy, w, x if source == "raw_x" else whole, bias=True, config=cfg, seed=seed)
-    acc_w, acc_b = torch.zeros(O, I), torch.zeros(O)
-    for n, r0 in enumerate(range(0, L, step)):
-        r1 = min(L, r0 + step)
-        if source == "raw_x":
-            part = x[r0:r1]
-        else:
-            k0 = hot._C.hla_rows(r0, cfg.rank)
-            k1 = k0 + hot._C.padded_k(hot._C.hla_rows(r1 - r0, cfg.rank))
-            part = hot.SavedActivation(whole.q[:, k0:k1], whole.scale, (r1 - r0, I), cfg.rank)
-        cx, cw, cb = hot.backward_linear(gy[r0:r1], w, part, bias=True, config=cfg,
-                                         seed=(seed + n * 0x9E3779B97F4A7C15) % 2**64)
-        assert cx.dtype == torch.bfloat16 and torch.equal(gx[r0:r1], cx)
-        acc_w += cw.float()
-        acc_b += cb.float()
-    assert torch.equal(gw, acc_w.bfloat16()) and torch.equal(gb, acc_b.bfloat16())
-
-
 @pytest.mark.parametrize("case", ["raw_x_other_shape", "saved_of_more_rows", "saved_other_rank"])
-def test_split_rows_check_saved_as_one_gemm_does(case):
-    """The split path checks saved like the single-GEMM path: a raw x of another shape (same element count) or a
-    SavedActivation of another x is an error, not reshaped or sliced silently."""
-    L = hot._C.gw_chunk_rows(16) + 1  # the smallest L that is split at the default rank 16
+def test_long_calls_check_saved(case):
+    """A call past one int32 g_w GEMM checks saved as any call does: a raw x of another shape (same element count) or
+    a SavedActivation of another x is an error, not reshaped or sliced silently."""
+    L = MAX_INT32_K + 1
     gy = np.ones((L, 2), np.float32)
     w = np.ones((2, 2), np.float32)
     saved, msg = {

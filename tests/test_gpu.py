@@ -11,6 +11,8 @@ import reference as R
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not hot.cuda_available(), reason="no CUDA: " + hot.cuda_unavailable_reason())]
 
+MAX_INT32_K = (2**31 - 1) // 127**2 // 16 * 16  # hot::kMaxInt32K: the longest exact int32 sum of 8-bit products
+
 
 def _data(seed=0, L=96, O=48, I=40):
     rng = np.random.default_rng(seed)
@@ -64,16 +66,16 @@ def test_torch_cuda_backward_same_bits_as_cpu():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("source", ["raw_x", "saved"])
-def test_torch_cuda_chunked_gw_same_as_cpu(dtype, source):
-    """Past the int32 limit of one g_w GEMM the core splits the rows (SPEC §4, Long contractions): per-chunk scales
-    and seeds, per-chunk results summed in float32 in chunk order (cuda/accumulate.cu on the GPU). Same integers as the
-    CPU, so the results agree up to the epilogues' float rounding."""
+def test_torch_cuda_long_gw_same_as_cpu(dtype, source):
+    """Past the int32 limit of one g_w GEMM the call is still one backward (SPEC §4, Long contractions): the GPU sums
+    int32 slices of the contraction in int64 (the split-K route's summing pass), the CPU in int64 by blocks. Same
+    integers, so the results agree up to the epilogues' float rounding."""
     torch = pytest.importorskip("torch")
     cfg = hot.Config(rank=16)
-    L = 2 * hot._C.gw_chunk_rows(cfg.rank) + 77  # three chunks
+    L = 2 * MAX_INT32_K + 77  # three int32 slices at least
     rng = np.random.default_rng(9)
     gy, x = rng.standard_normal((L, 24), dtype=np.float32), rng.standard_normal((L, 40), dtype=np.float32)
-    gy[5] *= 40  # an outlier row in chunk 0: the chunks' scales differ
+    gy[5] *= 40  # an outlier row
     w = rng.standard_normal((24, 40), dtype=np.float32)
     dt = getattr(torch, dtype)
     t = [torch.tensor(a).to(dt) for a in (gy, w, x)]
@@ -91,7 +93,7 @@ def test_torch_cuda_chunked_gw_same_as_cpu(dtype, source):
         assert torch.allclose(g, c, rtol=tol, atol=tol * c.abs().max().item()), (name, (g - c).abs().max().item())
     # g_b is a float sum of L values (no integers): CPU and GPU sum in different orders, so each is held to the float64
     # sum with the pairwise-summation bound ceil(log2 L) * u * sum|g_y| per column (u: the output's unit roundoff,
-    # plus one rounding of the result); a dropped or repeated chunk is off by a whole chunk's sum, far outside it.
+    # plus one rounding of the result); a dropped or repeated slice of rows is off by its whole sum, far outside it.
     gy64 = t[0].double()
     u = {"float32": 2 ** -24, "bfloat16": 2 ** -8}[dtype]
     bound = (math.ceil(math.log2(L)) * u * gy64.abs().sum(0) + u * gy64.sum(0).abs()) * 1.0001

@@ -90,5 +90,4 @@ PYBIND11_MODULE(_C, m) {
   m.def("get_num_threads", &hot::get_num_threads);
   m.def("hla_rows", &hot::hla_rows, py::arg("L"), py::arg("rank"));
   m.def("padded_k", &hot::padded_k, py::arg("k"));
-  m.def("gw_chunk_rows", &hot::gw_chunk_rows, py::arg("rank"));
 }

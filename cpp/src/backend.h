@@ -12,6 +12,10 @@
 
 namespace hot {
 
+// The longest contraction whose int32 sum of 8-bit products (codes in -127..127, SPEC §5) is exact, as a multiple of
+// 16: K * 127 * 127 < 2^31. Longer ones are summed in int64 from int32 slices of at most this length (SPEC §4).
+constexpr int64_t kMaxInt32K = 133136;
+
 // What the backward pass needs from g_y (L x O), produced in one pass where the backend can.
 struct GradOutputPlan {
   bool gx = false;        // produce q_g / s_g for the g_x path
@@ -65,8 +69,9 @@ struct GradOutputQuant {
      I x O_pad s8 (zero past O), s_w [1] f32 */                                                            \
   void quantize_weight(const TensorView& w, const TensorView& q_wt, const TensorView& s_w, int bits,      \
                        int block, Stream s);                                                               \
-  /* out (M x N, float) = (a (M x K s8) b (N x K s8)^T) * sa[m or 0] * sb[0] * factor; `bits` (4 or 8)   \
-     says the operands hold 4-bit values, so a backend may run an s4 GEMM */                               \
+  /* out (M x N, float) = (a (M x K s8) b (N x K s8)^T) * sa[m or 0] * sb[0] * factor, the integer sum   \
+     exact for any K (int64 past kMaxInt32K); `bits` (4 or 8) says the operands hold 4-bit values, so a     \
+     backend may run an s4 GEMM */                                                                        \
   void gemm_s8_dequant(const TensorView& a, const TensorView& b, const TensorView& sa, const TensorView& sb, \
                        float factor, int bits, const TensorView& out, Stream s);                           \
   /* g_x of a stride-1 convolution from the codes of G~ (SPEC §8): out (N*H*W x C, float, the channels-last  \
@@ -77,11 +82,6 @@ struct GradOutputQuant {
                        Stream s);                                                                          \
   /* out (O, float) = sum over rows of gy (L x O), fp32 accumulation */                                    \
   void bias_grad(const TensorView& gy, const TensorView& out, Stream s);                                   \
-  /* acc (R x C f32) += in (R x C, float) converted to fp32: one IEEE fp32 addition per element (the sum  \
-     of the chunks of a long g_w contraction, SPEC §4) */                                                  \
-  void accumulate_f32(const TensorView& in, const TensorView& acc, Stream s);                              \
-  /* out (R x C, float) = in (R x C f32) rounded to out's dtype, to nearest even */                        \
-  void cast_f32(const TensorView& in, const TensorView& out, Stream s);                                    \
   /* out = op(a) op(b), float operands of one dtype, fp32 accumulation; op = transpose when flag set */    \
   void matmul_exact(const TensorView& a, bool trans_a, const TensorView& b, bool trans_b,                  \
                     const TensorView& out, Stream s);

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <numeric>
 #include <utility>
 
 #include "backend.h"
@@ -453,37 +452,6 @@ void check_backward_common(const char* op, const TensorView& gy, const TensorVie
     HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "grad_bias", out.grad_bias);
   }
 }
-}  // namespace
-
-int64_t gw_chunk_rows(int rank) {
-  check_rank("gw_chunk_rows", rank);
-  // The g_w GEMM contracts over K = hla_rows(rows, rank), padded to 16, with int32 accumulation of 8-bit products.
-  const int64_t max_k = std::numeric_limits<int32_t>::max() / (127 * 127);  // 133,144
-  return max_k / 16 * 16 / rank * 16 / 256 * 256;
-}
-
-namespace {
-
-// Rows [r0, r1) of a row-major 2-D view, and columns [c0, c1) (byte-addressed dtypes only).
-TensorView row_range(const TensorView& v, int64_t r0, int64_t r1) {
-  TensorView r = v;
-  r.data = static_cast<char*>(v.data) + r0 * v.strides[0] * (dtype_bits(v.dtype) / 8);
-  r.shape[0] = r1 - r0;
-  return r;
-}
-TensorView col_range(const TensorView& v, int64_t c0, int64_t c1) {
-  TensorView r = v;
-  r.data = static_cast<char*>(v.data) + c0 * (dtype_bits(v.dtype) / 8);
-  r.shape[1] = c1 - c0;
-  return r;
-}
-// A [n] vector as a 1 x n matrix.
-TensorView as_row(const TensorView& v) {
-  TensorView r = v;
-  r.shape = {1, v.shape[0]};
-  r.strides = {v.shape[0], 1};
-  return r;
-}
 
 // A seed tensor (Seed::tensor): one s64 element on grad_output's device, 8-byte aligned (the kernels read it as one
 // unsigned 64-bit word).
@@ -551,42 +519,6 @@ void backward_rows(const TensorView& gy, const QuantizedWeight& wq, const Tensor
                  stream);
 }
 
-// The sums of a chunked backward (SPEC §4, "Long contractions"; §8 for a convolution's chunks of whole images): each
-// chunk writes its g_w and g_b in the outputs' dtypes into `part`, which add() accumulates in fp32 in chunk order;
-// finish() rounds the sums once into the outputs. Chunk n runs with seed + n * kChunkSeedStep (mod 2^64).
-constexpr uint64_t kChunkSeedStep = 0x9E3779B97F4A7C15ull;
-struct ChunkSums {
-  Device dev;
-  Stream stream;
-  bool gb;
-  Tensor acc_w, part_w, acc_b, part_b;
-  ChunkSums(const BackwardOutputs& out, int64_t O, int64_t I, Device d, Stream s)
-      : dev(d), stream(s), gb(requested(out.grad_bias)) {
-    acc_w = Tensor::zeros(DType::f32, {O, I}, dev, stream);
-    part_w = Tensor::empty(out.grad_weight.dtype, {O, I}, dev, stream);
-    if (gb) {
-      acc_b = Tensor::zeros(DType::f32, {1, O}, dev, stream);
-      part_b = Tensor::empty(out.grad_bias.dtype, {O}, dev, stream);
-    }
-  }
-  // A chunk's outputs: its g_x rows (given), g_w and g_b into the part buffers.
-  BackwardOutputs part(const TensorView& grad_input) const {
-    BackwardOutputs p;
-    p.grad_input = grad_input;
-    p.grad_weight = part_w.view();
-    if (gb) p.grad_bias = part_b.view();
-    return p;
-  }
-  void add() {
-    HOT_DISPATCH(dev, accumulate_f32, part_w.view(), acc_w.view(), stream);
-    if (gb) HOT_DISPATCH(dev, accumulate_f32, as_row(part_b.view()), acc_b.view(), stream);
-  }
-  void finish(const BackwardOutputs& out) {
-    HOT_DISPATCH(dev, cast_f32, acc_w.view(), out.grad_weight, stream);
-    if (gb) HOT_DISPATCH(dev, cast_f32, acc_b.view(), as_row(out.grad_bias), stream);
-  }
-};
-
 // The arguments of an integer backward over L rows (backward_linear's, and backward_conv2d's over its columns): shapes,
 // devices, the saved ABC buffer or the raw x where g_w is wanted, the GEMMs' int32 ranges, the caller's W~ where g_x is
 // wanted (`gx`: out.grad_input's shape is the caller's to check when it is not the L x I rows). Returns (L, O, I).
@@ -596,7 +528,6 @@ void check_backward_inputs(const char* op, const TensorView& gy, const TensorVie
   check_backward_common(op, gy, w, out, L, O, I);
   const bool gw = requested(out.grad_weight);
   const int rank = config.rank;
-  const int qmax_gx = qmax_for_bits(config.gx_bits);
   if (gw && raw_x == nullptr) {
     HOT_CHECK_VALUE(saved != nullptr, op, ": grad_weight requested but no saved activation was given");
     HOT_CHECK_VALUE(saved->rows == L, op, ": saved activation has ", saved->rows, " rows (L) but grad_output has ",
@@ -617,11 +548,6 @@ void check_backward_inputs(const char* op, const TensorView& gy, const TensorVie
     HOT_CHECK_SHAPE(op, "x", *raw_x, want);
     HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "x", *raw_x);
   }
-  if (gw) check_k_fits(op, "the g_w contraction of one chunk", padded_k(hla_rows(std::min(L, gw_chunk_rows(rank)), rank)),
-                       127, 127, "a bug: gw_chunk_rows must keep it in range");
-  if (gx)
-    check_k_fits(op, "the g_x contraction (the layer's output features)", padded_k(O), qmax_gx, qmax_gx,
-                 qmax_gx > 7 ? "use gx_bits=4 or exact mode for this layer" : "use exact mode for this layer");
   if (gx && weight_q != nullptr) {
     HOT_CHECK_VALUE(weight_q->out_features == O && weight_q->in_features == I, op, ": weight_q was formed from a ",
                     weight_q->out_features, " x ", weight_q->in_features, " weight but weight is ", O, " x ", I);
@@ -635,7 +561,8 @@ void check_backward_inputs(const char* op, const TensorView& gy, const TensorVie
   }
 }
 
-// backward_linear from the ABC buffer (saved) or the raw x: validation, then one GEMM per path, or row chunks.
+// backward_linear from the ABC buffer (saved) or the raw x: validation, then one backward over all rows (SPEC §4: the
+// g_w contraction's integer sum is exact for any L, gemm_s8_dequant).
 void backward_linear_impl(const TensorView& gy, const TensorView& w, const SavedActivation* saved,
                           const TensorView* raw_x, const Config& config, const Seed& seed, const BackwardOutputs& out,
                           Stream stream, const QuantizedWeight* weight_q) {
@@ -648,59 +575,19 @@ void backward_linear_impl(const TensorView& gy, const TensorView& w, const Saved
   check_seed(op, seed, gy);
   const Device dev = gy.device;
   const int rank = config.rank;
-  const int64_t step = gw_chunk_rows(rank);
   if (!gx && !gw && !gb) return;
 
-  QuantizedWeight wq;  // the g_x path's W~: the caller's, or formed once for this call (and all its chunks)
+  QuantizedWeight wq;  // the g_x path's W~: the caller's, or formed for this call
   if (gx) wq = weight_q != nullptr ? *weight_q : quantize_weight(w, config.gx_bits, stream);
-
-  if (!gw || L <= step) {  // one GEMM per path
-    SavedActivation own;
-    if (gw && raw_x != nullptr) {
-      own.q = Tensor::empty(DType::s8, {I, padded_k(hla_rows(L, rank))}, dev, stream);
-      own.scale = Tensor::empty(DType::f32, {1}, dev, stream);
-      HOT_DISPATCH(dev, compress_activation, *raw_x, own.q.view(), own.scale.view(), rank, stream);
-      saved = &own;
-    }
-    backward_rows(gy, wq, gw ? saved->q.view() : TensorView{}, gw ? saved->scale.view() : TensorView{}, config,
-                  seed, out, stream);
-    return;
+  SavedActivation own;
+  if (gw && raw_x != nullptr) {
+    own.q = Tensor::empty(DType::s8, {I, padded_k(hla_rows(L, rank))}, dev, stream);
+    own.scale = Tensor::empty(DType::f32, {1}, dev, stream);
+    HOT_DISPATCH(dev, compress_activation, *raw_x, own.q.view(), own.scale.view(), rank, stream);
+    saved = &own;
   }
-
-  // Row chunks (SPEC §4, "Long contractions"): chunk n is the backward of rows [n*step, (n+1)*step) alone, with its
-  // own seed; g_w and g_b are each chunk's result in the output dtype, summed in fp32 in chunk order.
-  ChunkSums sums(out, O, I, dev, stream);
-  Tensor chunk_q, chunk_scale;  // the compressed rows of a chunk of the raw x
-  uint64_t n = 0;
-  for (int64_t r0 = 0; r0 < L; r0 += step, ++n) {
-    const int64_t r1 = std::min(L, r0 + step);
-    const int64_t k_pad = padded_k(hla_rows(r1 - r0, rank));
-    TensorView q, scale;
-    if (raw_x != nullptr) {
-      chunk_q = Tensor::empty(DType::s8, {I, k_pad}, dev, stream);
-      chunk_scale = Tensor::empty(DType::f32, {1}, dev, stream);
-      q = chunk_q.view();
-      scale = chunk_scale.view();
-      HOT_DISPATCH(dev, compress_activation, row_range(*raw_x, r0, r1), q, scale, rank, stream);
-    } else {
-      const int64_t k0 = hla_rows(r0, rank);  // r0 is a multiple of 256: whole blocks, no padding before k0
-      q = col_range(saved->q.view(), k0, k0 + k_pad);
-      scale = saved->scale.view();
-    }
-    backward_rows(row_range(gy, r0, r1), wq, q, scale, config, seed.plus(n * kChunkSeedStep),
-                  sums.part(gx ? row_range(out.grad_input, r0, r1) : TensorView{}), stream);
-    sums.add();
-  }
-  sums.finish(out);
-}
-
-// Images per g_w chunk of a convolution whose g_x is a transposed convolution (SPEC §8): whole images (a window never
-// leaves its image, so each chunk's g_x is its images' alone), at most gw_chunk_rows rows, and a multiple of 256 rows
-// so that the chunk's HLA blocks and padded columns of the ABC buffer are its own. 0 when no such count exists.
-int64_t conv_chunk_images(int64_t P, int rank) {
-  const int64_t step = gw_chunk_rows(rank);
-  const int64_t m = 256 / std::gcd(P, int64_t{256});  // images per 256-row multiple
-  return step / P / m * m;
+  backward_rows(gy, wq, gw ? saved->q.view() : TensorView{}, gw ? saved->scale.view() : TensorView{}, config, seed,
+                out, stream);
 }
 
 }  // namespace
@@ -730,12 +617,11 @@ void backward_conv2d(const TensorView& gy, const TensorView& w, const SavedActiv
   }
   // g_x straight from the codes of G~ where a window's sum has one scale and fits int32 (SPEC §8)
   const int qmax = qmax_for_bits(config.gx_bits);
-  const int64_t o_pad = padded_k(O), images = gw ? conv_chunk_images(P, config.rank) : g.N;
+  const int64_t o_pad = padded_k(O);
   const bool direct = gx && g.sh == 1 && g.sw == 1 && !g.patches && config.gx_scale == ScaleMode::tensor &&
                       g.ph <= static_cast<int64_t>(g.dh) * (g.kh - 1) && g.pw <= static_cast<int64_t>(g.dw) * (g.kw - 1) &&
-                      static_cast<int64_t>(g.kh) * g.kw * o_pad <= std::numeric_limits<int32_t>::max() / (qmax * qmax) &&
-                      images >= 1;
-  if (!direct) {  // the g_x GEMM into the columns, then col2im (and backward_linear's row chunks)
+                      static_cast<int64_t>(g.kh) * g.kw * o_pad <= std::numeric_limits<int32_t>::max() / (qmax * qmax);
+  if (!direct) {  // the g_x GEMM into the columns, then col2im
     Tensor cols;
     BackwardOutputs lo = out;
     if (gx) {
@@ -747,26 +633,8 @@ void backward_conv2d(const TensorView& gy, const TensorView& w, const SavedActiv
     return;
   }
   const QuantizedWeight wq = weight_q != nullptr ? *weight_q : quantize_weight(w, config.gx_bits, stream);
-  if (images >= g.N) {  // one chunk
-    backward_rows(gy, wq, gw ? saved->q.view() : TensorView{}, gw ? saved->scale.view() : TensorView{}, config, seed,
-                  out, stream, &g);
-    return;
-  }
-  // Chunks of whole images (SPEC §8), each the backward of its images alone with its own seed; g_w and g_b summed in
-  // fp32 in chunk order, as backward_linear's row chunks.
-  ChunkSums sums(out, O, CKK, dev, stream);
-  uint64_t n = 0;
-  for (int64_t n0 = 0; n0 < g.N; n0 += images, ++n) {
-    const int64_t n1 = std::min(g.N, n0 + images), r0 = n0 * P, r1 = n1 * P;
-    const int64_t k0 = hla_rows(r0, config.rank), k_pad = padded_k(hla_rows(r1 - r0, config.rank));
-    ConvGeometry gc = g;
-    gc.N = n1 - n0;
-    backward_rows(row_range(gy, r0, r1), wq, col_range(saved->q.view(), k0, k0 + k_pad), saved->scale.view(), config,
-                  seed.plus(n * kChunkSeedStep), sums.part(row_range(out.grad_input, n0 * g.H * g.W, n1 * g.H * g.W)),
-                  stream, &gc);
-    sums.add();
-  }
-  sums.finish(out);
+  backward_rows(gy, wq, gw ? saved->q.view() : TensorView{}, gw ? saved->scale.view() : TensorView{}, config, seed, out,
+                stream, &g);
 }
 
 QuantizedWeight quantize_weight(const TensorView& w, int gx_bits, Stream stream) {

@@ -1,6 +1,7 @@
 // compress_activation (SPEC §2) and backward_linear / backward_linear_exact (SPEC §3, §4).
 #include <cstdio>
 
+#include "backend.h"
 #include "test_util.h"
 
 namespace {
@@ -629,8 +630,8 @@ void check_weight_q_same_bits(int64_t L, const Config& cfg, DType dt) {
 TEST(Cpu_BackwardLinear, KeptQuantizedWeightGivesSameBits) {
   check_weight_q_same_bits(70, make_cfg(8, 16, Rounding::stochastic, ScaleMode::tensor), DType::f32);
   check_weight_q_same_bits(70, make_cfg(4, 8, Rounding::nearest, ScaleMode::token), DType::bf16);
-  check_weight_q_same_bits(hot::gw_chunk_rows(16) + 40, make_cfg(8, 16, Rounding::stochastic, ScaleMode::tensor),
-                           DType::f32);  // two chunks share the one W~
+  check_weight_q_same_bits(hot::kMaxInt32K + 40, make_cfg(8, 16, Rounding::stochastic, ScaleMode::tensor),
+                           DType::f32);  // a g_w contraction past one int32 GEMM
 }
 
 TEST(Cpu_BackwardLinear, KeptQuantizedWeightIsChecked) {

@@ -304,17 +304,27 @@ TEST(Cpu_Errors, BackwardLinear) {
     EXPECT_HOT_ERROR(hot::backward_linear(gy0, f.w, nullptr, cfg, 0, o), value, "grad_output", "empty");
   }
   {
-    // 8-bit g_x: the contraction runs over the output features; past 2^31 / 127^2 = 133,144 of them the int32 sums
-    // can overflow, and the error says what to do (batching does not help)
-    const int64_t O = 133152;
-    const HostTensor gy = f32(16, O), w = f32(O, 4);
-    HostTensor gx = f32(16, 4);
+    // 8-bit g_x: the contraction runs over the output features; past kMaxInt32K of them its integer sums go in int64
+    // slices (SPEC §4), so such a layer is no error: its g_x is the float64 product within 8-bit accuracy
+    const int64_t O = 133152, L = 16, I = 4;
+    const std::vector<float> gv = hot_test::randn(static_cast<size_t>(L * O), 3), wv = hot_test::randn(
+        static_cast<size_t>(O * I), 4);
+    const HostTensor gy = hot_test::host_from(DType::f32, L, O, gv), w = hot_test::host_from(DType::f32, O, I, wv);
+    HostTensor gx = f32(L, I);
     hot::BackwardOutputs o;
     o.grad_input = gx.view();
     hot::Config c8;
     c8.gx_bits = 8;
-    EXPECT_HOT_ERROR(hot::backward_linear(gy, w, nullptr, c8, 0, o), value, "g_x contraction", std::to_string(O),
-                     "gx_bits=4");
+    ASSERT_NO_THROW(hot::backward_linear(gy, w, nullptr, c8, 0, o));
+    double e = 0, n = 0;
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t i = 0; i < I; ++i) {
+        double s = 0;
+        for (int64_t k = 0; k < O; ++k) s += static_cast<double>(gv[l * O + k]) * wv[k * I + i];
+        e += (gx.getf(l, i) - s) * (gx.getf(l, i) - s);
+        n += s * s;
+      }
+    EXPECT_LT(std::sqrt(e / n), 0.05);
   }
   // the saved activation
   EXPECT_HOT_ERROR(hot::backward_linear(f.gy, f.w, nullptr, cfg, 0, f.out()), value, "saved");

@@ -537,7 +537,7 @@ def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: O
                     seed=0, need_grad_input: bool = True, need_grad_weight: bool = True, weight_q=None):
     """HOT backward of y = x W^T (+ b) (SPEC §3, §4): (grad_input, grad_weight, grad_bias), None for
     what was not requested. grad_output (..., O); weight O x I; saved a SavedActivation or the raw x.
-    A batch whose g_w contraction exceeds one int32 GEMM runs as row chunks in the core (SPEC §4).
+    A batch of any length is one backward (SPEC §4: a g_w contraction past one int32 GEMM is summed in int64).
     weight_q: the weight's :func:`quantize_weight` at config.gx_bits, used instead of forming W~ again (same bits).
     seed: the stochastic-rounding seed, an integer or a one-element int64 array on grad_output's device, which the
     kernels read when they run (SPEC §5: a CUDA graph that draws it on the GPU rounds with a new seed per replay)."""
@@ -601,7 +601,7 @@ def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: O
 # The public functions above (any DLPack framework, every argument checked in Python for clear messages) and
 # hot.torch's ops (eager and compiled: torch tensors whose layout their own forward fixed) reach the core through
 # these, and only these. They take a _Call (framework, device, stream) and arrays the core can read; the core checks
-# dtypes, devices and shapes again, and runs the operation whole (g_w chunking included, SPEC §4).
+# dtypes, devices and shapes again, and runs the operation whole.
 
 
 def _compress(c: _Call, x, xs, config):

@@ -178,30 +178,19 @@ struct Seed {
   Seed() = default;
   Seed(uint64_t v) : value(v) {}  // NOLINT(google-explicit-constructor): a plain integer seed
   Seed(uint64_t v, const TensorView& t) : value(v), tensor(t) {}
-  // The same seed source advanced by `step` (the seed of a later chunk of one call).
-  Seed plus(uint64_t step) const { return Seed(value + step, tensor); }
 };
-
-// Rows of g_y per integer g_w GEMM (SPEC §4, "Long contractions"): the largest multiple of 256 whose HLA rows at
-// `rank`, padded to 16, fit int32 accumulation of 8-bit products (K * 127 * 127 < 2^31, K <= 133,144): 133,120 rows
-// at rank 16, 266,240 at rank 8. rank: 1..16.
-int64_t gw_chunk_rows(int rank);
 
 // HOT backward of y = x W^T (+ b) (SPEC §3, §4). grad_output: L x O; weight: O x I; saved: the ABC buffer
 // of x (needed for grad_weight). In exact mode use backward_linear_exact (or the raw-x overload below).
-// When grad_weight is requested and L > gw_chunk_rows(config.rank), the call runs as consecutive row chunks of
-// gw_chunk_rows rows (SPEC §4): chunk n is the backward of its rows alone with seed + n * 0x9E3779B97F4A7C15
-// (mod 2^64; a seed tensor's value is added to each), its own per-tensor scales of g_y's operands, and its columns of the ABC buffer (whose one scale it
-// keeps); g_x rows are written chunk by chunk; g_w and g_b are each chunk's result rounded to the output's dtype,
-// summed in fp32 in chunk order and rounded once more. So the result equals the sum of the per-chunk calls.
+// One backward over all L rows, whatever L (SPEC §4, "Long contractions": the g_w contraction's integer sum is exact,
+// int32 slices summed in int64, with one scale of each g_y operand and one seed per call).
 // weight_q: W~ from quantize_weight(weight, config.gx_bits) when the caller keeps it (checked against weight's shape,
 // device and config.gx_bits; its bytes are taken as they are), else nullptr and the call forms it.
 void backward_linear(const TensorView& grad_output, const TensorView& weight, const SavedActivation* saved,
                      const Config& config, const Seed& seed, const BackwardOutputs& out, Stream stream = {},
                      const QuantizedWeight* weight_q = nullptr);
 // The same from the raw x (L x I float; read only when grad_weight is requested, else it may be an empty view):
-// x is compressed as compress_activation(x, config.rank) would (chunk by chunk, each chunk's rows with their own
-// scale, when the call is chunked). With config.exact this is backward_linear_exact.
+// x is compressed as compress_activation(x, config.rank) would. With config.exact this is backward_linear_exact.
 void backward_linear(const TensorView& grad_output, const TensorView& weight, const TensorView& x,
                      const Config& config, const Seed& seed, const BackwardOutputs& out, Stream stream = {},
                      const QuantizedWeight* weight_q = nullptr);
@@ -211,9 +200,8 @@ void backward_linear(const TensorView& grad_output, const TensorView& weight, co
 // needed for grad_weight); out.grad_input is the channels-last map N*H*W x C. g_w and g_b are backward_linear's over
 // the columns. g_x: at stride 1 (raster order, per-tensor g_x scale, padding <= dilation * (k - 1)) the transposed
 // convolution of the int8 codes of G~ with W~, one exact int32 sum over (i, j, o) per element scaled once by
-// (s_g * s_w) / b and rounded once to grad_input's dtype; long contractions then go in chunks of whole images (the
-// largest multiple of 256 rows up to gw_chunk_rows, seeds as backward_linear's chunks). Otherwise the g_x GEMM
-// writes the columns in grad_input's dtype and col2im adds them onto the map (backward_linear's row chunks).
+// (s_g * s_w) / b and rounded once to grad_input's dtype. Otherwise the g_x GEMM writes the columns in grad_input's
+// dtype and col2im adds them onto the map.
 void backward_conv2d(const TensorView& grad_output, const TensorView& weight, const SavedActivation* saved,
                      const ConvGeometry& geometry, const Config& config, const Seed& seed, const BackwardOutputs& out,
                      Stream stream = {}, const QuantizedWeight* weight_q = nullptr);

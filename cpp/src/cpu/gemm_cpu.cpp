@@ -127,9 +127,11 @@ MicroFn pick_micro() {
   return micro_generic;
 }
 
-// C (M x N int32, row stride ldc) = A B^T over packed operands. Each output element is an exact
-// integer sum, so the result does not depend on blocking or threads.
-void gemm_packed(const Packed16& A, const Packed16& B, int32_t* C, int64_t ldc) {
+// C (M x N, row stride ldc) = A B^T over packed operands: int32 sums of each K block (kKc values) added into C's
+// type Acc, int32 (a K that check_k_fits bounds) or int64 (any K, SPEC §4). Each output element is an exact integer
+// sum, so the result does not depend on blocking or threads.
+template <typename Acc>
+void gemm_packed(const Packed16& A, const Packed16& B, Acc* C, int64_t ldc) {
   static const MicroFn micro = pick_micro();
   const int64_t M = A.rows, N = B.rows, Kp = A.kp;
   // Zero rows standing in for tile rows past M or N.
@@ -138,7 +140,7 @@ void gemm_packed(const Packed16& A, const Packed16& B, int32_t* C, int64_t ldc) 
   parallel_for(tasks, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t m0 = t * kMc, m1 = std::min(M, m0 + kMc);
-      for (int64_t m = m0; m < m1; ++m) std::fill(C + m * ldc, C + m * ldc + N, 0);
+      for (int64_t m = m0; m < m1; ++m) std::fill(C + m * ldc, C + m * ldc + N, Acc{0});
       for (int64_t n0 = 0; n0 < N; n0 += kNc) {
         const int64_t n1 = std::min(N, n0 + kNc);
         for (int64_t k0 = 0; k0 < Kp; k0 += kKc) {
@@ -174,7 +176,7 @@ void gemm_s4s4s32(const TensorView& a, const TensorView& b, const TensorView& c,
 void gemm_s8_dequant(const TensorView& a, const TensorView& b, const TensorView& sa, const TensorView& sb,
                      float factor, int /*bits*/, const TensorView& out, Stream) {
   const int64_t M = a.shape[0], N = b.shape[0];
-  std::vector<int32_t> acc(static_cast<size_t>(M * N));
+  std::vector<int64_t> acc(static_cast<size_t>(M * N));  // exact for any K
   gemm_packed(pack_s8(a), pack_s8(b), acc.data(), N);
   const bool per_row = sa.shape[0] == M && M > 1;
   const float* sap = sa.ptr<float>();
@@ -183,7 +185,7 @@ void gemm_s8_dequant(const TensorView& a, const TensorView& b, const TensorView&
     std::vector<float> row(static_cast<size_t>(N));
     for (int64_t m = m0; m < m1; ++m) {
       const float alpha = sap[per_row ? m : 0] * sb0 * factor;
-      const int32_t* src = acc.data() + m * N;
+      const int64_t* src = acc.data() + m * N;
       for (int64_t n = 0; n < N; ++n) row[n] = static_cast<float>(src[n]) * alpha;
       store_row(out, m, row.data());
     }

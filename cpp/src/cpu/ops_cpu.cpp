@@ -461,28 +461,6 @@ void bias_grad(const TensorView& gy, const TensorView& out, Stream) {
   });
 }
 
-void accumulate_f32(const TensorView& in, const TensorView& acc, Stream) {
-  const int64_t C = in.shape[1];
-  parallel_for(in.shape[0], row_grain(C), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      float* a = acc.ptr<float>() + r * acc.strides[0];
-      const int64_t off = r * in.strides[0];
-      for (int64_t c = 0; c < C; ++c) a[c] += load_float(in.data, in.dtype, off + c);
-    }
-  });
-}
-
-void cast_f32(const TensorView& in, const TensorView& out, Stream) {
-  const int64_t C = in.shape[1];
-  parallel_for(in.shape[0], row_grain(C), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* a = in.ptr<const float>() + r * in.strides[0];
-      const int64_t off = r * out.strides[0];
-      for (int64_t c = 0; c < C; ++c) store_float(out.data, out.dtype, off + c, a[c]);
-    }
-  });
-}
-
 void quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out, Stream s) {
   const int64_t L = gy.shape[0], O = gy.shape[1];
   const uint64_t seed = plan.seed + (plan.seed_ptr != nullptr ? *plan.seed_ptr : 0);  // host memory on the CPU

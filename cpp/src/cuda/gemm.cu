@@ -1,6 +1,8 @@
 // Integer GEMM entry points of the CUDA backend and their dispatch (select_gemm_path, runtime.cu); the
 // generic CUDA-core kernels (generic_gemm_kernels.cuh) serve shapes the tensor-core paths do not take (K not a
 // multiple of 16, misaligned views) and GPUs without a compiled tensor-core path.
+#include <algorithm>
+
 #include "generic_gemm_kernels.cuh"
 
 namespace hot::cuda {
@@ -70,6 +72,33 @@ void gemm_s4s4s32(const TensorView& a, const TensorView& b, const TensorView& c,
   cuda::gemm_s8s8s32(av, bv, c, st);
 }
 
+namespace {
+
+// The dequantising GEMM of a K past kMaxInt32K where the sm_90 split-K route did not take it (sm_80, the generic
+// kernel, K / 16 without a fitting divisor): consecutive K pieces of at most kMaxInt32K (multiples of 16 but the last),
+// each an exact int32 GEMM into its own s32 partial, then reduce_s32 adds them in int64 and dequantises.
+void gemm_s8_dequant_long_k(const TensorView& a, const TensorView& b, const TensorView& sa, const TensorView& sb,
+                            float factor, const TensorView& out, Stream st) {
+  const int64_t M = a.shape[0], N = b.shape[0], K = a.shape[1];
+  const int64_t pieces = (K + kMaxInt32K - 1) / kMaxInt32K;
+  const int64_t step = ((K + pieces - 1) / pieces + 15) / 16 * 16;  // <= kMaxInt32K (a multiple of 16)
+  Scratch part(static_cast<size_t>(pieces * M * N) * 4, a.device.index, st);
+  for (int64_t p = 0; p < pieces; ++p) {
+    const int64_t k0 = p * step, k1 = std::min(K, k0 + step);
+    TensorView ap = a, bp = b;
+    ap.data = static_cast<int8_t*>(a.data) + k0;
+    bp.data = static_cast<int8_t*>(b.data) + k0;
+    ap.shape[1] = bp.shape[1] = k1 - k0;
+    cuda::gemm_s8s8s32(ap, bp, make_view(part.as<int32_t>() + p * M * N, DType::s32, a.device, {M, N}), st);
+  }
+  dispatch_float(out.dtype, "gemm_s8_dequant", [&](auto t) {
+    reduce_s32_launch(make_view(part.get(), DType::s32, a.device, {M, N}), static_cast<int>(pieces), M * N,
+                      make_dequant<decltype(t)>(sa, sb, factor, out), false, StreamLaunch{to_cuda(st)});
+  });
+}
+
+}  // namespace
+
 // bits == 4 says the operands hold 4-bit values: on sm_80/86/89 they are packed and run through the s4
 // tensor-core GEMM (s32 result, then the dequantisation kernel); on sm_90a the s8 wgmma GEMM with the
 // fused dequantising epilogue runs for both widths.
@@ -83,6 +112,10 @@ void gemm_s8_dequant(const TensorView& a, const TensorView& b, const TensorView&
 #if defined(HOT_CUDA_HAS_SM90A)
   if (path == GemmPath::sm90_wgmma && sm90_gemm_s8_dequant(a, b, sa, sb, factor, out, dev, s)) return;
 #endif
+  if (a.shape[1] > kMaxInt32K) {
+    gemm_s8_dequant_long_k(a, b, sa, sb, factor, out, st);
+    return;
+  }
 #if defined(HOT_CUDA_HAS_SM80)
   if (path == GemmPath::sm80_cutlass) {
     const int64_t M = a.shape[0], N = b.shape[0], K = a.shape[1];

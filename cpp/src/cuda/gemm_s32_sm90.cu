@@ -98,7 +98,7 @@ bool split_k(const TensorView& a, const TensorView& b, int device, cudaStream_t 
 namespace hot::cuda {
 
 bool sm90_gemm_s8s8s32(const TensorView& a, const TensorView& b, const TensorView& c, int device, cudaStream_t s) {
-  if (!sm90::a_operand_ok(a, b)) return false;
+  if (!sm90::a_operand_ok(a, b) || a.shape[1] > kMaxInt32K) return false;
   if (sm90::split_k(a, b, device, s, [&](const TensorView& part, int slices, int64_t stride, bool transposed) {
         reduce_s32_launch(part, slices, stride, StoreS32{static_cast<int32_t*>(c.data), c.strides[0]}, transposed,
                           StreamLaunch{s});
@@ -121,6 +121,7 @@ bool sm90_gemm_s8_dequant(const TensorView& a, const TensorView& b, const Tensor
         });
       }))
     return true;
+  if (a.shape[1] > kMaxInt32K) return false;  // one GEMM's int32 sums would not be exact: gemm.cu's K pieces
   const int M = static_cast<int>(a.shape[0]), K = static_cast<int>(a.shape[1]);
   const auto* ap = static_cast<const int8_t*>(a.data);
   const bool per_row = sa.shape[0] != 1;

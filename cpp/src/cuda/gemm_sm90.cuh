@@ -79,23 +79,36 @@ inline int64_t gemm_tiles(int64_t M, int64_t N) {
   return ((M + tm - 1) / tm) * ((N + tn - 1) / tn);
 }
 
-// The K slices of the split-K route for an M x N x K problem on sm_count SMs, or 1 (no split). When the output has so
-// few tiles that stream-K would give each tile 8 or more peers (a conv's g_w GEMM: M = O, N = C k^2, K = the pixels),
-// the peers' fix-up of a shared 128 x 256 int32 tile dominated (benchmarks/NOTES.md); instead the K slices run as a
-// batch of independent GEMMs in one wave, each writing its own s32 partial, and one pass sums them. The slices are
-// equal (a batch has one K): K / 16 = q is split into S slices of m = q / S units of 16, m a divisor of q of at least
-// 32 (4 k-tiles), S as large as one wave allows; no such divisor with S >= max(2, wave / 2): no split.
+// The K slices of the split-K route for an M x N x K problem on sm_count SMs, or 1 (no split), or 0 (K needs slices
+// and none fit). When the output has so few tiles that stream-K would give each tile 8 or more peers (a conv's g_w
+// GEMM: M = O, N = C k^2, K = the pixels), the peers' fix-up of a shared 128 x 256 int32 tile dominated
+// (benchmarks/NOTES.md); instead the K slices run as a batch of independent GEMMs in one wave, each writing its own s32
+// partial, and one pass sums them. The slices are equal (a batch has one K): K / 16 = q is split into S slices of
+// m = q / S units of 16, m a divisor of q of at least 32 (4 k-tiles), S as large as one wave allows; no such divisor
+// with S >= max(2, wave / 2): no split. A K past kMaxInt32K needs slices whose int32 sums are exact (the pass adds them
+// in int64): at least ceil(K / kMaxInt32K) of them, the fewest such equal slices (of at least 32 units) where the
+// wave's choice has fewer; 0 where K / 16 has no such divisor (gemm.cu then runs K pieces).
 inline int split_k_slices(int64_t M, int64_t N, int64_t K, int sm_count) {
-  const int64_t tiles = gemm_tiles(M, N);
-  if (8 * tiles > sm_count || K % 16 != 0) return 1;
-  const int64_t wave = sm_count / tiles, q = K / 16;
+  if (K % 16 != 0) return K > kMaxInt32K ? 0 : 1;
+  const int64_t tiles = gemm_tiles(M, N), q = K / 16, need = (K + kMaxInt32K - 1) / kMaxInt32K;
   int64_t best = 1;
+  if (8 * tiles <= sm_count) {
+    const int64_t wave = sm_count / tiles;
+    for (int64_t d = 1; d * d <= q; ++d) {
+      if (q % d != 0) continue;
+      for (const int64_t S : {d, q / d})  // S slices of m = q / S units
+        if (q / S >= 32 && S <= wave && S > best) best = S;
+    }
+    if (best < 2 || 2 * best < wave) best = 1;
+  }
+  if (best >= need) return static_cast<int>(best);
+  int64_t fewest = 0;
   for (int64_t d = 1; d * d <= q; ++d) {
     if (q % d != 0) continue;
-    for (const int64_t S : {d, q / d})  // S slices of m = q / S units
-      if (q / S >= 32 && S <= wave && S > best) best = S;
+    for (const int64_t S : {d, q / d})
+      if (S >= need && q / S >= 32 && (fewest == 0 || S < fewest)) fewest = S;
   }
-  return best >= 2 && 2 * best >= wave ? static_cast<int>(best) : 1;
+  return static_cast<int>(fewest);
 }
 
 // The dynamic shared memory a GEMM kernel needs beyond 48 KB, granted once per device (the current one, which the

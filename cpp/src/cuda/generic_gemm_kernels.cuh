@@ -15,10 +15,12 @@ namespace {
 
 constexpr int kTM = 64, kTN = 64, kTK = 32;
 
+// The epilogues take the exact integer sum as int64 (SPEC §4: a contraction longer than int32 allows is summed in
+// int64 from int32 slices); StoreS32 serves the s32 GEMM, whose K check_k_fits bounds.
 struct StoreS32 {
   int32_t* c;
   int64_t ld;
-  __device__ void operator()(int64_t m, int64_t n, int32_t acc) const { c[m * ld + n] = acc; }
+  __device__ void operator()(int64_t m, int64_t n, int64_t acc) const { c[m * ld + n] = static_cast<int32_t>(acc); }
 };
 
 template <typename T>
@@ -29,16 +31,17 @@ struct Dequant {
   bool per_row;
   const float* sb;
   float factor;
-  __device__ void operator()(int64_t m, int64_t n, int32_t acc) const {
-    // acc * ((sa * sb) * factor), fp32, round to nearest: the order of the CPU backend and the CUTLASS
-    // epilogue.
+  __device__ void operator()(int64_t m, int64_t n, int64_t acc) const {
+    // acc * ((sa * sb) * factor), fp32, round to nearest (acc converted once, to nearest): the order of the CPU
+    // backend and the CUTLASS epilogue.
     const float alpha = __fmul_rn(__fmul_rn(sa[per_row ? m : 0], sb[0]), factor);
     const float v = __fmul_rn(static_cast<float>(acc), alpha);
     store_f(out + m * ld + n, v);
   }
 };
 
-// 64x64 output tile, 256 threads, 4x4 outputs each, exact int32 accumulation.
+// 64x64 output tile, 256 threads, 4x4 outputs each: int32 sums of each 32-wide k block added in int64 (exact for any
+// K).
 template <typename Epi>
 __global__ void __launch_bounds__(256) gemm_s8_generic_kernel(Mat<const int8_t> A, Mat<const int8_t> B, Epi epi) {
   __shared__ int8_t As[kTM][kTK + 4];
@@ -47,8 +50,9 @@ __global__ void __launch_bounds__(256) gemm_s8_generic_kernel(Mat<const int8_t> 
   // M (rows of A: tokens, up to millions) on grid.x, N (a feature dimension) on grid.y.
   const int64_t bm = static_cast<int64_t>(blockIdx.x) * kTM, bn = static_cast<int64_t>(blockIdx.y) * kTN;
   const int64_t M = A.rows, N = B.rows, K = A.cols;
-  int32_t acc[4][4] = {};
+  int64_t acc[4][4] = {};
   for (int64_t k0 = 0; k0 < K; k0 += kTK) {
+    int32_t blk[4][4] = {};
     for (int i = threadIdx.x; i < kTM * kTK; i += 256) {
       const int r = i / kTK, c = i % kTK;
       const int64_t m = bm + r, n = bn + r, k = k0 + c;
@@ -66,8 +70,12 @@ __global__ void __launch_bounds__(256) gemm_s8_generic_kernel(Mat<const int8_t> 
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
+        for (int j = 0; j < 4; ++j) blk[i][j] += a[i] * b[j];
     }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] += blk[i][j];
     __syncthreads();
   }
 #pragma unroll
@@ -93,8 +101,7 @@ __global__ void apply_s32_kernel(Mat<const int32_t> c, Epi epi) {
 
 // epi(m, n, the sum of `slices` s32 matrices c + s * slice_stride) for every element: the K slices of a GEMM (the
 // split-K route of the sm90 path, gemm_s32_sm90.cu); `transposed`: element (r, k) of c is output (k, r) (the route's
-// transposed product). int32 is exact: every partial sum of a GEMM whose K passed check_k_fits is bounded by
-// K * qmax^2 < 2^31.
+// transposed product). Each slice is an exact int32 sum (at most kMaxInt32K long), the slices are added in int64.
 constexpr int kReduceGroups = 8;  // slice groups of reduce_s32_kernel: one warp each, a block of 8 warps
 template <typename Epi>
 __global__ void __launch_bounds__(32 * kReduceGroups)
@@ -103,13 +110,13 @@ __global__ void __launch_bounds__(32 * kReduceGroups)
   // 128 contiguous bytes; several loads in flight per thread), and warp 0 adds the 8 groups' sums and applies epi.
   // The pass is latency-bound (a few thousand elements, tens of slices each): one thread per element summing all
   // slices waited on one load after another. Any association of the integer sum is exact.
-  __shared__ int32_t part[kReduceGroups][33];
+  __shared__ int64_t part[kReduceGroups][33];
   const int lane = static_cast<int>(threadIdx.x) & 31, group = static_cast<int>(threadIdx.x) >> 5;
   const int64_t n = c.rows * c.cols;
   for (int64_t e0 = blockIdx.x * int64_t{32}; e0 < n; e0 += gridDim.x * int64_t{32}) {
     const int64_t e = e0 + lane;
     const int64_t r = e < n ? e / c.cols : 0, k = e < n ? e - r * c.cols : 0;
-    int32_t acc[4] = {};
+    int64_t acc[4] = {};
     if (e < n) {
       const int32_t* p = c.p + r * c.ld + k;
       int s = group;
@@ -121,7 +128,7 @@ __global__ void __launch_bounds__(32 * kReduceGroups)
     part[group][lane] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
     __syncthreads();
     if (group == 0 && e < n) {
-      int32_t sum = 0;
+      int64_t sum = 0;
 #pragma unroll
       for (int g = 0; g < kReduceGroups; ++g) sum += part[g][lane];
       if (transposed)

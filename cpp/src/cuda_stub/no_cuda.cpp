@@ -57,8 +57,6 @@ void gemm_s8_dequant(const TensorView&, const TensorView&, const TensorView&, co
   missing();
 }
 void bias_grad(const TensorView&, const TensorView&, Stream) { missing(); }
-void accumulate_f32(const TensorView&, const TensorView&, Stream) { missing(); }
-void cast_f32(const TensorView&, const TensorView&, Stream) { missing(); }
 void matmul_exact(const TensorView&, bool, const TensorView&, bool, const TensorView&, Stream) { missing(); }
 
 }  // namespace hot::cuda

@@ -499,6 +499,35 @@ TEST_F(Cuda_GemmDequant, SplitKBitExactVsCpu) {
       }
 }
 
+// A K past kMaxInt32K (SPEC §4): few output tiles (the split-K route with slices of at most kMaxInt32K, summed in
+// int64), many tiles (two equal slices: the batch of the same route), and a K / 16 with no fitting divisor or K not a
+// multiple of 16 (gemm.cu's K pieces, each its own s32 GEMM, summed by the same pass). Rows of +127 codes make the
+// sum overflow int32. Against the CPU's int64 sum, bit for bit.
+TEST_F(Cuda_GemmDequant, LongKBitExactVsCpu) {
+  uint64_t seed = 770;
+  const int64_t kmax = hot::kMaxInt32K;
+  for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {64, 256, 200000}, {1024, 768, kmax + 16}, {64, 48, 16 * 16661}, {40, 24, kmax + 37}})
+    for (DType dt : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(testing::Message() << dt_name(dt) << " M " << M << " N " << N << " K " << K);
+      HostTensor a = rand_int(DType::s8, M, K, -127, 127, seed++);
+      HostTensor b = rand_int(DType::s8, N, K, -127, 127, seed++);
+      for (int64_t k = 0; k < K; ++k) {
+        a.seti(0, k, 127);
+        b.seti(0, k, 127);
+      }
+      HostTensor sa = HostTensor::make1d(DType::f32, 1), sb = HostTensor::make1d(DType::f32, 1);
+      sa.setf(0, 1e-4f);
+      sb.setf(0, 0.0123f);
+      HostTensor oc = out2d(dt, M, N), og = oc;
+      DevTensor da(a), db(b), dsa(sa), dsb(sb), dout(og);
+      hot::cpu::gemm_s8_dequant(a, b, sa, sb, 1.0f / 16, 8, oc, {});
+      hot::cuda::gemm_s8_dequant(da, db, dsa, dsb, 1.0f / 16, 8, dout, st());
+      sync();
+      EXPECT_TRUE(all_bytes_equal(oc, dout.to_host()));
+    }
+}
+
 // ---- layer operations ----------------------------------------------------------------------------------
 
 class Cuda_CompressActivation : public CudaTest {};
@@ -790,14 +819,14 @@ TEST_F(Cuda_BackwardLinear, DeviceSeedBitExactVsCpu) {
 }
 
 // backward_conv2d: g_x by the transposed convolution of G~'s codes (CUTLASS's int8 conv on sm_80+, the element-wise
-// kernel elsewhere) or by columns and col2im (strided, patch order), long calls in chunks of whole images: all equal
-// to the CPU's bytes.
+// kernel elsewhere) or by columns and col2im (strided, patch order), long calls (a g_w contraction past kMaxInt32K)
+// included: all equal to the CPU's bytes.
 class Cuda_BackwardConv2d : public CudaTest {};
 TEST_F(Cuda_BackwardConv2d, BitExactVsCpu) {
   uint64_t seed = 9500;
   std::vector<hot::ConvGeometry> geoms = col2im_geometries();
   if (!small_run()) {
-    hot::ConvGeometry g;  // ResNet-50 layer1's 3x3 at batch 4; then 3 images of 224 x 224: 2 chunks of whole images
+    hot::ConvGeometry g;  // ResNet-50 layer1's 3x3 at batch 4; then 3 images of 224 x 224: a g_w contraction past int32
     g.N = 4, g.C = 64, g.H = 56, g.W = 56, g.kh = 3, g.kw = 3, g.ph = 1, g.pw = 1;
     geoms.push_back(g);
     g.N = 3, g.C = 8, g.H = 224, g.W = 224;

@@ -145,4 +145,35 @@ TEST(Emu_ReduceS32, SlicesBitExactVsCpu) {
     }
 }
 
+// A contraction past kMaxInt32K (SPEC §4): its int32 slices summed in int64 by reduce_s32 give the CPU backend's
+// dequantised bytes for the whole K; rows of +127 codes make the sum overflow int32, so an int32 sum would not.
+TEST(Emu_ReduceS32, SlicesPastInt32BitExactVsCpu) {
+  const int64_t M = 3, N = 2, S = 3, ks = hot::kMaxInt32K, K = S * ks;
+  HostTensor a = rand_int(DType::s8, M, K, -127, 127, 4242), b = rand_int(DType::s8, N, K, -127, 127, 4243);
+  for (int64_t k = 0; k < K; ++k) {
+    a.seti(0, k, 127);
+    b.seti(0, k, 127);
+  }
+  HostTensor part = out2d(DType::s32, S * M, N);
+  for (int64_t sl = 0; sl < S; ++sl) {
+    hot::TensorView av = a.view(), bv = b.view(), pv = part.view();
+    av.data = static_cast<int8_t*>(av.data) + sl * ks, av.shape[1] = ks;
+    bv.data = static_cast<int8_t*>(bv.data) + sl * ks, bv.shape[1] = ks;
+    pv.data = static_cast<int32_t*>(pv.data) + sl * M * N, pv.shape[0] = M;
+    hot::cpu::gemm_s8s8s32(av, bv, pv, {});
+  }
+  hot::TensorView first = part.view();
+  first.shape[0] = M;
+  HostTensor sa = HostTensor::make1d(DType::f32, 1), sb = HostTensor::make1d(DType::f32, 1);
+  sa.setf(0, 0.5f);
+  sb.setf(0, 0.375f);
+  HostTensor oc = out2d(DType::f32, M, N), oe = oc;
+  hot::cpu::gemm_s8_dequant(a, b, sa, sb, 0.0625f, 8, oc, {});
+  hot::cuda::reduce_s32_launch(first, static_cast<int>(S), M * N,
+                               hot::cuda::make_dequant<float>(sa.view(), sb.view(), 0.0625f, oe.view()), false,
+                               hot_emu::Launch{});
+  EXPECT_TRUE(all_bytes_equal(oc, oe));
+  EXPECT_EQ(oe.getf(0, 0), static_cast<float>(int64_t{127} * 127 * K) * (0.5f * 0.375f * 0.0625f));
+}
+
 }  // namespace

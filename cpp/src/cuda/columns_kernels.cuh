@@ -7,9 +7,10 @@
 // output row, TB a multiple of 4), decodes its TB*16 rows' window origins into shared memory once (64-bit divisions,
 // once per row; rows past the last get an origin far outside the map, so they read as zeros), then walks the columns
 // in chunks of 256 (each chunk's units decoded once into shared memory, unit_at; a thread's items stepped with a
-// carry, no division per item). A work item is one unit of V channels (V = 4: one 32-bit load per gathered pixel, when
-// the map's channel run and row stride allow; V = 3: three byte loads, for C a multiple of 3 (an RGB image: a stem
-// conv); else V = 1) of one block: consecutive threads take consecutive units of
+// carry, no division per item); where the tiles are few, the chunks are spread over grid.y as well (CTA (x, y) takes
+// tile x's chunks y, y + gridDim.y, ...). A work item is one unit of V channels (V = 4: one 32-bit load per gathered
+// pixel, when the map's channel run and row stride allow; V = 3: three byte loads, for C a multiple of 3 (an RGB
+// image: a stem conv); else V = 1) of one block: consecutive threads take consecutive units of
 // one block (a warp's gathers read consecutive words of one map pixel); the item gathers its 16 x V values, transforms
 // each column in registers (integers of magnitude at most 16 * 127, exact in fp32, hence the CPU's values whatever the
 // butterfly order and arithmetic: V = 4 and 3 transform two channels per int32 register, split_lanes (V = 3: the
@@ -42,6 +43,7 @@ constexpr int kColumnsThreads = 256;
 constexpr int kColumnsChunk = 256;       // columns per pass over the tile
 constexpr int kColumnsMaxTileRows = 512;  // TB * 16 <= this
 constexpr int kColumnsMaxPitch = 132;     // TB * rank + 4
+constexpr int64_t kColumnsGridTarget = 1024;  // CTAs a launch aims at (several per SM) when its tiles are few
 
 // TB: the blocks of one tile (a multiple of 4, so that every tile starts on a 4-byte boundary of the output rows).
 inline int columns_tile_blocks(int rank) { return std::min(32, std::max(4, 128 / rank / 4 * 4)); }
@@ -130,7 +132,7 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
   QuantScale qs{};
   if (kQuant) {
     qs = quant_scale_from_amax(amax_from_key(*key), 127);
-    if (blockIdx.x == 0 && threadIdx.x == 0) *scale = qs.scale;
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale = qs.scale;
   }
   uint32_t m = 0;                                      // pass 1: the amax key (V = 1)
   uint32_t lane_max = 0u, lane_min = 0xffffffffu;      // pass 1: the biased lanes' range (V = 4, 3)
@@ -146,7 +148,8 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
       origin[t] = {r < L ? ((n * p.H + h0) * p.W + w0) * ldm : 0, h0, w0};
     }
     __syncthreads();
-    for (int u0 = 0; u0 < units; u0 += chunk_units) {
+    for (int u0 = static_cast<int>(blockIdx.y) * chunk_units; u0 < units;
+         u0 += static_cast<int>(gridDim.y) * chunk_units) {  // the column chunks of this CTA's grid row
       const int nu = units - u0 < chunk_units ? units - u0 : chunk_units;  // units of this chunk
       for (int ul = tid; ul < nu; ul += nthr) {  // the chunk's units decoded once, not once per item (the last
                                                  // chunk's items are past the barrier that ends it)
@@ -296,7 +299,15 @@ void compress_columns_launch(const TensorView& map, const ConvGeometry& g, const
   const int64_t nblk = ceil_div(g.N * p.Ho * p.Wo, 16);
   const int TB = columns_tile_blocks(rank);
   const int64_t K_pad = q_t.shape[1];  // K = nblk * rank, then the zero padding
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(nblk, TB), 8192)));
+  // Tiles of blocks down grid.x; where they are few (a deep layer's short L: 49 tiles at 7 x 7, b128) the column
+  // chunks are spread over grid.y too, up to ~kColumnsGridTarget CTAs.
+  const int V = g.C % 4 == 0 && map.strides[0] % 4 == 0 && reinterpret_cast<uintptr_t>(map.data) % 4 == 0 ? 4
+                : g.C % 3 == 0                                                                             ? 3
+                                                                                                           : 1;
+  const int64_t tiles = std::min<int64_t>(ceil_div(nblk, TB), 8192);
+  const int64_t chunks = ceil_div(static_cast<int64_t>(g.kh) * g.kw * (g.C / V), kColumnsChunk / V);
+  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(chunks, ceil_div(kColumnsGridTarget, tiles)));
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(rows));
   const auto* m = static_cast<const int8_t*>(map.data);
   auto* q = static_cast<int8_t*>(q_t.data);
   auto* s = static_cast<float*>(scale.data);
@@ -308,9 +319,9 @@ void compress_columns_launch(const TensorView& map, const ConvGeometry& g, const
            q_t.strides[0], K_pad);
   };
   launch.zero(key, 4);
-  if (g.C % 4 == 0 && map.strides[0] % 4 == 0 && reinterpret_cast<uintptr_t>(m) % 4 == 0)
+  if (V == 4)
     go(std::integral_constant<int, 4>{});
-  else if (g.C % 3 == 0)
+  else if (V == 3)
     go(std::integral_constant<int, 3>{});
   else
     go(std::integral_constant<int, 1>{});

@@ -214,7 +214,9 @@ inline std::vector<hot::ConvGeometry> col2im_geometries() {
                      {1, 4, 8, 8, 2, 2, 2, 2, 0, 0, 1, 1, false},  {2, 3, 9, 7, 1, 1, 2, 2, 0, 0, 1, 1, false},
                      {1, 2, 11, 10, 3, 2, 1, 2, 2, 1, 2, 3, false}, {2, 3, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1, true},
                      {3, 17, 20, 19, 3, 3, 1, 1, 1, 1, 1, 1, false}, {2, 16, 9, 9, 3, 3, 1, 1, 1, 1, 1, 1, false},
-                     {1, 64, 8, 8, 3, 3, 2, 2, 1, 1, 1, 1, true},    {2, 6, 7, 7, 2, 2, 1, 1, 0, 0, 1, 1, false}};
+                     {1, 64, 8, 8, 3, 3, 2, 2, 1, 1, 1, 1, true},    {2, 6, 7, 7, 2, 2, 1, 1, 0, 0, 1, 1, false},
+                     // many columns on few rows: compress_columns spreads its column chunks over grid.y (V = 3, 1)
+                     {1, 33, 6, 6, 3, 3, 1, 1, 1, 1, 1, 1, false},   {1, 35, 5, 7, 3, 3, 1, 1, 1, 1, 1, 1, false}};
   std::vector<hot::ConvGeometry> out;
   for (const G& c : cases) {
     hot::ConvGeometry g;

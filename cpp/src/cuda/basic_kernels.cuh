@@ -205,7 +205,8 @@ __global__ void dequantize_kernel(Mat<const int8_t> q, const float* scale, bool 
 }
 
 // col2im (conv_rules.h): one thread per input pixel and unit of V channels (V * sizeof(T) = 16 bytes where the
-// channel run, both row strides and both pointers allow, else V = 1), the units fastest, so that a warp's reads of
+// channel run, both row strides and both pointers allow, else V = 1), a block per map row (or several short rows), the
+// units fastest, so that a warp's reads of
 // one kernel offset are consecutive columns (i*kw + j)*C + c of one im2col row, and its writes consecutive channels of
 // one pixel of the channels-last map: whole sectors both ways, each read or written once. Each of the V channels sums
 // its terms in col2im_sources' order, as col2im_pixel does (the CPU's values, bit for bit).
@@ -218,30 +219,37 @@ template <typename T, int V>
 __global__ void col2im_kernel(const T* __restrict__ cols, int64_t ld, Col2imParams p, T* __restrict__ out,
                               int64_t ldo) {
   using Unit = Col2imUnit<T, V>;
-  const int cu = static_cast<int>(p.C) / V;
-  const int64_t n_out = p.N * p.H * p.W * cu;
-  const int64_t row_units = static_cast<int64_t>(cu) * p.W;  // one row (n, h) of the channels-last order
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n_out;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t nh = e / row_units;  // the one 64-bit division; the rest in 32 bits (hot::col2im checks the sizes)
-    const int r = static_cast<int>(e - nh * row_units), w = r / cu, c = (r - w * cu) * V;
-    const int h = static_cast<int>(nh % p.H);
-    const int64_t n = nh / p.H;
-    float acc[V] = {};
-    bool any = false;
-    col2im_sources(p, n, h, w, [&](int64_t row, int ij) {
-      const Unit u = *reinterpret_cast<const Unit*>(cols + row * ld + static_cast<int64_t>(ij) * p.C + c);
+  // A block takes G map rows (n, h) at a time (G = max(1, blockDim / units per row)); its threads the rows' units in
+  // order. (n, h) of the group's first row is decoded once per group (the 64-bit divisions), the rest in 32 bits
+  // (C * W < 2^30: hot::col2im checks the sizes).
+  const int cu = static_cast<int>(p.C) / V, row_units = cu * static_cast<int>(p.W);
+  const int G = max(1, static_cast<int>(blockDim.x) / row_units), H = static_cast<int>(p.H);
+  const int64_t rows = p.N * p.H;
+  for (int64_t nh0 = blockIdx.x * static_cast<int64_t>(G); nh0 < rows; nh0 += static_cast<int64_t>(gridDim.x) * G) {
+    const int h0 = static_cast<int>(nh0 % p.H);
+    const int64_t n0 = nh0 / p.H;
+    const int span = static_cast<int>(min(static_cast<int64_t>(G), rows - nh0)) * row_units;
+    for (int t = static_cast<int>(threadIdx.x); t < span; t += static_cast<int>(blockDim.x)) {
+      const int g = t / row_units, r = t - g * row_units, w = r / cu, c = (r - w * cu) * V;
+      int h = h0 + g;
+      int64_t n = n0;
+      while (h >= H) h -= H, ++n;
+      float acc[V] = {};
+      bool any = false;
+      col2im_sources(p, n, h, w, [&](int64_t row, int ij) {
+        const Unit u = *reinterpret_cast<const Unit*>(cols + row * ld + static_cast<int64_t>(ij) * p.C + c);
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const float v = load_f(&u.x[k]);
-        acc[k] = (any || p.overlap) ? acc[k] + v : v;
-      }
-      any = true;
-    });
-    Unit o;
+        for (int k = 0; k < V; ++k) {
+          const float v = load_f(&u.x[k]);
+          acc[k] = (any || p.overlap) ? acc[k] + v : v;
+        }
+        any = true;
+      });
+      Unit o;
 #pragma unroll
-    for (int k = 0; k < V; ++k) store_f(&o.x[k], acc[k]);
-    *reinterpret_cast<Unit*>(out + (nh * p.W + w) * ldo + c) = o;
+      for (int k = 0; k < V; ++k) store_f(&o.x[k], acc[k]);
+      *reinterpret_cast<Unit*>(out + ((nh0 + g) * p.W + w) * ldo + c) = o;
+    }
   }
 }
 
@@ -577,8 +585,10 @@ void col2im_launch(const TensorView& cols, const ConvGeometry& g, const TensorVi
                     reinterpret_cast<uintptr_t>(c) % 16 == 0 && reinterpret_cast<uintptr_t>(o) % 16 == 0;
   const auto go = [&](auto v) {
     constexpr int V = decltype(v)::value;
-    launch(col2im_kernel<T, V>, dim3(grid_1d(out.numel() / V, kBasicThreads)), kBasicThreads, 0, c, cols.strides[0],
-           col2im_params(g), o, out.strides[0]);
+    const int64_t row_units = g.C / V * g.W, per_block = std::max<int64_t>(1, kBasicThreads / row_units);
+    launch(col2im_kernel<T, V>, dim3(static_cast<unsigned>(std::min<int64_t>(ceil_div(g.N * g.H, per_block),
+                                                                              kMaxGridX))),
+           kBasicThreads, 0, c, cols.strides[0], col2im_params(g), o, out.strides[0]);
   };
   if (wide)
     go(std::integral_constant<int, kWide>{});

@@ -125,15 +125,6 @@ BwdRun run_backward(DType in_dt, DType out_dt, const std::vector<float>& gy, con
   return r;
 }
 
-Config make_cfg(int bits, int rank, Rounding rd, ScaleMode sm) {
-  Config c;
-  c.gx_bits = bits;
-  c.rank = rank;
-  c.rounding = rd;
-  c.gx_scale = sm;
-  return c;
-}
-
 // |got - ref| <= (8 u32 + u_out) |ref|: the integer products are exact, the epilogue does a few fp32
 // multiplications (acc -> float, * s_a, * s_b, * 1/b) and one rounding to the output dtype.
 double epilogue_rel(DType out_dt) { return 8 * std::ldexp(1.0, -24) + unit_roundoff(out_dt); }

@@ -19,26 +19,13 @@ using hot::Rounding;
 using hot::ScaleMode;
 using hot::TensorView;
 using hot_test::HostTensor;
+using hot_test::f32_bits;
 using hot_test::host_from;
+using hot_test::make_cfg;
 using hot_test::host_from_int;
 using hot_test::randint;
 using hot_test::randn;
 using hot_test::rounded;
-
-uint32_t f32_bits(float v) {
-  uint32_t u;
-  std::memcpy(&u, &v, 4);
-  return u;
-}
-
-Config cfg_of(int bits, int rank, Rounding rd, ScaleMode sm) {
-  Config c;
-  c.gx_bits = bits;
-  c.rank = rank;
-  c.rounding = rd;
-  c.gx_scale = sm;
-  return c;
-}
 
 int8_t code_at(const TensorView& q, int64_t r, int64_t c) {
   return static_cast<const int8_t*>(q.data)[r * q.strides[0] + c];
@@ -116,7 +103,7 @@ TEST(Cpu_LongContraction, BackwardIsOneCallOverAllRows) {
   for (const int rank : {16, 8}) {
     const int64_t L = (hot::kMaxInt32K + 300) * 16 / rank, O = 16, I = 12;
     SCOPED_TRACE(testing::Message() << "rank " << rank << " L " << L);
-    const Config cfg = cfg_of(8, rank, Rounding::nearest, ScaleMode::tensor);
+    const Config cfg = make_cfg(8, rank, Rounding::nearest, ScaleMode::tensor);
     const Problem p = make_problem(DType::f32, L, O, I, 31 + rank);
     const hot::SavedActivation saved = hot::compress_activation(p.x, rank);
     ASSERT_GT(saved.q.view().shape[1], hot::kMaxInt32K);
@@ -137,7 +124,7 @@ TEST(Cpu_LongContraction, CallerGetsTheGradient) {
   // a call past one int32 GEMM is the gradient, within 8-bit accuracy of the float64 products
   const int64_t L = hot::kMaxInt32K + 300, O = 16, I = 16;
   const Problem p = make_problem(DType::f32, L, O, I, 21);
-  const Config cfg = cfg_of(8, 16, Rounding::stochastic, ScaleMode::tensor);
+  const Config cfg = make_cfg(8, 16, Rounding::stochastic, ScaleMode::tensor);
   const hot::SavedActivation saved = hot::compress_activation(p.x, cfg.rank);
   HostTensor gx = HostTensor::make2d(DType::f32, L, I), gw = HostTensor::make2d(DType::f32, O, I);
   HostTensor gb = HostTensor::make1d(DType::f32, O);
@@ -174,7 +161,7 @@ TEST(Cpu_LongContraction, CallerGetsTheGradient) {
 TEST(Cpu_LongContraction, RawXOverloadEqualsSavedPath) {
   // backward_linear from the raw x is compress_activation then backward_linear, bit for bit
   const Problem p = make_problem(DType::bf16, 300, 24, 20, 8);
-  const Config cfg = cfg_of(8, 8, Rounding::stochastic, ScaleMode::tensor);
+  const Config cfg = make_cfg(8, 8, Rounding::stochastic, ScaleMode::tensor);
   const hot::SavedActivation saved = hot::compress_activation(p.x, cfg.rank);
   HostTensor a = HostTensor::make2d(DType::bf16, 24, 20), b = HostTensor::make2d(DType::bf16, 24, 20);
   HostTensor ga = HostTensor::make2d(DType::bf16, 300, 20), gb = HostTensor::make2d(DType::bf16, 300, 20);

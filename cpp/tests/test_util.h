@@ -690,4 +690,14 @@ inline ::testing::AssertionResult throws_hot(const std::function<void()>& f, hot
   return ::testing::AssertionFailure() << "did not throw";
 }
 
+// A HOT configuration of the given g_x bits, rank, rounding and g_x scale mode (the others at their defaults).
+inline hot::Config make_cfg(int bits, int rank, hot::Rounding rd, hot::ScaleMode sm) {
+  hot::Config c;
+  c.gx_bits = bits;
+  c.rank = rank;
+  c.rounding = rd;
+  c.gx_scale = sm;
+  return c;
+}
+
 }  // namespace hot_test

@@ -520,7 +520,7 @@ void backward_rows(const TensorView& gy, const QuantizedWeight& wq, const Tensor
 }
 
 // The arguments of an integer backward over L rows (backward_linear's, and backward_conv2d's over its columns): shapes,
-// devices, the saved ABC buffer or the raw x where g_w is wanted, the GEMMs' int32 ranges, the caller's W~ where g_x is
+// devices, the saved ABC buffer or the raw x where g_w is wanted, the caller's W~ where g_x is
 // wanted (`gx`: out.grad_input's shape is the caller's to check when it is not the L x I rows). Returns (L, O, I).
 void check_backward_inputs(const char* op, const TensorView& gy, const TensorView& w, const SavedActivation* saved,
                            const TensorView* raw_x, const Config& config, const BackwardOutputs& out,

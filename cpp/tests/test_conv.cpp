@@ -380,17 +380,8 @@ TEST(Cpu_BackwardConv2d, LongContractionsAreOneCall) {
   cols.scale = hot::Tensor::empty(DType::f32, {1}, hot::Device::cpu());
   hot::compress_columns(map, cg, cols.q.view(), cols.scale.view(), cfg.rank);
   const hot::SavedActivation gh = hot::compress_activation(host_from(DType::f32, L, O, gy), cfg.rank);
-  const float alpha = (static_cast<const float*>(gh.scale.view().data)[0] *
-                       static_cast<const float*>(cols.scale.view().data)[0]) * (1.0f / 16);
-  const TensorView a = gh.q.view(), b = cols.q.view();
-  for (int64_t o = 0; o < O; ++o)
-    for (int64_t c = 0; c < CKK; ++c) {
-      int64_t s = 0;
-      for (int64_t k = 0; k < a.shape[1]; ++k)
-        s += int64_t{static_cast<const int8_t*>(a.data)[o * a.strides[0] + k]} *
-             static_cast<const int8_t*>(b.data)[c * b.strides[0] + k];
-      ASSERT_EQ(f32_bits(r.gw.getf(o, c)), f32_bits(static_cast<float>(s) * alpha)) << o << ", " << c;
-    }
+  hot_test::expect_int64_dequant(gh.q.view(), cols.q.view(), static_cast<const float*>(gh.scale.view().data)[0],
+                                 static_cast<const float*>(cols.scale.view().data)[0], 1.0f / 16, r.gw);
   const std::vector<float> gx = r.gx.to_f32(), gx_cols = r.cols_gx.to_f32();
   double e = 0, n = 0;
   for (size_t i = 0; i < gx.size(); ++i) {

@@ -19,31 +19,13 @@ using hot::Rounding;
 using hot::ScaleMode;
 using hot::TensorView;
 using hot_test::HostTensor;
-using hot_test::f32_bits;
+using hot_test::expect_int64_dequant;
 using hot_test::host_from;
 using hot_test::make_cfg;
 using hot_test::host_from_int;
 using hot_test::randint;
 using hot_test::randn;
 using hot_test::rounded;
-
-int8_t code_at(const TensorView& q, int64_t r, int64_t c) {
-  return static_cast<const int8_t*>(q.data)[r * q.strides[0] + c];
-}
-
-// out[m][n] == float(float(sum_k a[m][k] b[n][k]) * ((sa * sb) * factor)), the sum in int64: the dequantising GEMM's
-// rule (backend.h), bit for bit.
-void expect_int64_dequant(const TensorView& a, const TensorView& b, float sa, float sb, float factor,
-                          const HostTensor& out) {
-  const int64_t M = a.shape[0], N = b.shape[0], K = a.shape[1];
-  const float alpha = (sa * sb) * factor;
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) {
-      int64_t s = 0;
-      for (int64_t k = 0; k < K; ++k) s += int64_t{code_at(a, m, k)} * code_at(b, n, k);
-      ASSERT_EQ(f32_bits(out.getf(m, n)), f32_bits(static_cast<float>(s) * alpha)) << m << ", " << n << ": " << s;
-    }
-}
 
 TEST(Cpu_LongContraction, TheInt32Limit) {
   // the longest multiple of 16 whose sum of 127 * 127 products fits int32, and the next one does not
@@ -130,24 +112,12 @@ TEST(Cpu_LongContraction, CallerGetsTheGradient) {
   HostTensor gb = HostTensor::make1d(DType::f32, O);
   ASSERT_NO_THROW(hot::backward_linear(p.gy, p.w, &saved, cfg, 3, {gx.view(), gw.view(), gb.view()}));
   const std::vector<float> gyv = p.gy.to_f32(), wv = p.w.to_f32(), xv = p.x.to_f32();
-  double ew = 0, nw = 0, ex = 0, nx = 0;
-  for (int64_t o = 0; o < O; ++o)
-    for (int64_t i = 0; i < I; ++i) {
-      double s = 0;
-      for (int64_t l = 0; l < L; ++l) s += static_cast<double>(gyv[l * O + o]) * xv[l * I + i];
-      ew += (gw.getf(o, i) - s) * (gw.getf(o, i) - s);
-      nw += s * s;
-    }
+  std::vector<float> gyt(static_cast<size_t>(O * L));  // g_y^T, for g_w = g_y^T x
   for (int64_t l = 0; l < L; ++l)
-    for (int64_t i = 0; i < I; ++i) {
-      double s = 0;
-      for (int64_t o = 0; o < O; ++o) s += static_cast<double>(gyv[l * O + o]) * wv[o * I + i];
-      ex += (gx.getf(l, i) - s) * (gx.getf(l, i) - s);
-      nx += s * s;
-    }
+    for (int64_t o = 0; o < O; ++o) gyt[o * L + l] = gyv[l * O + o];
   // 8-bit per-tensor quantisation of both operands: about 1% each
-  EXPECT_LT(std::sqrt(ew / nw), 0.05);
-  EXPECT_LT(std::sqrt(ex / nx), 0.05);
+  EXPECT_LT(hot_test::rel_err_of_product(gw, gyt, xv, O, L, I), 0.05);
+  EXPECT_LT(hot_test::rel_err_of_product(gx, gyv, wv, L, O, I), 0.05);
   for (int64_t o = 0; o < O; ++o) {  // g_b: exact up to fp32 summation
     double s = 0, sa = 0;
     for (int64_t l = 0; l < L; ++l) {

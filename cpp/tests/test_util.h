@@ -700,4 +700,35 @@ inline hot::Config make_cfg(int bits, int rank, hot::Rounding rd, hot::ScaleMode
   return c;
 }
 
+// ||got - A B|| / ||A B|| (Frobenius) for got (M x N), A (M x K) and B (K x N) row-major float vectors, the product
+// in float64: how far a quantised product is from the exact one.
+inline double rel_err_of_product(const HostTensor& got, const std::vector<float>& a, const std::vector<float>& b,
+                                 int64_t M, int64_t K, int64_t N) {
+  double e = 0, n = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += static_cast<double>(a[m * K + k]) * b[k * N + j];
+      e += (got.getf(m, j) - s) * (got.getf(m, j) - s);
+      n += s * s;
+    }
+  return std::sqrt(e / n);
+}
+
+// out[m][n] == float(float(sum_k a[m][k] b[n][k]) * ((sa * sb) * factor)) bit for bit, the sum of the s8 codes in
+// int64: the dequantising GEMM's rule (backend.h) for any K.
+inline void expect_int64_dequant(const TensorView& a, const TensorView& b, float sa, float sb, float factor,
+                                 const HostTensor& out) {
+  const int64_t M = a.shape[0], N = b.shape[0], K = a.shape[1];
+  const auto* pa = static_cast<const int8_t*>(a.data);
+  const auto* pb = static_cast<const int8_t*>(b.data);
+  const float alpha = (sa * sb) * factor;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      int64_t s = 0;
+      for (int64_t k = 0; k < K; ++k) s += int64_t{pa[m * a.strides[0] + k]} * pb[n * b.strides[0] + k];
+      ASSERT_EQ(f32_bits(out.getf(m, n)), f32_bits(static_cast<float>(s) * alpha)) << m << ", " << n << ": " << s;
+    }
+}
+
 }  // namespace hot_test

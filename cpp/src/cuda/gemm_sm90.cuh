@@ -91,24 +91,18 @@ inline int64_t gemm_tiles(int64_t M, int64_t N) {
 inline int split_k_slices(int64_t M, int64_t N, int64_t K, int sm_count) {
   if (K % 16 != 0) return K > kMaxInt32K ? 0 : 1;
   const int64_t tiles = gemm_tiles(M, N), q = K / 16, need = (K + kMaxInt32K - 1) / kMaxInt32K;
-  int64_t best = 1;
-  if (8 * tiles <= sm_count) {
-    const int64_t wave = sm_count / tiles;
-    for (int64_t d = 1; d * d <= q; ++d) {
-      if (q % d != 0) continue;
-      for (const int64_t S : {d, q / d})  // S slices of m = q / S units
-        if (q / S >= 32 && S <= wave && S > best) best = S;
-    }
-    if (best < 2 || 2 * best < wave) best = 1;
-  }
-  if (best >= need) return static_cast<int>(best);
-  int64_t fewest = 0;
+  const int64_t wave = 8 * tiles <= sm_count ? sm_count / tiles : 0;  // 0: enough tiles, no split for the wave
+  int64_t best = 1, fewest = 0;  // the wave's choice; the fewest slices a long K needs
   for (int64_t d = 1; d * d <= q; ++d) {
     if (q % d != 0) continue;
-    for (const int64_t S : {d, q / d})
-      if (S >= need && q / S >= 32 && (fewest == 0 || S < fewest)) fewest = S;
+    for (const int64_t S : {d, q / d}) {  // S slices of m = q / S units
+      if (q / S < 32) continue;
+      if (S <= wave && S > best) best = S;
+      if (S >= need && (fewest == 0 || S < fewest)) fewest = S;
+    }
   }
-  return static_cast<int>(fewest);
+  if (best < 2 || 2 * best < wave) best = 1;
+  return static_cast<int>(best >= need ? best : fewest);
 }
 
 // The dynamic shared memory a GEMM kernel needs beyond 48 KB, granted once per device (the current one, which the

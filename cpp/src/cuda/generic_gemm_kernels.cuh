@@ -1,4 +1,5 @@
-// The generic CUDA-core integer GEMM (exact int32 accumulation; s32 output or the fused dequantisation) and the
+// The generic CUDA-core integer GEMM (exact: int32 sums of k blocks added in int64; s32 output or the fused
+// dequantisation) and the
 // dequantisation of an s32 matrix, with their launch sequences. Used for shapes the tensor-core paths do not take
 // (K not a multiple of 16, misaligned views), for GPUs without a compiled tensor-core path, and (dequant_s32) after
 // the sm_80 CUTLASS GEMM; reduce_s32 sums the K slices of the sm_90 GEMM's split-K route. Included by gemm.cu,

@@ -46,7 +46,7 @@ using hot::DType;
 using hot::TensorView;
 
 __device__ float hash_normal(uint64_t i, uint32_t seed) {
-  const hot::Philox4 r = hot::philox4x32_10(static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32), seed, 7u, 1u, 2u);
+  const hot::Philox4 r = hot::philox4x32<10>(static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32), seed, 7u, 1u, 2u);
   const float u1 = (static_cast<float>(r.v[0] >> 8) + 0.5f) * (1.0f / 16777216.0f);
   const float u2 = static_cast<float>(r.v[1] >> 8) * (1.0f / 16777216.0f);
   return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);

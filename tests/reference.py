@@ -2,7 +2,7 @@
 
 Transforms and GEMMs run in float64 (exact for these sizes); the quantisers follow SPEC §5 in fp32 as
 specified (inv = qmax / amax in fp32, v * inv rounded to fp32, then rint or floor(. + u) with u from
-Philox4x32-10 as rng.h documents), so that the quantised integers agree with the core except where
+Philox4x32-7 as rng.h documents), so that the quantised integers agree with the core except where
 an fp32 transform result sits within an ulp of a rounding boundary (rare, and far inside the bounds
 the tests use).
 """
@@ -60,7 +60,7 @@ def hla(m: np.ndarray, rank: int) -> np.ndarray:
     return np.einsum("kj,gjc->gkc", hh, mp.reshape(Lp // 16, 16, C)).reshape(Lp // 16 * rank, C)
 
 
-# ---- Philox4x32-10 (rng.h) ---------------------------------------------------------------------------
+# ---- Philox4x32-7 (rng.h) ----------------------------------------------------------------------------
 
 _M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85
@@ -76,7 +76,7 @@ def philox_uniform(seed: int, stream: int, index: np.ndarray) -> np.ndarray:
     c2 = np.full_like(c0, stream)
     c3 = np.zeros_like(c0)
     k0, k1 = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
-    for _ in range(10):
+    for _ in range(7):  # hot::kPhiloxRounds
         p0 = _M0 * c0
         p1 = _M1 * c2
         hi0, lo0 = p0 >> np.uint64(32), p0 & _MASK

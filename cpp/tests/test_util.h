@@ -456,7 +456,7 @@ struct RefQuant {
 inline float ref_uniform(uint64_t seed, uint32_t stream, uint64_t index) {
   // Written from the rng.h comment, independently of sr_uniform.
   const hot::Philox4 r =
-      hot::philox4x32_10(static_cast<uint32_t>((index >> 3) & 0xffffffffu), static_cast<uint32_t>(index >> 35), stream,
+      hot::philox4x32<7>(static_cast<uint32_t>((index >> 3) & 0xffffffffu), static_cast<uint32_t>(index >> 35), stream,
                          0u, static_cast<uint32_t>(seed & 0xffffffffu), static_cast<uint32_t>(seed >> 32));
   const uint32_t w = r.v[(index >> 1) & 3];
   const uint32_t half = (index & 1) ? (w >> 16) : (w & 0xffffu);

@@ -1,11 +1,14 @@
 // Counter-based random numbers for stochastic rounding (SPEC §5), shared by every backend.
 //
-// The generator is Philox4x32-10 (Salmon et al., SC'11) with the standard constants
+// The generator is Philox4x32-7 (Salmon et al., SC'11: 7 rounds, the fewest with which Philox4x32 passes TestU01's
+// BigCrush; 10 is their general-purpose default, 3 rounds of margin that stochastic rounding, which needs uniform u
+// independent of v, does not use: the g_y pass spends ~40 % of its instructions in Philox, and 7 rounds make its
+// step 1 % faster, benchmarks/NOTES.md) with the standard constants
 //   multipliers 0xD2511F53, 0xCD9E8D57; Weyl increments 0x9E3779B9, 0xBB67AE85.
 // For element index e (row-major index in the logical, unpadded operand) of RNG stream s under seed k:
 //   key     = (k & 0xffffffff, k >> 32)
 //   counter = ((e >> 3) & 0xffffffff, (e >> 35), s, 0)
-//   w       = word ((e >> 1) & 3) of Philox4x32-10(counter, key)
+//   w       = word ((e >> 1) & 3) of Philox4x32-7(counter, key)
 //   u       = ((w >> (16 * (e & 1))) & 0xffff) * 2^-16   (a float in [0, 1), exact in fp32)
 // i.e. one Philox call serves 8 consecutive elements with 16-bit uniforms (low half first).
 // The value depends only on (seed, stream, element index), so every thread count, tiling and backend
@@ -58,11 +61,13 @@ HOT_HD void philox_round(uint32_t& c0, uint32_t& c1, uint32_t& c2, uint32_t& c3,
   c3 = lo0;
 }
 
-HOT_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
+// Philox4x32 with R rounds (Random123's philox4x32_R).
+template <int R>
+HOT_HD Philox4 philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
 #if defined(__CUDACC__)
 #pragma unroll
 #endif
-  for (int round = 0; round < 10; ++round) {
+  for (int round = 0; round < R; ++round) {
     philox_round(c0, c1, c2, c3, k0, k1);
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
@@ -70,15 +75,18 @@ HOT_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3,
   return Philox4{{c0, c1, c2, c3}};
 }
 
-// The ten round keys of a seed, formed once per kernel launch (host side) instead of once per call: the same
-// numbers as philox4x32_10's running keys.
+// The rounds of stochastic rounding's generator.
+constexpr int kPhiloxRounds = 7;
+
+// The round keys of a seed, formed once per kernel launch (host side) instead of once per call: the same numbers as
+// philox4x32's running keys.
 struct PhiloxKeys {
-  uint32_t k0[10], k1[10];
+  uint32_t k0[kPhiloxRounds], k1[kPhiloxRounds];
 };
 inline PhiloxKeys philox_keys(uint64_t seed) {
   PhiloxKeys k{};
   uint32_t a = static_cast<uint32_t>(seed), b = static_cast<uint32_t>(seed >> 32);
-  for (int round = 0; round < 10; ++round, a += 0x9E3779B9u, b += 0xBB67AE85u) k.k0[round] = a, k.k1[round] = b;
+  for (int round = 0; round < kPhiloxRounds; ++round, a += 0x9E3779B9u, b += 0xBB67AE85u) k.k0[round] = a, k.k1[round] = b;
   return k;
 }
 
@@ -88,7 +96,7 @@ HOT_HD Philox4 sr_group_bits_keyed(const PhiloxKeys& k, uint32_t stream, uint64_
 #if defined(__CUDACC__)
 #pragma unroll
 #endif
-  for (int round = 0; round < 10; ++round) philox_round(c0, c1, c2, c3, k.k0[round], k.k1[round]);
+  for (int round = 0; round < kPhiloxRounds; ++round) philox_round(c0, c1, c2, c3, k.k0[round], k.k1[round]);
   return Philox4{{c0, c1, c2, c3}};
 }
 
@@ -97,8 +105,8 @@ constexpr int kSrGroup = 8;
 
 // The random bits of the group of elements 8g .. 8g+7 (g = e >> 3).
 HOT_HD Philox4 sr_group_bits(uint64_t seed, uint32_t stream, uint64_t group) {
-  return philox4x32_10(static_cast<uint32_t>(group), static_cast<uint32_t>(group >> 32), stream, 0u,
-                       static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  return philox4x32<kPhiloxRounds>(static_cast<uint32_t>(group), static_cast<uint32_t>(group >> 32), stream, 0u,
+                                   static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 
 // A 16-bit value h (0 .. 65535) as the uniform h * 2^-16.

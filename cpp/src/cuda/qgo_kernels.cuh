@@ -22,7 +22,7 @@
 // G~: a thread transforms 16 consecutive columns of one row in registers (4 such units);
 // G^: a thread transforms 4 columns of one 16-row block in registers (1 unit). No shuffles; the
 // butterfly order is the one of the CPU backend, so fp32 values, and therefore integers, are identical.
-// Stochastic rounding (rng.h: one Philox4x32-10 call per 8 consecutive elements, 16-bit uniforms): when
+// Stochastic rounding (rng.h: one Philox4x32-7 call per 8 consecutive elements, 16-bit uniforms): when
 // O % 8 == 0 every 8-element group is aligned and all in or all out of a row; a G~ unit (16 columns)
 // makes 2 calls, and for G^ the two lanes holding columns 8i .. 8i+7 of a row block split the rows
 // k, k+1 between them and swap the other half of each call by one shuffle pair. Other O take the
@@ -138,7 +138,7 @@ __device__ __forceinline__ void quant4(const float (&v)[4], int n, float inv, fl
 // Where pass 2 takes its stochastic-rounding key from. HostSeed: the seed's round keys in the kernel's parameters
 // (formed on the host, no key arithmetic in the kernel). DeviceSeed: the seed read from device memory once per thread
 // at the kernel's start (GradOutputPlan::seed_ptr: a seed drawn on the GPU, which a CUDA graph redraws at every
-// replay), its round keys formed per Philox call as philox4x32_10 does. The same bits for the same seed.
+// replay), its round keys formed per Philox call as philox4x32 does. The same bits for the same seed.
 struct HostSeed {
   __device__ __forceinline__ Philox4 bits(const QgoParams& p, uint32_t stream, uint64_t group) const {
     return sr_group_bits_keyed(p.keys, stream, group);

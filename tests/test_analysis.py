@@ -205,7 +205,12 @@ def test_single_path_methods_isolate_one_path(captured):
         # 8-bit g_x: 16x finer steps than 4-bit, so a far smaller error (same Hadamard transform).
         assert rep.get(layer, "hot-gx8").gx_rel < 0.5 * rep.get(layer, "paper").gx_rel
         assert rep.get(layer, "hot-gx8").gw_rel == rep.get(layer, "paper").gw_rel
-        assert rep.get(layer, "hot-gx8-r16").gw_rel < rep.get(layer, "paper").gw_rel
+        # Full rank has no projection error, only 8-bit quantisation (~5 % here); rank 8 also drops the 8 highest
+        # sequencies of each 16-row block, most of its error on the conv (0.68) and fc1 (0.16) captures. fc2 has one
+        # block of 16 rows and 5 outputs: what rank 8 drops is below the quantisation noise, and rank 16's 16 quantised
+        # rows per block come out no better there (48 seeds: 0.0326 against 0.0308), so no order is asserted for it.
+        if layer != "fc2":
+            assert rep.get(layer, "hot-gx8-r16").gw_rel < 0.5 * rep.get(layer, "paper").gw_rel
         # hot's default is 8-bit g_x at full rank: the same numbers as hot-gx8-r16
         assert rep.get(layer, "hot") == dataclasses.replace(rep.get(layer, "hot-gx8-r16"), method="hot")
 

@@ -86,7 +86,8 @@ struct PhiloxKeys {
 inline PhiloxKeys philox_keys(uint64_t seed) {
   PhiloxKeys k{};
   uint32_t a = static_cast<uint32_t>(seed), b = static_cast<uint32_t>(seed >> 32);
-  for (int round = 0; round < kPhiloxRounds; ++round, a += 0x9E3779B9u, b += 0xBB67AE85u) k.k0[round] = a, k.k1[round] = b;
+  for (int round = 0; round < kPhiloxRounds; ++round, a += 0x9E3779B9u, b += 0xBB67AE85u)
+    k.k0[round] = a, k.k1[round] = b;
   return k;
 }
 

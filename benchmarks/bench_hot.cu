@@ -180,10 +180,7 @@ int main(int argc, char** argv) {
       "Useful bytes = g_y read once + q_g + q_gh_t written. Copy = cudaMemcpy D2D of g_y (read + write).\n\n"
       "| layer | g_y MB | pass us | useful GB/s | copy us | copy GB/s | % of copy BW |\n|---|---|---|---|---|---|---|\n";
   std::string t3 = "## Integer GEMMs (TN, s8 x s8 -> s32 / fused dequant to bf16)\n\n"
-                   "Block-scaled = hot::cuda::gemm_s8_blockscaled to bf16 (a scale per row of A and 128 of K, promoted into fp32 in "
-                   "the main loop), and with a scale of B per 128 x 128 block as well (+B).\n\n"
-                   "| M | N | K | s32 out us | TOPS | dequant-bf16 us | TOPS | block-scaled us | TOPS | block-scaled +B us | "
-                   "cuBLAS bf16 us | TFLOPS |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+                   "| M | N | K | s32 out us | TOPS | dequant-bf16 us | TOPS | cuBLAS bf16 us | TFLOPS |\n|---|---|---|---|---|---|---|---|---|\n";
 
   // HOT_BENCH_LAYERS="0,4": only these layers; HOT_BENCH_GEMMS=0: skip the GEMM table.
   std::vector<int> pick;
@@ -414,19 +411,6 @@ int main(int argc, char** argv) {
       hot::cuda::gemm_s8_dequant(av, bv, view1(sa, DType::f32, M), view1(sb, DType::f32, 1), 0.5f, 8,
                                  view(c, DType::bf16, M, N), {});
     }, 20);
-    const int64_t kb = (K + hot::kBlockK - 1) / hot::kBlockK, nb = (N + hot::kBlockK - 1) / hot::kBlockK;
-    void* bsa = dalloc(4 * kb * M);
-    void* bsb = dalloc(4 * kb * nb);
-    fill(static_cast<float*>(bsa), kb * M, 7, 0.01f);
-    fill(static_cast<float*>(bsb), kb * nb, 8, 0.01f);
-    const double tbs = time_us([&](int) {
-      hot::cuda::gemm_s8_blockscaled(av, bv, view(bsa, DType::f32, kb, M), TensorView{}, 0.5f,
-                                     view(c, DType::bf16, M, N), {});
-    }, 20);
-    const double tbsb = time_us([&](int) {
-      hot::cuda::gemm_s8_blockscaled(av, bv, view(bsa, DType::f32, kb, M), view(bsb, DType::f32, kb, nb), 0.5f,
-                                     view(c, DType::bf16, M, N), {});
-    }, 20);
     void* fa = dalloc(M * K * 2);
     void* fb = dalloc(N * K * 2);
     fill(static_cast<__nv_bfloat16*>(fa), M * K, 5);
@@ -438,12 +422,11 @@ int main(int argc, char** argv) {
     }, 20);
     const double ops = 2.0 * M * N * K;
     char row[512];
-    std::snprintf(row, sizeof row, "| %lld | %lld | %lld | %.1f | %.0f | %.1f | %.0f | %.1f | %.0f | %.1f | %.1f | %.0f |\n",
-                  (long long)M, (long long)N, (long long)K, t32, ops / t32 / 1e6, tdq, ops / tdq / 1e6, tbs,
-                  ops / tbs / 1e6, tbsb, tbf, ops / tbf / 1e6);
+    std::snprintf(row, sizeof row, "| %lld | %lld | %lld | %.1f | %.0f | %.1f | %.0f | %.1f | %.0f |\n", (long long)M,
+                  (long long)N, (long long)K, t32, ops / t32 / 1e6, tdq, ops / tdq / 1e6, tbf, ops / tbf / 1e6);
     t3 += row;
     std::printf("%s", row);
-    for (void* p : {a, b, c, sa, sb, fa, fb, bsa, bsb}) cudaFree(p);
+    for (void* p : {a, b, c, sa, sb, fa, fb}) cudaFree(p);
   }
 
   emit("\n%s\n%s\n%s\n%s\n%s\n", t1.c_str(), t2.c_str(), t4.c_str(), t5.c_str(), t3.c_str());

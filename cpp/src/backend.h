@@ -16,10 +16,6 @@ namespace hot {
 // 16: K * 127 * 127 < 2^31. Longer ones are summed in int64 from int32 slices of at most this length (SPEC §4).
 constexpr int64_t kMaxInt32K = 133136;
 
-// The contraction block of the block-scaled GEMM (gemm_s8_blockscaled): one scale per block of K, promoted into fp32
-// after the block's exact int32 sum (at most 128 * 127 * 127 < 2^24 in magnitude, so its float conversion is exact).
-constexpr int64_t kBlockK = 128;
-
 // What the backward pass needs from g_y (L x O), produced in one pass where the backend can.
 struct GradOutputPlan {
   bool gx = false;        // produce q_g / s_g for the g_x path
@@ -78,12 +74,6 @@ struct GradOutputQuant {
      backend may run an s4 GEMM */                                                                        \
   void gemm_s8_dequant(const TensorView& a, const TensorView& b, const TensorView& sa, const TensorView& sb, \
                        float factor, int bits, const TensorView& out, Stream s);                           \
-  /* The block-scaled integer GEMM: out (M x N, float) = factor * acc, where acc adds, for each block kb of  \
-     kBlockK consecutive k in order, float(sum_{k in kb} a[m, k] b[n, k]) * s by one fused multiply-add from \
-     acc = +0, with s = sa[kb, m] * sb[kb, n / kBlockK] (sa alone when sb has no data); a: M x K s8, b: N x K   \
-     s8, sa: ceil(K / kBlockK) x >= M f32, sb: ceil(K / kBlockK) x >= ceil(N / kBlockK) f32 or empty */      \
-  void gemm_s8_blockscaled(const TensorView& a, const TensorView& b, const TensorView& sa,                 \
-                           const TensorView& sb, float factor, const TensorView& out, Stream s);           \
   /* g_x of a stride-1 convolution from the codes of G~ (SPEC §8): out (N*H*W x C, float, the channels-last  \
      map, any row stride) = ((s_g * s_w) * factor) * sum over (i, j, o) of q_g[(n, h + ph - i dh, w + pw - j dw), \
      o] q_wt[(i, j, c), o] (int32, exact); q_g: N*Ho*Wo x O_pad s8, q_wt: kh*kw*C x O_pad s8 */            \

@@ -5,7 +5,6 @@
 
 #include <fstream>
 
-#include "backend.h"
 #include "test_util.h"
 
 namespace {
@@ -102,69 +101,6 @@ TEST(Cpu_GemmS8, IdenticalAcrossThreadCounts) {
 // A process that cannot start more threads (a memory or process limit) still gets its products: the chunks that got
 // no thread run on the calling thread (an exception while threads run would terminate the process). The work runs in
 // a child process whose address space is capped a little above what it uses, so new thread stacks cannot be mapped.
-// The block-scaled GEMM (backend.h, gemm_s8_blockscaled) against float64: each block's exact integer sum times its
-// fp32 scale, added in float64; the CPU's fp32 chain of fused multiply-adds may differ from it by one rounding per
-// block (and the product by factor one more), so by at most (blocks + 1) * 2^-24 * sum |term| * factor.
-TEST(Cpu_GemmBlockScaled, MatchesFloat64WithinOneRoundingPerBlock) {
-  uint64_t seed = 900;
-  for (auto [M, N, K] : std::vector<Shape3>{{3, 5, 1}, {17, 31, 130}, {9, 260, 1000}, {40, 7, 4096}})
-    for (bool with_sb : {false, true}) {
-      const int64_t kb = (K + hot::kBlockK - 1) / hot::kBlockK, nb = (N + hot::kBlockK - 1) / hot::kBlockK;
-      const std::vector<int64_t> a = randint(static_cast<size_t>(M * K), seed++, -127, 127);
-      const std::vector<int64_t> b = randint(static_cast<size_t>(N * K), seed++, -127, 127);
-      const std::vector<float> ra = randn(static_cast<size_t>(kb * M), seed++), rb = randn(static_cast<size_t>(kb * nb), seed++);
-      HostTensor sa = HostTensor::make2d(DType::f32, kb, M, M + 3), sb;
-      for (int64_t i = 0; i < kb; ++i)
-        for (int64_t m = 0; m < M; ++m) sa.setf(i, m, 1e-3f * std::exp2(3.0f * ra[i * M + m]));
-      if (with_sb) {
-        sb = HostTensor::make2d(DType::f32, kb, nb);
-        for (int64_t i = 0; i < kb; ++i)
-          for (int64_t j = 0; j < nb; ++j) sb.setf(i, j, std::exp2(2.0f * rb[i * nb + j]));
-      }
-      HostTensor out = HostTensor::make2d(DType::f32, M, N, N + 1);
-      const float factor = 0.0625f;
-      hot::cpu::gemm_s8_blockscaled(host_from_int(DType::s8, M, K, a), host_from_int(DType::s8, N, K, b), sa,
-                                    with_sb ? hot::TensorView(sb) : hot::TensorView{}, factor, out, {});
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t n = 0; n < N; ++n) {
-          double ref = 0, mag = 0;
-          for (int64_t i = 0; i < kb; ++i) {
-            int64_t dot = 0;
-            for (int64_t k = i * hot::kBlockK; k < std::min(K, (i + 1) * hot::kBlockK); ++k) dot += a[m * K + k] * b[n * K + k];
-            const float s = with_sb ? sa.getf(i, m) * sb.getf(i, n / hot::kBlockK) : sa.getf(i, m);
-            ref += static_cast<double>(dot) * s;
-            mag += std::fabs(static_cast<double>(dot) * s);
-          }
-          const double bound = (kb + 1) * std::ldexp(1.0, -24) * mag * factor;
-          ASSERT_LE(std::fabs(out.getf(m, n) - ref * factor), bound) << M << "x" << N << "x" << K << " at " << m << "," << n;
-        }
-      EXPECT_TRUE(out.padding_untouched());
-    }
-}
-
-// Power-of-two scales, the same in every block, and sums that fp32 holds exactly: every rounding is exact, so the
-// block-scaled product equals the exact integer product times the scale; no B scales equal B scales of one.
-TEST(Cpu_GemmBlockScaled, ExactWhereEveryRoundingIs) {
-  const int64_t M = 33, N = 140, K = 700, kb = (K + hot::kBlockK - 1) / hot::kBlockK, nb = 2;
-  const std::vector<int64_t> a = randint(static_cast<size_t>(M * K), 77, -127, 127);
-  const std::vector<int64_t> b = randint(static_cast<size_t>(N * K), 78, -127, 127);
-  HostTensor sa = HostTensor::make2d(DType::f32, kb, M), ones = HostTensor::make2d(DType::f32, kb, nb);
-  for (int64_t i = 0; i < kb; ++i) {
-    for (int64_t m = 0; m < M; ++m) sa.setf(i, m, std::ldexp(1.0f, -10 - static_cast<int>(m % 5)));
-    for (int64_t j = 0; j < nb; ++j) ones.setf(i, j, 1.0f);
-  }
-  HostTensor out = HostTensor::make2d(DType::f32, M, N), out1 = out;
-  const HostTensor A = host_from_int(DType::s8, M, K, a), B = host_from_int(DType::s8, N, K, b);
-  hot::cpu::gemm_s8_blockscaled(A, B, sa, hot::TensorView{}, 0.5f, out, {});
-  hot::cpu::gemm_s8_blockscaled(A, B, sa, ones, 0.5f, out1, {});
-  const std::vector<int64_t> exact = naive(a, b, M, N, K);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) {
-      ASSERT_EQ(out.getf(m, n), static_cast<float>(exact[m * N + n]) * sa.getf(0, m) * 0.5f) << m << "," << n;
-      ASSERT_EQ(out1.getf(m, n), out.getf(m, n));
-    }
-}
-
 TEST(Cpu_Parallel, ChunksWithoutAThreadRunOnTheCaller) {
   const int64_t M = 2048, N = 2, K = 16;
   const std::vector<int64_t> a = randint(static_cast<size_t>(M * K), 21, -127, 127);

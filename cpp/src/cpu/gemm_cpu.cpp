@@ -2,7 +2,6 @@
 // AVX2 micro-kernel chosen at run time (portable fallback otherwise), the dequantising integer GEMM of
 // the backward pass, and the fp32 GEMM of exact mode.
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -188,34 +187,6 @@ void gemm_s8_dequant(const TensorView& a, const TensorView& b, const TensorView&
       const float alpha = sap[per_row ? m : 0] * sb0 * factor;
       const int64_t* src = acc.data() + m * N;
       for (int64_t n = 0; n < N; ++n) row[n] = static_cast<float>(src[n]) * alpha;
-      store_row(out, m, row.data());
-    }
-  });
-}
-
-void gemm_s8_blockscaled(const TensorView& a, const TensorView& b, const TensorView& sa, const TensorView& sb,
-                         float factor, const TensorView& out, Stream) {
-  const int64_t M = a.shape[0], K = a.shape[1], N = b.shape[0];
-  const auto* ap = a.ptr<int8_t>();
-  const auto* bp = b.ptr<int8_t>();
-  const auto* sap = sa.ptr<float>();
-  const auto* sbp = sb.data ? sb.ptr<float>() : nullptr;
-  parallel_for(M, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, N)), [&](int64_t m0, int64_t m1) {
-    std::vector<float> row(static_cast<size_t>(N));
-    for (int64_t m = m0; m < m1; ++m) {
-      const int8_t* ar = ap + m * a.strides[0];
-      for (int64_t n = 0; n < N; ++n) {
-        const int8_t* br = bp + n * b.strides[0];
-        float acc = 0.0f;
-        for (int64_t k0 = 0, kb = 0; k0 < K; k0 += kBlockK, ++kb) {
-          int32_t dot = 0;  // exact: |dot| <= 128 * 127 * 127
-          for (int64_t k = k0; k < std::min(K, k0 + kBlockK); ++k) dot += int32_t{ar[k]} * int32_t{br[k]};
-          float s = sap[kb * sa.strides[0] + m];
-          if (sbp) s *= sbp[kb * sb.strides[0] + n / kBlockK];
-          acc = std::fma(static_cast<float>(dot), s, acc);
-        }
-        row[static_cast<size_t>(n)] = acc * factor;
-      }
       store_row(out, m, row.data());
     }
   });

@@ -262,11 +262,6 @@ void gemm_s8_dequant_generic(const TensorView& a, const TensorView& b, const Ten
 bool sm90_gemm_s8s8s32(const TensorView& a, const TensorView& b, const TensorView& c, int device, cudaStream_t s);
 bool sm90_gemm_s8_dequant(const TensorView& a, const TensorView& b, const TensorView& sa, const TensorView& sb,
                           float factor, const TensorView& out, int device, cudaStream_t s);
-namespace sm90 {
-// The block-scaled GEMM's wgmma kernel (gemm_blockscaled_sm90.cu); false when the operands do not meet its alignment.
-bool blockscaled_gemm(const TensorView& a, const TensorView& b, const TensorView& sa, const TensorView& sb,
-                      float factor, const TensorView& out, int device, cudaStream_t stream);
-}  // namespace sm90
 #endif
 #if defined(HOT_CUDA_HAS_SM80)
 // CUTLASS 2.x tensor-core kernels for sm_80/86/89 (gemm_sm80.cu): packed s4 and s8, s32 output.

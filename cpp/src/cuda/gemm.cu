@@ -97,53 +97,7 @@ void gemm_s8_dequant_long_k(const TensorView& a, const TensorView& b, const Tens
   });
 }
 
-// The block-scaled GEMM on CUDA cores (any GPU, any alignment): one thread per output element, the blocks of K in
-// order, the CPU backend's operations.
-template <typename T>
-__global__ void blockscaled_generic_kernel(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, const float* sa,
-                                           int64_t ld_sa, const float* sb, int64_t ld_sb, float factor, T* out,
-                                           int64_t ldd, int64_t M, int64_t N, int64_t K) {
-  const int64_t n = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (n >= N) return;
-  const int8_t* br = b + n * ldb;
-  for (int64_t m = blockIdx.y; m < M; m += gridDim.y) {
-    const int8_t* ar = a + m * lda;
-    float acc = 0.0f;
-    for (int64_t k0 = 0, kb = 0; k0 < K; k0 += kBlockK, ++kb) {
-      int32_t dot = 0;
-      const int64_t k1 = k0 + kBlockK < K ? k0 + kBlockK : K;
-      for (int64_t k = k0; k < k1; ++k) dot += int32_t{ar[k]} * int32_t{br[k]};
-      float s = sa[kb * ld_sa + m];
-      if (sb) s *= sb[kb * ld_sb + n / kBlockK];
-      acc = __fmaf_rn(static_cast<float>(dot), s, acc);
-    }
-    FloatIO<T>::store(out + m * ldd + n, acc * factor);
-  }
-}
-
 }  // namespace
-
-void gemm_s8_blockscaled(const TensorView& a, const TensorView& b, const TensorView& sa, const TensorView& sb,
-                         float factor, const TensorView& out, Stream st) {
-  const int dev = a.device.index;
-  DeviceGuard dg(dev);
-  const cudaStream_t s = to_cuda(st);
-#if defined(HOT_CUDA_HAS_SM90A)
-  if (select_gemm_path(dev) == GemmPath::sm90_wgmma && sm90::blockscaled_gemm(a, b, sa, sb, factor, out, dev, s))
-    return;
-#endif
-  const int64_t M = a.shape[0], N = b.shape[0];
-  if (M == 0 || N == 0) return;
-  dispatch_float(out.dtype, "gemm_s8_blockscaled", [&](auto t) {
-    using T = decltype(t);
-    const dim3 grid(static_cast<unsigned>(ceil_div(N, 128)), static_cast<unsigned>(std::min(M, kMaxGridYZ)));
-    blockscaled_generic_kernel<T><<<grid, 128, 0, s>>>(
-        static_cast<const int8_t*>(a.data), a.strides[0], static_cast<const int8_t*>(b.data), b.strides[0],
-        static_cast<const float*>(sa.data), sa.strides[0], sb.data ? static_cast<const float*>(sb.data) : nullptr,
-        sb.data ? sb.strides[0] : 0, factor, static_cast<T*>(out.data), out.strides[0], M, N, a.shape[1]);
-    HOT_CUDA_CHECK_LAUNCH();
-  });
-}
 
 // bits == 4 says the operands hold 4-bit values: on sm_80/86/89 they are packed and run through the s4
 // tensor-core GEMM (s32 result, then the dequantisation kernel); on sm_90a the s8 wgmma GEMM with the

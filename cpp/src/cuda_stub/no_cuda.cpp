@@ -56,10 +56,6 @@ void gemm_s8_dequant(const TensorView&, const TensorView&, const TensorView&, co
                      const TensorView&, Stream) {
   missing();
 }
-void gemm_s8_blockscaled(const TensorView&, const TensorView&, const TensorView&, const TensorView&, float,
-                         const TensorView&, Stream) {
-  missing();
-}
 void bias_grad(const TensorView&, const TensorView&, Stream) { missing(); }
 void matmul_exact(const TensorView&, bool, const TensorView&, bool, const TensorView&, Stream) { missing(); }
 

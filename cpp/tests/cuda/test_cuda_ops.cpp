@@ -472,43 +472,6 @@ TEST_F(Cuda_GemmDequant, BitExactVsCpu) {
         }
 }
 
-// The block-scaled GEMM (sm90: the wgmma kernel; rows not 16-byte aligned: the CUDA-core kernel) against the CPU's
-// blocks of K in order, bit for bit: tails of M, N and K inside a tile, one scale of B per 128 columns or none, scales
-// spread over 16 octaves, several tiles per CTA (300 x 2176: 51 tiles per SM on none, 20 x 17 on 132).
-class Cuda_GemmBlockScaled : public CudaTest {};
-TEST_F(Cuda_GemmBlockScaled, BitExactVsCpu) {
-  uint64_t seed = 720;
-  for (DType dt : kFloatTypes)
-    for (auto [M, N, K, lda] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{
-             {1, 2, 16, 16}, {37, 78, 48, 48}, {200, 768, 2304, 2304}, {513, 40, 1008, 1008}, {130, 258, 1000, 1000},
-             {2048, 512, 512, 512}, {300, 2176, 4096, 4112}, {64, 130, 640, 648}})
-      for (bool with_sb : {false, true}) {
-        SCOPED_TRACE(testing::Message() << dt_name(dt) << " M " << M << " N " << N << " K " << K << " lda " << lda
-                                        << " sb " << with_sb);
-        const int64_t kb = (K + hot::kBlockK - 1) / hot::kBlockK, nb = (N + hot::kBlockK - 1) / hot::kBlockK;
-        HostTensor a = rand_int(DType::s8, M, K, -127, 127, seed++, lda);
-        HostTensor b = rand_int(DType::s8, N, K, -127, 127, seed++);
-        auto scales = [&](int64_t rows, int64_t cols, int64_t ld) {
-          HostTensor t = HostTensor::make2d(DType::f32, rows, cols, ld);
-          std::vector<float> r = hot_test::randn(static_cast<size_t>(rows * cols), seed++);
-          for (int64_t i = 0; i < rows; ++i)
-            for (int64_t j = 0; j < cols; ++j) t.setf(i, j, 1e-3f * std::exp2(4.0f * r[i * cols + j]));
-          return t;
-        };
-        HostTensor sa = scales(kb, M, M + 5), sb = with_sb ? scales(kb, nb, nb + 1) : HostTensor{};
-        HostTensor oc = out2d(dt, M, N, N + 2), og = oc;
-        DevTensor da(a), db(b), dsa(sa), dout(og);
-        DevTensor dsb;
-        if (with_sb) dsb = DevTensor(sb);
-        const hot::TensorView sbc = with_sb ? hot::TensorView(sb) : hot::TensorView{};
-        const hot::TensorView sbg = with_sb ? hot::TensorView(dsb) : hot::TensorView{};
-        hot::cpu::gemm_s8_blockscaled(a, b, sa, sbc, 0.0625f, oc, {});
-        hot::cuda::gemm_s8_blockscaled(da, db, dsa, sbg, 0.0625f, dout, st());
-        sync();
-        EXPECT_TRUE(all_bytes_equal(oc, dout.to_host()));
-      }
-}
-
 // The split-K route of the sm90 path (few output tiles, a long K: 48 and 32 equal slices summed by one pass into the
 // dequantised output; K / 16 prime: stream-K; N = 147: the transposed product, 66 slices), against the CPU's one
 // dequantisation of the whole sum.

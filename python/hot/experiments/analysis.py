@@ -23,7 +23,9 @@ Extra methods (not in the default set) that isolate one part of the paper's HOT,
 study of ``hot.experiments.parity``: ``exact`` (float64 reference, cast to float32), ``hot-gx-only`` (the paper's g_x,
 exact g_w), ``hot-gw-only`` (exact g_x, the paper's g_w), ``hot-gx8`` (8-bit g_x), ``hot-token`` (per-token
 g_x scales on every layer), ``hot-gx8-r16`` (8-bit g_x and full-rank g_w: only 8-bit quantisation left; the
-same configuration as ``hot``).
+same configuration as ``hot``), ``hot-gxcodes`` (a candidate numerics, not the engine's: g_x as ``hot``'s, and g_w from
+the same stochastic 8-bit codes of G̃ = g_y blockdiag(H_b), transposed, against a per-tensor 8-bit round-to-nearest copy
+of x, with H_b applied along O to the O x I product: g_yᵀ x = blockdiag(H_b) G̃ᵀ x / b, no rotation along the tokens).
 
 Every method gets the same seed. The report gives, per layer and method, the cosine similarity and the
 relative error ‖ĝ − g‖_F / ‖g‖_F of g_x and g_w against the exact float64 gradients, as a markdown
@@ -43,7 +45,7 @@ HLA_ORDER = (0, 8, 2, 12, 10, 3, 4, 14, 11, 1, 6, 15, 9, 7, 13, 5)
 
 DEFAULT_METHODS = ("naive-int4", "lbp-wht", "hq-only", "paper", "hot+lqs", "hot-r2", "hot-r4", "hot-r8", "hot-r16",
                    "hot")
-EXTRA_METHODS = ("exact", "hot-gx-only", "hot-gw-only", "hot-gx8", "hot-token", "hot-gx8-r16")
+EXTRA_METHODS = ("exact", "hot-gx-only", "hot-gw-only", "hot-gx8", "hot-token", "hot-gx8-r16", "hot-gxcodes")
 
 
 @dataclasses.dataclass
@@ -151,6 +153,31 @@ def _hot_gw_only(x, w, gy, seed):
     return _exact(x, w, gy, seed)[0], gw
 
 
+def _transposed(a):
+    """a's transpose, contiguous, in a's framework (numpy array or torch tensor)."""
+    return np.ascontiguousarray(a.T) if isinstance(a, np.ndarray) else a.t().contiguous()
+
+
+def _hot_gxcodes(x, w, gy, seed):
+    """``hot-gxcodes`` (see the module docstring): one set of G̃ codes for both GEMMs; engine calls only, so it runs on
+    numpy arrays or on any framework's tensors."""
+    O = gy.shape[1]
+    b = 16
+    while b > 1 and O % b:
+        b //= 2
+    qg, sg = hot.quantize(hot.hadamard_transform(gy, block=b, axis=-1), bits=8, rounding="stochastic", seed=seed,
+                          rng_stream=0)  # L x O codes of G~
+    qw, sw = hot.quantize(_transposed(hot.hadamard_transform(w, block=b, axis=0)), bits=8)  # I x O codes of W~
+    gx = _int_gemm(qg, qw) * (float(sg[0]) * float(sw[0]) / b)
+    qx, sx = hot.quantize(_transposed(x), bits=8)  # I x L, round to nearest
+    p = _int_gemm(_transposed(qg), qx) * (float(sg[0]) * float(sx[0]))  # G~^T x, O x I
+    p32 = p.astype(np.float32) if isinstance(p, np.ndarray) else p.float()
+    return gx, hot.hadamard_transform(p32, block=b, axis=0) / b
+
+
+_hot_gxcodes.engine_only = True
+
+
 def lqs_choice(gy: np.ndarray) -> str:
     """SPEC §7.1 on one layer: per-token iff e_token < 0.5 e_tensor for the 4-bit G̃ = g_y blockdiag(H_b)."""
     O = gy.shape[1]
@@ -195,6 +222,8 @@ def method_fn(name: str) -> Callable:
         return _hot(hot.Config.paper(gx_scale="token"))
     if name == "hot-gx8-r16":
         return _hot(hot.Config.paper(gx_bits=8, rank=16))
+    if name == "hot-gxcodes":
+        return _hot_gxcodes
     if name.startswith("hot-r"):
         try:
             r = int(name[5:])

@@ -182,6 +182,8 @@ METHODS: Dict[str, Method] = {m.name: m for m in [
        "classifier head kept exact", config={**_PAPER, "gx_scale": "token"}, exclude=("head",)),
     _m("hot-token-nohead-r16", "layers", "hot-token-nohead at HLA rank 16 (full-rank 8-bit g_w)",
        config={"gx_bits": 4, "gx_scale": "token", "rank": 16}, exclude=("head",)),
+    _m("hot-gxcodes", "sim", "a candidate numerics: hot's g_x, and g_w from the same codes of G~ (rotated along O) "
+       "against a per-tensor 8-bit copy of x, no rotation along the tokens", sim="hot-gxcodes"),
     _m("sim-hot", "sim", "the paper's HOT through the simulation harness (checks the harness)", sim="hot"),
 ]}
 

@@ -169,6 +169,29 @@ def test_lqs_choice_prefers_token_scales_for_rows_of_different_magnitude():
     assert ha.lqs_choice(rng.standard_normal((64, 32)).astype(np.float32)) == "tensor"
 
 
+def test_gxcodes_is_exact_where_its_quantisation_is():
+    """hot-gxcodes rests on g_yᵀ x = blockdiag(H_b) G̃ᵀ x / b and on g_x = G̃ W̃ / b: with G̃ = g_y blockdiag(H_16), W̃
+    and x integers of amax 127 (scales 1, every rounding exact), both gradients are the exact products; g_x's codes are
+    the default's (the same seed and stream), so its g_x agrees with hot's to a rounding."""
+    rng = np.random.default_rng(5)
+    L, O, I = 48, 32, 24
+    h16 = np.asarray(hot.hadamard_transform(np.eye(16, dtype=np.float32), block=16, axis=0), dtype=np.float64)
+    hb = np.kron(np.eye(O // 16), h16)
+    gt = rng.integers(-127, 128, (L, O)).astype(np.float64)
+    gt[0, 0] = 127
+    wt = rng.integers(-127, 128, (O, I)).astype(np.float64)
+    wt[1, 2] = -127
+    x = rng.integers(-127, 128, (L, I)).astype(np.float32)
+    x[3, 4] = 127
+    gy = (gt @ hb / 16).astype(np.float32)  # dyadic: exact, and gy H_16 = gt exactly
+    w = (hb @ wt / 16).astype(np.float32)
+    gx, gw = ha.method_fn("hot-gxcodes")(x, w, gy, 7)
+    np.testing.assert_allclose(np.asarray(gx, dtype=np.float64), gy.astype(np.float64) @ w, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(gw, dtype=np.float64), gy.astype(np.float64).T @ x, rtol=0, atol=1e-6)
+    gx_hot, _ = ha.method_fn("hot")(x, w, gy, 7)
+    np.testing.assert_allclose(np.asarray(gx_hot, dtype=np.float64), np.asarray(gx, dtype=np.float64), rtol=1e-6)
+
+
 def test_unknown_method_is_named():
     with pytest.raises(ValueError, match="hot-r99"):
         ha.method_fn("hot-r99")

@@ -171,8 +171,8 @@ def test_lqs_choice_prefers_token_scales_for_rows_of_different_magnitude():
 
 def test_gxcodes_is_exact_where_its_quantisation_is():
     """hot-gxcodes rests on g_yᵀ x = blockdiag(H_b) G̃ᵀ x / b and on g_x = G̃ W̃ / b: with G̃ = g_y blockdiag(H_16), W̃
-    and x integers of amax 127 (scales 1, every rounding exact), both gradients are the exact products; g_x's codes are
-    the default's (the same seed and stream), so its g_x agrees with hot's to a rounding."""
+    and x integers of amax 127 (scales 1, every rounding exact), both gradients are the exact products, and its g_x is
+    the default's to a rounding."""
     rng = np.random.default_rng(5)
     L, O, I = 48, 32, 24
     h16 = np.asarray(hot.hadamard_transform(np.eye(16, dtype=np.float32), block=16, axis=0), dtype=np.float64)

@@ -80,6 +80,15 @@ def _is_int(v) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
 
 
+def _hq_block(O: int) -> int:
+    """The g_x path's Hadamard block b for O output features (SPEC §3): 16, or the largest power of two <= 16 dividing
+    O (1: no transform)."""
+    b = 16
+    while b > 1 and O % b:
+        b //= 2
+    return b
+
+
 _DEFAULT_CONFIG = Config()  # immutable: one shared instance serves every call without a config
 
 

@@ -153,14 +153,6 @@ def _hot_gw_only(x, w, gy, seed):
     return _exact(x, w, gy, seed)[0], gw
 
 
-def _gx_block(O: int) -> int:
-    """The g_x path's Hadamard block b (SPEC §3): 16, or the largest power of two <= 16 dividing O."""
-    b = 16
-    while b > 1 and O % b:
-        b //= 2
-    return b
-
-
 def _transposed(a):
     """a's transpose, contiguous, in a's framework (numpy array or torch tensor)."""
     return np.ascontiguousarray(a.T) if isinstance(a, np.ndarray) else a.t().contiguous()
@@ -169,7 +161,7 @@ def _transposed(a):
 def _hot_gxcodes(x, w, gy, seed):
     """``hot-gxcodes`` (see the module docstring): one set of G̃ codes for both GEMMs; engine calls only, so it runs on
     numpy arrays or on any framework's tensors."""
-    b = _gx_block(gy.shape[1])
+    b = hot._api._hq_block(gy.shape[1])
     qg, sg = hot.quantize(hot.hadamard_transform(gy, block=b, axis=-1), bits=8, rounding="stochastic", seed=seed,
                           rng_stream=0)  # L x O codes of G~
     qw, sw = hot.quantize(_transposed(hot.hadamard_transform(w, block=b, axis=0)), bits=8)  # I x O codes of W~
@@ -185,7 +177,7 @@ _hot_gxcodes.engine_only = True
 
 def lqs_choice(gy: np.ndarray) -> str:
     """SPEC §7.1 on one layer: per-token iff e_token < 0.5 e_tensor for the 4-bit G̃ = g_y blockdiag(H_b)."""
-    b = _gx_block(gy.shape[1])
+    b = hot._api._hq_block(gy.shape[1])
     g = np.asarray(hot.hadamard_transform(gy, block=b, axis=-1), dtype=np.float32)
     err = {}
     for mode in ("tensor", "token"):

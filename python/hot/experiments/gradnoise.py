@@ -132,14 +132,6 @@ class GradNoiseReport:
 TOP_ROWS = 0.02
 
 
-def _hadamard_block(n: int) -> int:
-    """SPEC §3's b: 16, or the largest power of two <= 16 dividing n."""
-    b = 16
-    while n % b:
-        b //= 2
-    return b
-
-
 def g_y_concentration(model, xb, yb) -> List[dict]:
     """Why per-tensor 4-bit g_x scales can fail: for every Linear / Conv2d layer of ``model`` (exact), one
     backward pass of (xb, yb), and G̃ = g_y · blockdiag(H_b) (SPEC §3; rows are tokens, or output pixels of a
@@ -168,7 +160,8 @@ def g_y_concentration(model, xb, yb) -> List[dict]:
         model.zero_grad(set_to_none=True)
     out = []
     for name, g in caps.items():
-        gt = torch.from_numpy(hot.hadamard_transform(g.float().contiguous().numpy(), block=_hadamard_block(g.shape[1])))
+        b = hot._api._hq_block(g.shape[1])
+        gt = torch.from_numpy(hot.hadamard_transform(g.float().contiguous().numpy(), block=b))
         a = gt.abs()
         rowmax = a.amax(1, keepdim=True)
         energy = (gt.double() ** 2).sum(1)

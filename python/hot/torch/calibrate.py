@@ -47,13 +47,6 @@ RANKS = (4, 8, 12, 16)
 """HLA ranks ``calibrate`` considers; 16 is full rank (the g_w GEMM's length and the ABC buffer scale with it)."""
 
 
-def block_size(O: int) -> int:
-    b = 16
-    while b > 1 and O % b:
-        b //= 2
-    return b
-
-
 def _rows(g: torch.Tensor, channel_dim: int) -> torch.Tensor:
     """g as L x O rows, O being its dim channel_dim."""
     return g.movedim(channel_dim, -1).reshape(-1, g.shape[channel_dim])
@@ -134,7 +127,7 @@ def lqs_errors(g: torch.Tensor, bits: int = 4, channel_dim: int = -1):
     Linear's (..., O), 1 for a Conv2d's (N, O, H, W)."""
     g2 = _rows(g, channel_dim).float().contiguous()
     O = g2.shape[-1]
-    gt = hot.hadamard_transform(g2, block=block_size(O), axis=-1)
+    gt = hot.hadamard_transform(g2, block=hot._api._hq_block(O), axis=-1)
     errs = []
     for mode in ("tensor", "token"):
         q, s = hot.quantize(gt, bits=bits, scale=mode, rounding="nearest")

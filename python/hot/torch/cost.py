@@ -41,12 +41,7 @@ HLA_BLOCK = 16
 # ------------------------------------------------------------------------------------------------
 # operation counts (docs/cost.md)
 # ------------------------------------------------------------------------------------------------
-def gx_block(O: int) -> int:
-    """The block b of the g_x path's Hadamard transform (SPEC §3): 16, or the largest power of two <= 16 dividing O."""
-    b = 16
-    while b > 1 and O % b:
-        b //= 2
-    return b
+gx_block = hot._api._hq_block  # the g_x path's Hadamard block b of O output features (SPEC §3)
 
 
 def padded_rows(L: int) -> int:

@@ -9,6 +9,7 @@ seed). Jobs that do not finish by the deadline are left out and listed.
 
 Usage (GPU):  python benchmarks/run_accuracy.py --out DIR [--tasks synth:vit,synth:cnn,digits:vit,digits:cnn]
               [--methods exact,hot,hot+auto,paper,hot-gx8] [--seeds 3] [--jobs 12] [--deadline-s 480]
+              [--amp off|bf16|fp16]
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def _job(args) -> int:
     if args.data:
         data = tuple(t.to(args.device) for t in torch.load(args.data, weights_only=True))
     res = hp.run_parity(args.model, [args.method], seeds=[args.seed], device=args.device, data=data, task=args.task,
-                        steps=args.steps)
+                        steps=args.steps, amp=args.amp)
     with open(args.result, "w") as f:
         json.dump(res.to_json(), f)
     r = res.runs[0]
@@ -74,6 +75,8 @@ def main() -> int:
                     "--tasks, --methods and --seeds), run in this order")
     ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--amp", choices=("off", "bf16", "fp16"), default="off",
+                    help="train every method under torch.autocast of this dtype (evaluation stays float32)")
     ap.add_argument("--deadline-s", type=float, default=480.0)
     # one job (internal)
     ap.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
@@ -129,6 +132,8 @@ def main() -> int:
                    "--seed", str(s), "--result", res, "--device", args.device]
             if args.steps:
                 cmd += ["--steps", str(args.steps)]
+            if args.amp != "off":
+                cmd += ["--amp", args.amp]
             if task in data_files:
                 cmd += ["--data", data_files[task]]
             p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)

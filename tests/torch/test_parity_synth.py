@@ -156,9 +156,11 @@ def test_parity_result_header_and_old_json():
     assert "synthetic 32x32 RGB images" in res.to_markdown() and "(2048 train / 512 test)" in res.to_markdown()
     d = res.to_json()
     assert hp.ParityResult.from_json(d) == res
-    for k in ("task", "n_train", "n_test"):  # JSON written before tasks existed: digits
+    assert "autocast" not in res.to_markdown()
+    for k in ("task", "n_train", "n_test", "amp"):  # JSON written before tasks and autocast existed: digits, float32
         del d[k]
-    assert "scikit-learn digits (1438 train / 359 test)" in hp.ParityResult.from_json(d).to_markdown()
+    old = hp.ParityResult.from_json(d)
+    assert "scikit-learn digits (1438 train / 359 test)" in old.to_markdown() and old.amp == "off"
     with pytest.raises(ValueError, match="unknown task"):
         hp.get_task("cifar")
 
@@ -184,15 +186,34 @@ def test_parity_synth_tiny(device, tmp_path):
     assert hp.ParityResult.from_json(json.loads(open(paths[1]).read())).task == "synth-tiny"
 
 
+def test_parity_bf16_autocast(tmp_path):
+    # the training steps under bf16 autocast, for every method: the runs differ from the float32 runs of the same
+    # seed (autocast took effect), both methods still learn (tiny synthetic ViT, 100 steps of 64), and the report
+    # and its JSON say which precision trained
+    kw = dict(seeds=[0], task="synth-tiny", n_train=512, n_test=256)
+    f32 = hp.run_parity("vit", ["exact"], **kw)
+    res = hp.run_parity("vit", ["exact", "hot"], amp="bf16", **kw)
+    assert res.amp == "bf16" and res.runs[0].losses != f32.runs[0].losses
+    for r in res.runs:
+        assert all(math.isfinite(v) for v in r.losses), r.method
+        first, last = sum(r.losses[:10]) / 10, sum(r.losses[-10:]) / 10
+        assert last < first - 0.3, (r.method, first, last)
+    assert ", bf16 autocast." in res.to_markdown()
+    paths = res.save(str(tmp_path), "b")
+    assert hp.ParityResult.from_json(json.loads(open(paths[1]).read())).amp == "bf16"
+    with pytest.raises(ValueError, match="amp must be one of"):
+        hp.run_parity("vit", ["exact"], amp="int8", **kw)
+
+
 def test_cli_parity_synth(tmp_path, capsys):
     from hot.cli import main
 
     assert main(["parity", "--task", "synth-tiny", "--model", "vit", "--methods", "exact,lbp-wht", "--seeds", "1",
-                 "--steps", "20", "--n-train", "256", "--n-test", "128", "--out", str(tmp_path)]) == 0
+                 "--steps", "20", "--n-train", "256", "--n-test", "128", "--amp", "bf16", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "synth-tiny (256 train / 128 test" in out and "| lbp-wht |" in out
+    assert "synth-tiny (256 train / 128 test" in out and "| lbp-wht |" in out and "bf16 autocast" in out
     d = json.loads((tmp_path / "parity_synth-tiny_vit.json").read_text())
-    assert d["task"] == "synth-tiny" and (d["n_train"], d["n_test"]) == (256, 128)
+    assert d["task"] == "synth-tiny" and (d["n_train"], d["n_test"]) == (256, 128) and d["amp"] == "bf16"
     assert [r["method"] for r in d["runs"]] == ["exact", "lbp-wht"]
     assert all(math.isfinite(v) for r in d["runs"] for v in r["losses"])
     assert main(["parity", "--task", "digits", "--n-train", "100", "--out", str(tmp_path)]) == 2

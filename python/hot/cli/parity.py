@@ -9,7 +9,7 @@ import time
 
 
 def add_parser(sub) -> None:
-    from hot.experiments.parity import DEFAULT_METHODS, GAP_METHODS, METHODS, TASKS
+    from hot.experiments.parity import AMP_MODES, DEFAULT_METHODS, GAP_METHODS, METHODS, TASKS
 
     from . import int_in, torch_device
 
@@ -42,6 +42,8 @@ def add_parser(sub) -> None:
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="comma-separated method names, or 'gap' (default: %(default)s)")
     p.add_argument("--device", type=torch_device, default="cpu")
+    p.add_argument("--amp", choices=list(AMP_MODES), default="off",
+                   help="train every method under torch.autocast of this dtype (default: off, float32)")
     p.add_argument("--threads", type=int_in(0), default=None, help="torch and hot CPU threads (0: their default)")
     p.add_argument("--out", default="parity_out", help="output directory (default: %(default)s)")
     p.add_argument("--name", default=None, help="file stem (default: parity_<model>)")
@@ -96,12 +98,12 @@ def cmd_parity(args) -> int:
     data = hp.load_data(t.name, args.device, args.n_train, args.n_test)
     print(f"hot parity: {t.name} ({len(data[0])} train / {len(data[2])} test, ready in "
           f"{time.perf_counter() - t0:.1f} s), {model}, methods {methods}, seeds {seeds}, {steps} steps of "
-          f"batch {batch}, device {args.device}", flush=True)
+          f"batch {batch}, device {args.device}" + (f", {args.amp} autocast" if args.amp != "off" else ""), flush=True)
     os.makedirs(args.out, exist_ok=True)
     stem = args.name or (f"parity_{model}" if t.name == "digits" else f"parity_{t.name}_{model}")
     res = hp.run_parity(model, methods, seeds, steps, batch, args.lr, args.device, data=data,
                         progress=lambda line: print(line, flush=True),
-                        checkpoint=os.path.join(args.out, f"{stem}.partial.json"), task=t.name)
+                        checkpoint=os.path.join(args.out, f"{stem}.partial.json"), task=t.name, amp=args.amp)
     try:
         os.remove(os.path.join(args.out, f"{stem}.partial.json"))
     except OSError:

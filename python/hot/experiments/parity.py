@@ -78,6 +78,8 @@ class Task:
     context: int = 0  # text tasks: characters per window (then n_train windows are drawn, n_test tile the val split)
 
 
+AMP_MODES = ("off", "bf16", "fp16")  # run_parity's amp: the training steps' autocast dtype
+
 TASKS: Dict[str, Task] = {t.name: t for t in [
     Task("digits", "scikit-learn digits", {"vit": ("vit", {}), "cnn": ("cnn", {})}, steps=300, batch=128, lr=3e-3),
     # synth defaults: sized for about 0.5-1.5 min per (method, seed) on one H100 (estimated from FLOPs and the
@@ -481,6 +483,7 @@ class ParityResult:
     task: str = "digits"
     n_train: Optional[int] = None
     n_test: Optional[int] = None
+    amp: str = "off"  # the training steps' autocast dtype ("off": float32)
 
     def of(self, m: str) -> List[Run]:
         return [r for r in self.runs if r.method == m]
@@ -517,7 +520,8 @@ class ParityResult:
         sizes = (self.n_train, self.n_test) if self.n_train else ((1438, 359) if self.task == "digits" else None)
         head = (f"**{self.model}** on {t.title if t else self.task}"
                 + (f" ({sizes[0]} train / {sizes[1]} test)" if sizes else "") + f", {self.steps} steps of batch "
-                f"{self.batch}, AdamW lr {self.lr:g} one-cycle, seeds {list(self.seeds)}, device {self.device}.\n\n"
+                f"{self.batch}, AdamW lr {self.lr:g} one-cycle, seeds {list(self.seeds)}, device {self.device}"
+                + (f", {self.amp} autocast" if self.amp != "off" else "") + ".\n\n"
                 "| method | test accuracy (%) mean ± std | vs exact (paired, pt) | per seed | final train loss "
                 "| s / run | what |\n|---|---|---|---|---|---|---|")
         rows = [head]
@@ -594,13 +598,13 @@ class ParityResult:
     def to_json(self) -> dict:
         return dict(model=self.model, steps=self.steps, batch=self.batch, lr=self.lr, seeds=list(self.seeds),
                     methods=list(self.methods), device=self.device, task=self.task, n_train=self.n_train,
-                    n_test=self.n_test, runs=[dataclasses.asdict(r) for r in self.runs])
+                    n_test=self.n_test, amp=self.amp, runs=[dataclasses.asdict(r) for r in self.runs])
 
     @classmethod
     def from_json(cls, d: dict) -> "ParityResult":
         return cls(d["model"], d["steps"], d["batch"], d["lr"], tuple(d["seeds"]), tuple(d["methods"]),
                    [Run(**r) for r in d["runs"]], d.get("device", "cpu"), d.get("task", "digits"), d.get("n_train"),
-                   d.get("n_test"))
+                   d.get("n_test"), d.get("amp", "off"))
 
     def save(self, out_dir: str, stem: str) -> List[str]:
         import os
@@ -645,12 +649,14 @@ def run_parity(model: str = "vit", methods: Sequence[str] = DEFAULT_METHODS, see
                steps: Optional[int] = None, batch: Optional[int] = None, lr: Optional[float] = None,
                device: str = "cpu", data=None, progress: Optional[Callable[[str], None]] = None,
                model_fn: Optional[Callable] = None, checkpoint: Optional[str] = None, task: str = "digits",
-               n_train: Optional[int] = None, n_test: Optional[int] = None) -> ParityResult:
+               n_train: Optional[int] = None, n_test: Optional[int] = None, amp: str = "off") -> ParityResult:
     """Train ``model`` ('vit' or 'cnn': the task's model of that kind, 'lm' for the text tasks; or a
     ``hot.experiments.models`` name; or ``model_fn()``) once per (method, seed) on ``task`` (``TASKS``); see the module
     docstring. ``steps``, ``batch``, ``lr`` default to the task's; ``n_train`` / ``n_test`` size a synthetic or
     text task's data (when ``data`` is not given; text: training windows / validation windows, 0 = all).
-    Text tasks also record each run's validation loss (``Run.val_loss``).
+    Text tasks also record each run's validation loss (``Run.val_loss``). ``amp``: "off" (float32), "bf16" or "fp16":
+    every method's training steps under ``torch.autocast`` of that dtype (fp16 with a GradScaler); evaluation stays
+    float32.
 
     For seed s: the initial weights come from ``torch.manual_seed(s)`` (the same for every method), the
     batch order from s, and the stochastic-rounding seeds from ``torch.manual_seed(s + 1)`` as in hot demo.
@@ -670,6 +676,8 @@ def run_parity(model: str = "vit", methods: Sequence[str] = DEFAULT_METHODS, see
         raise ValueError(f"hot.experiments.parity: steps must be at least 20 (one-cycle schedule), got {steps}")
     if not seeds:
         raise ValueError("hot.experiments.parity: at least one seed is needed")
+    if amp not in AMP_MODES:
+        raise ValueError(f"hot.experiments.parity: amp must be one of {list(AMP_MODES)}, got {amp!r}")
     if data is None:
         data = load_data(t.name, device, n_train, n_test)
     sizes = (len(data[0]), len(data[2]))
@@ -683,17 +691,18 @@ def run_parity(model: str = "vit", methods: Sequence[str] = DEFAULT_METHODS, see
             t0 = time.perf_counter()
             note = prepare(net, m, calib_batch=(data[0][:batch], data[1][:batch]), steps=steps)
             warm = warmup_of(net)
-            r = train(net, data, steps, batch, lr, s, device, measure=False,
+            r = train(net, data, steps, batch, lr, s, device, amp=amp, measure=False,
                       on_step=(lambda step: warm.step()) if warm is not None else None)
             vl = _val_loss(net, data[2], data[3]) if t.context else None
             runs.append(Run(m, s, r.accuracy, r.losses, time.perf_counter() - t0, note, vl))
             if checkpoint is not None:
                 with open(checkpoint, "w") as f:
                     json.dump(ParityResult(model, steps, batch, lr, tuple(seeds), tuple(methods), runs,
-                                           str(device), t.name, *sizes).to_json(), f)
+                                           str(device), t.name, *sizes, amp).to_json(), f)
             if progress is not None:
                 bad = "" if all(math.isfinite(v) for v in r.losses) else " (non-finite loss)"
                 metric = f"val loss {vl:.4f}" if vl is not None else f"acc {r.accuracy:6.2f}%"
                 progress(f"{model} seed {s} {m:<12} {metric}  final loss "
                          f"{statistics.mean(r.losses[-20:]):.4f}  {runs[-1].seconds:5.1f}s  [{note}]{bad}")
-    return ParityResult(model, steps, batch, lr, tuple(seeds), tuple(methods), runs, str(device), t.name, *sizes)
+    return ParityResult(model, steps, batch, lr, tuple(seeds), tuple(methods), runs, str(device), t.name, *sizes,
+                        amp)

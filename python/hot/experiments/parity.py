@@ -151,7 +151,7 @@ def _m(name, kind, description, **kw):
 _PAPER = {"gx_bits": 4, "rank": 8}  # hot.Config.paper(), as Method.config
 
 METHODS: Dict[str, Method] = {m.name: m for m in [
-    _m("exact", "exact", "torch autograd, float32"),
+    _m("exact", "exact", "torch autograd (exact gradients at the training precision)"),
     _m("hot", "layers", "hot's default, hot.Config() (g_x 8-bit HQ per tensor, g_w 8-bit full rank)", config={}),
     _m("hot+auto", "layers", "hot.Config() then hot.torch.calibrate on the first batch (per-layer settings within "
        "the default error budget)", config={}, calibrate=True),

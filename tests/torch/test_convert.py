@@ -24,6 +24,8 @@ class Mixed(nn.Module):
         self.same_odd = nn.Conv2d(8, 8, 3, padding="same")
         self.conv1d = nn.Conv1d(4, 4, 3)
         self.mha = nn.MultiheadAttention(16, 2)
+        self.mha_kdim = nn.MultiheadAttention(16, 2, kdim=8, vdim=8)
+        self.mha_bias_kv = nn.MultiheadAttention(16, 2, add_bias_kv=True)
         self.head = nn.Linear(32, 10)
         self.f64 = nn.Linear(4, 4).double()
 
@@ -34,19 +36,21 @@ def test_report_lists_every_layer_with_reason():
     report = ht.convert(m, exclude="head")
     conv = {n for n, _, _ in report.converted}
     skipped = {n: why for n, _, why in report.skipped}
-    assert conv == {"fc", "nobias", "conv", "same_odd"}
+    assert conv == {"fc", "nobias", "conv", "same_odd", "mha.in_proj", "mha.out_proj"}
     assert "depthwise" in skipped["dw"] and "grouped" in skipped["grouped"]
     assert "padding_mode" in skipped["reflect"]
     assert "asymmetric" in skipped["same_even"]
     assert "not supported" in skipped["conv1d"]
-    assert "MultiheadAttention" in skipped["mha"] and "MultiheadAttention" in skipped["mha.out_proj"]
+    assert "kdim / vdim" in skipped["mha_kdim"] and "add_bias_kv" in skipped["mha_bias_kv"]
+    assert type(m.mha_kdim) is nn.MultiheadAttention and type(m.mha_kdim.out_proj) is not ht.Linear
+    assert type(m.mha) is ht.MultiheadAttention and isinstance(m.mha.in_proj, ht.Linear)
     assert "excluded" in skipped["head"]
     assert "float64" in skipped["f64"]
     assert isinstance(m.fc, ht.Linear) and isinstance(m.fc, nn.Linear) and m.fc.weight is w_before
     assert m.nobias.bias is None
     assert type(m.head) is nn.Linear and type(m.dw) is nn.Conv2d
     text = str(report)
-    for name in ["fc", "dw", "reflect", "mha.out_proj", "head", "f64"]:
+    for name in ["fc", "dw", "reflect", "mha.out_proj", "mha_kdim", "head", "f64"]:
         assert name in text
     # same_odd: 'same' padding became explicit (1, 1) and still matches nn.Conv2d
     x = torch.randn(2, 8, 5, 5, requires_grad=True)

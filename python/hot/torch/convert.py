@@ -3,9 +3,13 @@
 Eligible: modules whose type is exactly ``nn.Linear`` or ``nn.Conv2d`` with ``groups == 1``, zero
 padding and float32/float16/bfloat16 parameters on one device. The swap changes the module's class in
 place (``module.__class__``), so the module object, its parameters (and any optimizer holding them),
-hooks and state_dict keys stay the same. Every module that is a Linear/Conv2d (or a known container of
-matmul weights such as ``nn.MultiheadAttention``) and is not converted gets a line in the report with
-the reason. LoRA (peft-style ``base_layer`` / ``lora_A`` / ``lora_B``): the base layer is converted
+hooks and state_dict keys stay the same. An ``nn.MultiheadAttention`` (one embedding size for query, key and
+value, no ``add_bias_kv`` / ``add_zero_attn``) becomes a ``hot.torch.MultiheadAttention``: its packed in-projection
+is an ``in_proj`` child (a ``hot.torch.Linear`` holding the module's own ``in_proj_weight`` / ``in_proj_bias``) and
+its ``out_proj`` a ``hot.torch.Linear``, each selected by include / exclude under its own name
+(``<attn>.in_proj``, ``<attn>.out_proj``); parameters and state_dict keys stay nn.MultiheadAttention's. Every module
+that is a Linear/Conv2d (or a known container of matmul weights) and is not converted gets a line in the report
+with the reason. LoRA (peft-style ``base_layer`` / ``lora_A`` / ``lora_B``): the base layer is converted
 and the adapters stay exact (SPEC §8).
 
 Converting a model in which nothing is eligible raises ``ValueError`` (with the report), because a run
@@ -28,7 +32,7 @@ import torch.nn as nn
 
 import hot
 
-from .layers import Conv2d, Linear, HOT_LAYERS, conv_padding
+from .layers import Conv2d, Linear, HOT_LAYERS, MultiheadAttention, attach_in_proj, conv_padding
 from .lean import MaxPool2d, ReLU
 
 Matcher = Union[None, str, Iterable[str], Callable[[str, nn.Module], bool]]
@@ -100,7 +104,12 @@ def _describe(m: nn.Module) -> str:
 
 
 def _param_problem(m: nn.Module) -> Optional[str]:
-    params = [p for p in (m.weight, getattr(m, "bias", None)) if p is not None]
+    return _params_problem([p for p in (m.weight, getattr(m, "bias", None)) if p is not None])
+
+
+def _params_problem(params) -> Optional[str]:
+    """Why the engine cannot take a layer with these parameters (lazy, mixed dtypes or devices, unsupported dtype,
+    meta device), or None."""
     for p in params:
         if isinstance(p, nn.parameter.UninitializedParameter):
             return "uninitialized (lazy) parameters: run one forward pass before converting"
@@ -132,18 +141,29 @@ def _ineligible(m: nn.Module) -> Optional[str]:
             return f"padding='same' needs asymmetric padding for kernel {m.kernel_size}, dilation {m.dilation}"
         return _param_problem(m)
     if isinstance(m, nn.Linear):
-        if isinstance(m, nn.modules.linear.NonDynamicallyQuantizableLinear):
-            return "nn.MultiheadAttention out_proj: its weight is used directly by F.multi_head_attention_forward"
         return f"subclass {type(m).__qualname__} of nn.Linear (may override forward); not converted"
     if isinstance(m, nn.Conv2d):
         return f"subclass {type(m).__qualname__} of nn.Conv2d (may override forward); not converted"
     if isinstance(m, (nn.Conv1d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)):
         return f"{type(m).__name__} is not supported (Linear and Conv2d only)"
     if isinstance(m, nn.MultiheadAttention):
-        return "nn.MultiheadAttention computes its projections with F.multi_head_attention_forward; not converted"
+        return f"subclass {type(m).__qualname__} of nn.MultiheadAttention (may override forward); not converted"
     if isinstance(m, nn.Bilinear):
         return "nn.Bilinear is not supported"
     return "not a Linear/Conv2d"
+
+
+def _mha_problem(m: nn.MultiheadAttention) -> Optional[str]:
+    """Why an nn.MultiheadAttention cannot become a hot.torch.MultiheadAttention, or None."""
+    if not m._qkv_same_embed_dim:
+        return (f"kdim / vdim ({m.kdim}, {m.vdim}) differ from embed_dim {m.embed_dim}: separate projection weights "
+                f"are not supported")
+    if m.bias_k is not None or m.add_zero_attn:
+        return "add_bias_kv / add_zero_attn are not supported"
+    if m.embed_dim % m.num_heads:
+        return f"embed_dim {m.embed_dim} is not a multiple of num_heads {m.num_heads}"
+    return _params_problem([p for p in (m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias)
+                            if p is not None])
 
 
 def _reportable(m: nn.Module) -> bool:
@@ -190,13 +210,50 @@ def convert(model: nn.Module, config=None, include: Matcher = None, exclude: Mat
     exc = _matcher(exclude, "exclude")
     report = ConvertReport(config)
     already = 0
+    modules = list(model.named_modules())  # before any swap: an attention module gains an in_proj child below
     mha_children = set()
-    for name, m in model.named_modules():
+    for name, m in modules:
         if isinstance(m, nn.MultiheadAttention):
-            for cname, c in m.named_modules():
-                if c is not m:
-                    mha_children.add(id(c))
-    for name, m in model.named_modules():
+            mha_children.update(id(c) for c in m.modules() if c is not m)
+
+    def selected(name: str, tname: str, m: nn.Module) -> bool:
+        why = None
+        if _lora_adapter(name):
+            why = "LoRA adapter: stays exact (SPEC §8)"
+        elif inc is not None and not inc(name, m):
+            why = "not matched by include"
+        elif exc is not None and exc(name, m):
+            why = "excluded by name/predicate"
+        if why is not None:
+            report.skipped.append((name, tname, why))
+        return why is None
+
+    for name, m in modules:
+        if isinstance(m, MultiheadAttention):
+            report.skipped.append((name, type(m).__name__, "already a HOT layer"))
+            already += 1
+            continue
+        if type(m) is nn.MultiheadAttention:  # its two projections, each selected by its own name
+            why = _mha_problem(m)
+            pre = f"{name}." if name else ""
+            if why is not None:
+                report.skipped.append((name, "MultiheadAttention", why))
+                continue
+            sel_in = selected(pre + "in_proj", "MultiheadAttention.in_proj", m)
+            sel_out = selected(pre + "out_proj", type(m.out_proj).__name__, m.out_proj)
+            if not (sel_in or sel_out):
+                continue
+            attach_in_proj(m, config if sel_in else None)
+            if sel_in:
+                report.converted.append((pre + "in_proj", "MultiheadAttention.in_proj", _describe(m.in_proj)))
+            if sel_out:
+                tname = type(m.out_proj).__name__
+                m.out_proj.__class__ = Linear
+                m.out_proj._hot_init(config)
+                report.converted.append((pre + "out_proj", tname, _describe(m.out_proj)))
+            continue
+        if id(m) in mha_children:  # handled with its attention module
+            continue
         if isinstance(m, HOT_LAYERS):
             report.skipped.append((name, type(m).__name__, "already a HOT layer"))
             already += 1
@@ -204,18 +261,7 @@ def convert(model: nn.Module, config=None, include: Matcher = None, exclude: Mat
         if not _reportable(m):
             continue
         tname = type(m).__name__
-        if id(m) in mha_children:
-            report.skipped.append((name, tname, "inside nn.MultiheadAttention (weight used directly by "
-                                                "F.multi_head_attention_forward)"))
-            continue
-        if _lora_adapter(name):
-            report.skipped.append((name, tname, "LoRA adapter: stays exact (SPEC §8)"))
-            continue
-        if inc is not None and not inc(name, m):
-            report.skipped.append((name, tname, "not matched by include"))
-            continue
-        if exc is not None and exc(name, m):
-            report.skipped.append((name, tname, "excluded by name/predicate"))
+        if not selected(name, tname, m):
             continue
         why = _ineligible(m)
         if why is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -443,3 +444,145 @@ class Conv2d(_HotMixin, nn.Conv2d):
 
 
 HOT_LAYERS = (Linear, Conv2d)
+
+
+def _float_mask(m: Tensor, dtype) -> Tensor:
+    """An attention mask as nn.MultiheadAttention reads it (bool: True where attention is not allowed; float: added
+    to the scores) in the additive float form, in the scores' dtype."""
+    if m.dtype == torch.bool:
+        return torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(m, float("-inf"))
+    if not m.is_floating_point():
+        raise TypeError(f"hot.torch.MultiheadAttention: masks must be bool or floating, got {m.dtype}")
+    return m.to(dtype)
+
+
+class MultiheadAttention(nn.MultiheadAttention):
+    """``nn.MultiheadAttention`` whose two projections are HOT linear layers: ``in_proj``, a ``hot.torch.Linear``
+    (3E x E) holding the module's own ``in_proj_weight`` / ``in_proj_bias`` parameters (the same objects, so the
+    parameters, the optimizer's references and the state_dict keys stay nn.MultiheadAttention's), and ``out_proj``;
+    the attention between them is torch's (``F.scaled_dot_product_attention``; the explicit softmax when the weights
+    are returned). Made by ``hot.torch.convert`` from an ``nn.MultiheadAttention`` with one embedding size for query,
+    key and value and without ``add_bias_kv`` / ``add_zero_attn``.
+
+    Self-attention (``query is key is value``) calls ``in_proj`` as a module (calibration, summaries and the kept-input
+    check see it as any layer); other calls project with its configuration through :func:`hot_linear` on the rows of
+    the packed weight that each of query, key and value needs. Without gradients (``torch.no_grad``, inference) the
+    forward is ``nn.MultiheadAttention.forward`` itself, with its fast paths."""
+
+    in_proj: nn.Linear
+
+    def state_dict(self, *args, **kwargs):
+        # the in-projection's parameters are this module's in_proj_weight / in_proj_bias: saved once, under
+        # nn.MultiheadAttention's keys (the in_proj child keeps only its _extra_state, when it has one)
+        sd = nn.Module.state_dict(self, *args, **kwargs)
+        prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
+        for k in ("weight", "bias"):
+            sd.pop(prefix + "in_proj." + k, None)
+        return sd
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        for k in ("weight", "bias"):  # the in_proj child loads the same values into the same parameters
+            src = state_dict.get(prefix + "in_proj_" + k)
+            if src is not None:
+                state_dict[prefix + "in_proj." + k] = src
+        nn.Module._load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                                        unexpected_keys, error_msgs)
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor] = None,
+                need_weights: bool = True, attn_mask: Optional[Tensor] = None, average_attn_weights: bool = True,
+                is_causal: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+        if not torch.is_grad_enabled():  # inference: nn's forward (its fast paths); the projections' inputs recorded
+            rows = query.numel() // max(query.shape[-1], 1)  # for hot.torch.summary, as their own calls would
+            for lin in ((self.in_proj,) if query is key and key is value else ()) + (self.out_proj,):
+                if isinstance(lin, Linear):
+                    lin._hot_record(query, rows)
+            return nn.MultiheadAttention.forward(self, query, key, value, key_padding_mask, need_weights, attn_mask,
+                                                 average_attn_weights, is_causal)
+        if query.dim() not in (2, 3) or key.dim() != query.dim() or value.dim() != query.dim():
+            raise ValueError(f"hot.torch.MultiheadAttention: query, key and value must all be 3-D (batched) or all "
+                             f"2-D (unbatched), got {query.dim()}, {key.dim()} and {value.dim()} dims")
+        if is_causal and attn_mask is None:
+            raise RuntimeError("hot.torch.MultiheadAttention: is_causal is a hint that attn_mask is the causal mask "
+                               "(as for nn.MultiheadAttention): pass attn_mask as well")
+        same, kv_same = query is key and key is value, key is value
+        batched = query.dim() == 3
+        if not batched:  # (L, E): a batch of one
+            query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        elif not self.batch_first:  # (L, N, E) -> (N, L, E)
+            query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+        E, H = self.embed_dim, self.num_heads
+        N, L, S = query.shape[0], query.shape[1], key.shape[1]
+        if query.shape[2] != E or key.shape[2] != E or value.shape[2] != E:
+            raise ValueError(f"hot.torch.MultiheadAttention: query, key and value must have embed_dim={E} features, "
+                             f"got {query.shape[2]}, {key.shape[2]} and {value.shape[2]}")
+        if key.shape[:2] != value.shape[:2] or key.shape[0] != N:
+            raise ValueError(f"hot.torch.MultiheadAttention: key and value must have the same batch and sequence "
+                             f"sizes as each other and the batch of query, got query {tuple(query.shape)}, key "
+                             f"{tuple(key.shape)}, value {tuple(value.shape)} (batch first)")
+        if same:
+            q, k, v = self.in_proj(query).chunk(3, dim=-1)
+        else:
+            w, b = self.in_proj_weight, self.in_proj_bias
+            ip = self.in_proj
+            lin = functools.partial(hot_linear, config=ip.hot_config) if isinstance(ip, Linear) else F.linear
+
+            def rows(i, j):
+                return w[i * E:j * E], (b[i * E:j * E] if b is not None else None)
+
+            q = lin(query, *rows(0, 1))
+            if kv_same:
+                k, v = lin(key, *rows(1, 3)).chunk(2, dim=-1)
+            else:
+                k, v = lin(key, *rows(1, 2)), lin(value, *rows(2, 3))
+        D = E // H
+        q, k, v = (t.reshape(N, -1, H, D).transpose(1, 2) for t in (q, k, v))
+        mask = None
+        if attn_mask is not None:
+            want = (L, S) if attn_mask.dim() == 2 else (N * H, L, S)
+            if attn_mask.dim() not in (2, 3) or tuple(attn_mask.shape) != want:
+                raise ValueError(f"hot.torch.MultiheadAttention: attn_mask must have shape {(L, S)} or "
+                                 f"{(N * H, L, S)}, got {tuple(attn_mask.shape)}")
+            mask = _float_mask(attn_mask.reshape(1, 1, L, S) if attn_mask.dim() == 2 else
+                               attn_mask.reshape(N, H, L, S), q.dtype)
+        if key_padding_mask is not None:
+            if tuple(key_padding_mask.shape) != (N, S):
+                raise ValueError(f"hot.torch.MultiheadAttention: key_padding_mask must have shape {(N, S)} (batch, "
+                                 f"source length), got {tuple(key_padding_mask.shape)}")
+            kp = _float_mask(key_padding_mask.reshape(N, 1, 1, S), q.dtype)
+            mask = kp if mask is None else mask + kp
+        p = self.dropout if self.training else 0.0
+        weights = None
+        if need_weights:
+            scores = torch.matmul(q * (1.0 / math.sqrt(D)), k.transpose(-2, -1))
+            if mask is not None:
+                scores = scores + mask
+            attn = torch.softmax(scores, dim=-1)
+            if p > 0.0:
+                attn = F.dropout(attn, p=p)
+            a = torch.matmul(attn, v)
+            weights = attn.mean(dim=1) if average_attn_weights else attn
+        else:
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        out = self.out_proj(a.transpose(1, 2).reshape(N, L, E))
+        if not batched:
+            return out.squeeze(0), (weights.squeeze(0) if weights is not None else None)
+        return (out if self.batch_first else out.transpose(0, 1)), weights
+
+
+def attach_in_proj(m: nn.MultiheadAttention, config) -> None:
+    """Make m (an nn.MultiheadAttention) a :class:`MultiheadAttention`: its ``in_proj`` child holds m's own
+    in_proj_weight / in_proj_bias, as a hot.torch.Linear at ``config`` or, with config None, a plain nn.Linear (an
+    exact in-projection)."""
+    E = m.embed_dim
+    lin = nn.Linear(E, 3 * E, bias=m.in_proj_bias is not None, device="meta")
+    lin.weight = m.in_proj_weight
+    lin.bias = m.in_proj_bias
+    if config is not None:
+        lin.__class__ = Linear
+        lin._hot_init(config)
+    m.__class__ = MultiheadAttention
+    m.in_proj = lin
+    m._modules = {"in_proj": m._modules.pop("in_proj"), **m._modules}  # listed (summaries) before out_proj

@@ -3,7 +3,8 @@
 layer) and step time with a breakdown, for ViT-B/16, ResNet-50 and one LLaMA-style block.
 
 Models: vit_b16 (timm ``vit_base_patch16_224`` when timm imports, else the same network built here: 12 blocks,
-dim 768, 12 heads, MLP 3072, 196 + 1 tokens, timm's module names), resnet50 (torchvision,
+dim 768, 12 heads, MLP 3072, 196 + 1 tokens, timm's module names), vit_b16_tv (torchvision's VisionTransformer at
+ViT-B/16's sizes, whose attention is nn.MultiheadAttention: converted as hot.torch.MultiheadAttention), resnet50 (torchvision,
 when torchvision is absent: the same network built here), llama_block (one LLaMA-3-8B-style block: hidden 4096, 32 query heads, 8 key/value
 heads, SwiGLU MLP 14336, RMSNorm, RoPE, causal SDPA, sequence 2048; its input requires a gradient as inside a
 network). All randomly initialised, parameters fp32, AdamW.
@@ -74,9 +75,10 @@ MODES = ("exact", "hot", "hot-plain", "hot-paper", "lora", "hot+lora")
 # The paper's analytic activation-memory figure for ViT-B at batch 256 (FP32 training vs HOT), from the issue.
 PAPER = {("vit_b16", 256): {"exact": 33.2e9, "hot": 5.8e9}}
 
-DEFAULT_BATCHES = {"vit_b16": [64, 128, 256], "resnet50": [64, 128, 256], "llama_block": [1, 2, 4]}
-QUICK_BATCHES = {"vit_b16": [64, 256], "resnet50": [256], "llama_block": [2]}
-SMOKE_BATCHES = {"vit_b16": [2], "resnet50": [2], "llama_block": [2]}
+DEFAULT_BATCHES = {"vit_b16": [64, 128, 256], "vit_b16_tv": [64, 128], "resnet50": [64, 128, 256],
+                   "llama_block": [1, 2, 4]}
+QUICK_BATCHES = {"vit_b16": [64, 256], "vit_b16_tv": [128], "resnet50": [256], "llama_block": [2]}
+SMOKE_BATCHES = {"vit_b16": [2], "vit_b16_tv": [2], "resnet50": [2], "llama_block": [2]}
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -353,6 +355,27 @@ def make_task(name: str, smoke: bool, args) -> (Optional[Task], str):
                 return VisionTransformer(**kw)
             desc = "ViT-B/16 built in this script (timm not importable; timm's layout and names)" + \
                 (" (tiny smoke sizes)" if smoke else "")
+
+        def batch(b, dev):
+            return torch.randn(b, 3, img, img, device=dev), torch.randint(0, classes, (b,), device=dev)
+        return Task(name, build, batch, _ce, desc, "images"), ""
+    if name == "vit_b16_tv":  # torchvision's ViT-B/16: its attention is nn.MultiheadAttention
+        try:
+            import torchvision
+        except ImportError:
+            return None, "torchvision is not importable"
+        if smoke:
+            kw = dict(image_size=16, patch_size=4, num_layers=2, num_heads=4, hidden_dim=64, mlp_dim=128,
+                      num_classes=10)
+            img, classes = 16, 10
+        else:
+            kw, img, classes = dict(image_size=224, patch_size=16, num_layers=12, num_heads=12, hidden_dim=768,
+                                    mlp_dim=3072), 224, 1000
+
+        def build():
+            return torchvision.models.VisionTransformer(**kw)
+        desc = (f"torchvision {torchvision.__version__} VisionTransformer (vit_b_16's sizes; nn.MultiheadAttention "
+                f"blocks)" + (" (tiny smoke sizes)" if smoke else ""))
 
         def batch(b, dev):
             return torch.randn(b, 3, img, img, device=dev), torch.randint(0, classes, (b,), device=dev)

@@ -18,6 +18,7 @@ dirs=()
 default_batches() {
   case $1 in
     vit_b16|resnet50) echo "64 128 256" ;;
+    vit_b16_tv) echo "64 128" ;;
     llama_block) echo "1 2 4" ;;
     *) echo "" ;;
   esac

@@ -213,3 +213,62 @@ def test_sharded_entry_form_round_trips_every_kind_of_layer_state():
     assert before == [(l.hot_config, l.hot_lqs, l.hot_calibration) for _, l in ht.hot_layers(m2)]
     with pytest.raises(RuntimeError, match="not JSON"):
         m2.load_state_dict({k: ("{oops" if k in extra else v) for k, v in sd.items()}, strict=True)
+
+
+def _attn_model():
+    import hot.torch as ht
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0),
+                            torch.nn.Flatten(), torch.nn.Linear(32 * 6, 5))
+    ht.convert(m)  # the attention's in_proj child holds the module's own in_proj_weight / in_proj_bias
+    return m
+
+
+def _attn_data():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(8, 6, 32, generator=g), torch.randint(0, 5, (8,), generator=g)
+
+
+def _attn_worker(rank, port, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    mesh = init_device_mesh("cpu", (WORLD,))
+    model = _attn_model()
+    fully_shard(model[0], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    x, y = _attn_data()
+    torch.manual_seed(100 + rank)
+    F.cross_entropy(model(x.chunk(WORLD)[rank]), y.chunk(WORLD)[rank]).backward()
+    grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+    if rank == 0:
+        torch.save(grads, os.path.join(out_dir, "attn.pt"))
+    spawn.finish(rank, out_dir)
+
+
+def test_fsdp2_gloo_converted_multihead_attention():
+    # hot.torch.MultiheadAttention shares its in-projection's parameters with a child layer: sharded by FSDP2, a
+    # step's gradients equal the single-process ones (each rank's shard with its own seed, averaged)
+    if _fsdp_api() is None:
+        pytest.skip("torch.distributed.fsdp.fully_shard (FSDP2) is not available in this torch")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    with tempfile.TemporaryDirectory() as d:
+        spawn.run(_attn_worker, d)
+        got = torch.load(os.path.join(d, "attn.pt"))
+    model = _attn_model()
+    x, y = _attn_data()
+    acc = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+    for rank in range(WORLD):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(100 + rank)
+        F.cross_entropy(model(x.chunk(WORLD)[rank]), y.chunk(WORLD)[rank]).backward()
+        for n, p in model.named_parameters():
+            acc[n] += p.grad / WORLD
+    assert set(got) == set(acc) and "0.self_attn.in_proj_weight" in acc
+    for n in acc:
+        torch.testing.assert_close(got[n], acc[n], rtol=1e-6, atol=1e-7, msg=n)

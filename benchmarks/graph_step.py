@@ -6,6 +6,9 @@ call than torch's). HOT's stochastic-rounding seeds are drawn on the GPU inside 
 with new seeds (SPEC §5).
 
 Usage (GPU): python benchmarks/graph_step.py --model vit_b16 --batch 128 [--modes exact,hot] [--steps 20]
+Modes: exact, hot, and exact-wiring (exact autograd with every nn.MultiheadAttention running
+hot.torch.MultiheadAttention's forward with plain nn.Linear projections: the baseline for models whose attention
+hot converts, which separates that module's forward from HOT's backward).
                 [--channels-last]  (the model's 4-D parameters and the images in torch.channels_last)
 Prints a markdown table (median and range of the step times, ms).
 """
@@ -24,6 +27,7 @@ import bench_models as bm  # noqa: E402
 
 import hot  # noqa: E402
 import hot.torch as ht  # noqa: E402
+from hot.torch.layers import attach_in_proj  # noqa: E402
 
 
 def timed(fn, steps: int):
@@ -41,8 +45,12 @@ def run_mode(task, mode: str, batch: int, steps: int, dev, channels_last: bool =
     model = bm.layout(task.build().to(dev), channels_last)
     if mode == "hot":
         ht.convert(model)
+    elif mode == "exact-wiring":  # exact autograd through hot.torch.MultiheadAttention's forward (plain nn.Linear
+        for m in model.modules():  # projections): the baseline that separates its attention wiring from HOT
+            if type(m) is torch.nn.MultiheadAttention:
+                attach_in_proj(m, None)
     elif mode != "exact":
-        raise ValueError(f"mode must be exact or hot, got {mode!r}")
+        raise ValueError(f"mode must be exact, exact-wiring or hot, got {mode!r}")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=True)
     x, y = task.make_batch(batch, dev)
     x = bm.layout(x, channels_last)
@@ -107,6 +115,9 @@ def main() -> int:
         print(f"\nexact / hot step time: eager {res['exact'][0] / res['hot'][0]:.3f}x, "
               f"CUDA graph {res['exact'][1] / res['hot'][1]:.3f}x; HOT graphed / HOT eager "
               f"{res['hot'][0] / res['hot'][1]:.3f}x")
+    if "exact-wiring" in res and "hot" in res:
+        print(f"exact-wiring / hot step time: eager {res['exact-wiring'][0] / res['hot'][0]:.3f}x, "
+              f"CUDA graph {res['exact-wiring'][1] / res['hot'][1]:.3f}x")
     return 0
 
 

@@ -89,6 +89,18 @@ def test_text_tiny_parity_learns_and_hot_matches_exact():
 
 
 @needs_kjv
+def test_text_tiny_torch_layers_lm_converted_and_matches_exact():
+    # the same language model from nn.TransformerEncoderLayer: its nn.MultiheadAttention projections are converted
+    # (1 block: in_proj, out_proj, linear1, linear2, and the head: 5 layers) and it trains as well as exact
+    res = hp.run_parity("lm_torch", ["exact", "hot"], seeds=[0], task="text-tiny")
+    assert res.runs[1].note == "5 layers converted"
+    v = {r.method: r.val_loss for r in res.runs}
+    assert all(math.isfinite(x) for x in v.values())
+    assert v["exact"] < math.log(text.vocab_size()) - 1.0
+    assert abs(v["hot"] / v["exact"] - 1) < 0.01
+
+
+@needs_kjv
 def test_cli_text_tiny_defaults_to_the_lm(tmp_path, capsys):
     from hot.__main__ import main
 

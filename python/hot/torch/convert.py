@@ -150,6 +150,9 @@ def _ineligible(m: nn.Module) -> Optional[str]:
         return f"subclass {type(m).__qualname__} of nn.MultiheadAttention (may override forward); not converted"
     if isinstance(m, nn.Bilinear):
         return "nn.Bilinear is not supported"
+    if _transposed_linear(m):
+        return ("transformers' Conv1D (a linear layer with its weight stored I x O, GPT-2's) is not supported; "
+                "models built from nn.Linear (LLaMA, BERT, ViT, ...) are")
     return "not a Linear/Conv2d"
 
 
@@ -166,9 +169,14 @@ def _mha_problem(m: nn.MultiheadAttention) -> Optional[str]:
                             if p is not None])
 
 
+def _transposed_linear(m: nn.Module) -> bool:
+    """A Hugging Face ``Conv1D`` (GPT-2's projections): a linear layer whose weight is stored I x O."""
+    return type(m).__name__ == "Conv1D" and type(m).__module__.startswith("transformers.")
+
+
 def _reportable(m: nn.Module) -> bool:
     return isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
-                          nn.ConvTranspose3d, nn.MultiheadAttention, nn.Bilinear))
+                          nn.ConvTranspose3d, nn.MultiheadAttention, nn.Bilinear)) or _transposed_linear(m)
 
 
 def _lora_adapter(name: str) -> bool:

@@ -115,7 +115,7 @@ def test_cli_refuses_a_model_the_task_lacks(capsys):
     from hot.__main__ import main
 
     assert main(["parity", "--task", "text", "--model", "vit"]) == 2
-    assert "has models ['lm']" in capsys.readouterr().err
+    assert "has models ['lm', 'lm_torch']" in capsys.readouterr().err
 
 
 def test_train_calls_on_step_after_every_step_without_changing_the_run():

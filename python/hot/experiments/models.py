@@ -134,50 +134,50 @@ class CharLM(nn.Module):
         self.context = context
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Embedding(context, dim)
-        self.blocks = nn.ModuleList([Block(dim, heads, mlp, causal=True) for _ in range(depth)])
+        self.blocks = nn.ModuleList([self._block(dim, heads, mlp) for _ in range(depth)])
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab)
+
+    @staticmethod
+    def _block(dim: int, heads: int, mlp: int) -> nn.Module:
+        return Block(dim, heads, mlp, causal=True)
+
+    def _run_blocks(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
 
     def forward(self, idx):
         idx = idx.long()
         T = idx.shape[1]
         if T > self.context:
-            raise ValueError(f"CharLM: sequence of {T} tokens, longer than the context of {self.context}")
+            raise ValueError(f"{type(self).__name__}: sequence of {T} tokens, longer than the context of "
+                             f"{self.context}")
         x = self.tok(idx) + self.pos(torch.arange(T, device=idx.device))
-        for b in self.blocks:
-            x = b(x)
-        return self.head(self.norm(x)).transpose(1, 2)
+        return self.head(self.norm(self._run_blocks(x))).transpose(1, 2)
 
 
-class CharLMTorch(nn.Module):
-    """The same language model as :class:`CharLM` (sizes, embeddings, head) built from PyTorch's own
-    ``nn.TransformerEncoderLayer`` (pre-norm, GELU, no dropout, causal mask): its attention is
+class CharLMTorch(CharLM):
+    """The same language model as :class:`CharLM` (sizes, embeddings, head, initialisation order) with PyTorch's own
+    ``nn.TransformerEncoderLayer`` as its blocks (pre-norm, GELU, no dropout, causal mask): their attention is
     ``nn.MultiheadAttention``, which ``hot.torch.convert`` converts as ``hot.torch.MultiheadAttention``."""
 
     def __init__(self, vocab: int = 96, context: int = 128, dim: int = 256, depth: int = 4, heads: int = 4,
                  mlp: int = 1024) -> None:
-        super().__init__()
-        self.context = context
-        self.tok = nn.Embedding(vocab, dim)
-        self.pos = nn.Embedding(context, dim)
-        self.blocks = nn.ModuleList([nn.TransformerEncoderLayer(dim, heads, mlp, dropout=0.0, activation="gelu",
-                                                                batch_first=True, norm_first=True)
-                                     for _ in range(depth)])
-        self.norm = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, vocab)
+        super().__init__(vocab, context, dim, depth, heads, mlp)
         self.register_buffer("causal", torch.triu(torch.ones(context, context, dtype=torch.bool), 1),
                              persistent=False)
 
-    def forward(self, idx):
-        idx = idx.long()
-        T = idx.shape[1]
-        if T > self.context:
-            raise ValueError(f"CharLMTorch: sequence of {T} tokens, longer than the context of {self.context}")
-        x = self.tok(idx) + self.pos(torch.arange(T, device=idx.device))
-        mask = self.causal[:T, :T]
+    @staticmethod
+    def _block(dim: int, heads: int, mlp: int) -> nn.Module:
+        return nn.TransformerEncoderLayer(dim, heads, mlp, dropout=0.0, activation="gelu", batch_first=True,
+                                          norm_first=True)
+
+    def _run_blocks(self, x):
+        T = x.shape[1]
         for b in self.blocks:
-            x = b(x, src_mask=mask, is_causal=True)
-        return self.head(self.norm(x)).transpose(1, 2)
+            x = b(x, src_mask=self.causal[:T, :T], is_causal=True)
+        return x
 
 
 MODELS = {

@@ -280,15 +280,16 @@ def test_lora_with_peft():
     assert model.base_model.model.q.lora_A["default"].weight.grad is not None
 
 
-def test_transformers_conv1d_is_reported():
-    # Hugging Face's GPT-2 projections are transformers.pytorch_utils.Conv1D (y = x @ W + b, W stored I x O), not
-    # nn.Linear: convert lists them with the reason instead of passing over them in silence
+def test_transformers_conv1d_without_a_2d_weight_is_reported():
+    # transformers' Conv1D converts (tests/torch/test_transposed.py); one whose weight is not a matrix is listed with
+    # the reason
     Conv1D = type("Conv1D", (nn.Module,), {"__module__": "transformers.pytorch_utils",
                                            "forward": lambda self, x: x @ self.weight})
     c = Conv1D()
-    c.weight = nn.Parameter(torch.randn(8, 24))
+    c.weight = nn.Parameter(torch.randn(8, 24, 1))
+    c.bias = None
     m = nn.Sequential(c, nn.Linear(24, 4))
     rep = ht.convert(m)
     assert [n for n, _, _ in rep.converted] == ["1"]
     assert [(n, t) for n, t, _ in rep.skipped] == [("0", "Conv1D")]
-    assert "Conv1D" in rep.skipped[0][2] and "nn.Linear" in rep.skipped[0][2] and type(m[0]) is Conv1D
+    assert "2-D weight" in rep.skipped[0][2] and type(m[0]) is Conv1D

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import hot
 
 from .convert import hot_layers
-from .layers import Conv2d, conv_padding, hot_conv2d, hot_linear
+from .layers import Conv2d, TransposedLinear, conv_padding, hot_conv2d, hot_linear
 
 LQS_THRESHOLD = 0.5
 
@@ -196,7 +196,8 @@ def _grads(layer: nn.Module, x: torch.Tensor, g: torch.Tensor, config) -> Tuple[
             args = (layer.stride, conv_padding(layer), layer.dilation)
             y = F.conv2d(xi, w, None, *args) if config is None else hot_conv2d(xi, w, None, *args, config=config)
         else:
-            y = F.linear(xi, w) if config is None else hot_linear(xi, w, None, config)
+            wl = w.t() if isinstance(layer, TransposedLinear) else w  # O x I
+            y = F.linear(xi, wl) if config is None else hot_linear(xi, wl, None, config)
         gx, gw = torch.autograd.grad(y, (xi, w), g.float())
     return gx, gw
 

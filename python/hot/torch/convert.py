@@ -7,7 +7,9 @@ hooks and state_dict keys stay the same. An ``nn.MultiheadAttention`` (one embed
 value, no ``add_bias_kv`` / ``add_zero_attn``) becomes a ``hot.torch.MultiheadAttention``: its packed in-projection
 is an ``in_proj`` child (a ``hot.torch.Linear`` holding the module's own ``in_proj_weight`` / ``in_proj_bias``) and
 its ``out_proj`` a ``hot.torch.Linear``, each selected by include / exclude under its own name
-(``<attn>.in_proj``, ``<attn>.out_proj``); parameters and state_dict keys stay nn.MultiheadAttention's. Every module
+(``<attn>.in_proj``, ``<attn>.out_proj``); parameters and state_dict keys stay nn.MultiheadAttention's. A
+transformers ``Conv1D`` (GPT-2's projections, weight stored I x O) becomes an instance of a subclass of its own class
+and ``hot.torch.TransposedLinear``. Every module
 that is a Linear/Conv2d (or a known container of matmul weights) and is not converted gets a line in the report
 with the reason. LoRA (peft-style ``base_layer`` / ``lora_A`` / ``lora_B``): the base layer is converted
 and the adapters stay exact (SPEC §8).
@@ -32,7 +34,8 @@ import torch.nn as nn
 
 import hot
 
-from .layers import Conv2d, Linear, HOT_LAYERS, MultiheadAttention, attach_in_proj, conv_padding
+from .layers import (Conv2d, HOT_LAYERS, Linear, MultiheadAttention, TransposedLinear, attach_in_proj, conv_padding,
+                     transposed_class)
 from .lean import MaxPool2d, ReLU
 
 Matcher = Union[None, str, Iterable[str], Callable[[str, nn.Module], bool]]
@@ -95,8 +98,9 @@ class ConvertReport:
 
 
 def _describe(m: nn.Module) -> str:
-    if isinstance(m, nn.Linear):
-        return f"{m.out_features} x {m.in_features}" + ("" if m.bias is not None else ", no bias")
+    if isinstance(m, (nn.Linear, TransposedLinear)):
+        return (f"{m.out_features} x {m.in_features}" + (" (stored I x O)" if isinstance(m, TransposedLinear) else "")
+                + ("" if m.bias is not None else ", no bias"))
     if isinstance(m, nn.Conv2d):
         return (f"{m.out_channels} x {m.in_channels} x {m.kernel_size[0]}x{m.kernel_size[1]}, stride {m.stride}"
                 + ("" if m.bias is not None else ", no bias"))
@@ -131,6 +135,13 @@ def _ineligible(m: nn.Module) -> Optional[str]:
     """Reason a Linear/Conv2d-like module cannot be converted, or None."""
     if type(m) is nn.Linear:
         return _param_problem(m)
+    if _transposed_linear(m):
+        w, b = getattr(m, "weight", None), getattr(m, "bias", False)
+        if not isinstance(w, torch.Tensor) or w.dim() != 2:
+            return "Conv1D without a 2-D weight"
+        if b is not None and not (isinstance(b, torch.Tensor) and b.shape == (w.shape[1],)):
+            return "Conv1D without a bias of its output size (or None)"
+        return _param_problem(m)
     if type(m) is nn.Conv2d:
         if m.groups != 1:
             kind = "depthwise" if m.groups == m.in_channels == m.out_channels else "grouped"
@@ -150,9 +161,6 @@ def _ineligible(m: nn.Module) -> Optional[str]:
         return f"subclass {type(m).__qualname__} of nn.MultiheadAttention (may override forward); not converted"
     if isinstance(m, nn.Bilinear):
         return "nn.Bilinear is not supported"
-    if _transposed_linear(m):
-        return ("transformers' Conv1D (a linear layer with its weight stored I x O, GPT-2's) is not supported; "
-                "models built from nn.Linear (LLaMA, BERT, ViT, ...) are")
     return "not a Linear/Conv2d"
 
 
@@ -170,8 +178,10 @@ def _mha_problem(m: nn.MultiheadAttention) -> Optional[str]:
 
 
 def _transposed_linear(m: nn.Module) -> bool:
-    """A Hugging Face ``Conv1D`` (GPT-2's projections): a linear layer whose weight is stored I x O."""
-    return type(m).__name__ == "Conv1D" and type(m).__module__.startswith("transformers.")
+    """A Hugging Face ``Conv1D`` (GPT-2's projections): a linear layer ``y = x @ W + b`` whose weight is stored
+    I x O."""
+    return type(m).__name__ == "Conv1D" and type(m).__module__.startswith("transformers.") and \
+        not isinstance(m, TransposedLinear)
 
 
 def _reportable(m: nn.Module) -> bool:
@@ -275,7 +285,10 @@ def convert(model: nn.Module, config=None, include: Matcher = None, exclude: Mat
         if why is not None:
             report.skipped.append((name, tname, why))
             continue
-        new_cls = Linear if type(m) is nn.Linear else Conv2d
+        if _transposed_linear(m):
+            new_cls = transposed_class(type(m))
+        else:
+            new_cls = Linear if type(m) is nn.Linear else Conv2d
         m.__class__ = new_cls
         m._hot_init(config)
         report.converted.append((name, tname, _describe(m)))

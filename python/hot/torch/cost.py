@@ -31,7 +31,7 @@ import hot
 
 from . import ops
 from .convert import hot_layers
-from .layers import Linear, conv_padding
+from .layers import Linear, TransposedLinear, conv_padding
 from .lean import ReLU
 
 #: Hadamard block of the HLA projection (SPEC §4): 16 rows.
@@ -201,7 +201,7 @@ def _call_of(m: nn.Module, x: torch.Tensor) -> Optional[Call]:
     need_gw = bool(m.weight.requires_grad and torch.is_grad_enabled())
     bias = m.bias is not None
     w_cast = m.weight.numel() * torch.empty((), dtype=dt).element_size() if dt != m.weight.dtype else 0
-    if isinstance(m, Linear):
+    if isinstance(m, (Linear, TransposedLinear)):
         I = m.in_features
         return Call("Linear", int(x.numel() // max(I, 1)), I, m.out_features, need_gx, need_gw, dt, tuple(x.shape),
                     bias=bias, w_cast=w_cast)

@@ -134,14 +134,16 @@ def _kept_by_producer(x: Tensor) -> bool:
     return False
 
 
-def _linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], config, ac: bool, layer=None) -> Tensor:
+def _linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], config, ac: bool, layer=None,
+                  param: Optional[Tensor] = None) -> Tensor:
     """hot_linear outside torch.compile once gradients are wanted; ac: autocast is on for x's device type. The same
     checks, casts, seed draw and keep mode as the compiled route, with the per-config values of _plan; an input its
-    producer keeps anyway is kept as it is (_kept_by_producer), which a calling layer records."""
+    producer keeps anyway is kept as it is (_kept_by_producer), which a calling layer records. param: the parameter
+    weight is a view of (a layer whose weight is stored I x O), which weight_reuse keys its W~ on."""
     if x.device != weight.device:
         _check_inputs("Linear", x, weight, bias, True)
     x_in = x
-    reuse = ops.reuse_of(weight, config) if ops._REUSE is not None else None
+    reuse = ops.reuse_of(weight if param is None else param, config) if ops._REUSE is not None else None
     if ac:
         dt = torch.get_autocast_dtype(x.device.type)
         x, weight, bias = _cast(x, dt), _cast(weight, dt), _cast(bias, dt)
@@ -443,7 +445,56 @@ class Conv2d(_HotMixin, nn.Conv2d):
         return s + f", hot=({c.describe()}, int8 fmap)"
 
 
-HOT_LAYERS = (Linear, Conv2d)
+class TransposedLinear(_HotMixin):
+    """The HOT version of a linear layer whose weight is stored I x O, ``y = x @ W + b`` (transformers' ``Conv1D``,
+    GPT-2's projections): ``hot.torch.convert`` makes such a module an instance of a subclass of its own class and of
+    this mixin (:func:`transposed_class`), so its class checks, parameters and state_dict keys stay the original's.
+    Its backward is a hot.torch.Linear's on the O x I view ``W.t()`` (SPEC §3, §4); ``in_features`` /
+    ``out_features`` are read from the weight."""
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[1]
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.weight.t()
+        if self._hot_capture is not None:  # calibration: exact forward, output collected for its gradient
+            y = F.linear(x, w, self.bias)
+            self._hot_capture.append((x, y))
+            return y
+        if torch.compiler.is_compiling():
+            return hot_linear(x, w, self.bias, self.hot_config)
+        ac = _autocast_on(x.device.type)
+        self.__dict__["_hot_seen"] = (int(x.numel() // max(x.shape[-1], 1)), tuple(x.shape),
+                                      torch.get_autocast_dtype(x.device.type) if ac else x.dtype)
+        if not _grad_wanted(x, self.weight, self.bias):
+            return F.linear(x, w, self.bias)
+        return _linear_eager(x, w, self.bias, self.hot_config, ac, self, param=self.weight)
+
+    def extra_repr(self) -> str:
+        c = self.hot_config
+        s = f"in_features={self.in_features}, out_features={self.out_features} (weight stored I x O)"
+        return s + (", hot=exact" if c.exact else f", hot=({c.describe()})")
+
+
+_TRANSPOSED_CLASSES: Dict[type, type] = {}
+
+
+def transposed_class(cls: type) -> type:
+    """The subclass of ``cls`` (a module class whose weight is stored I x O) and :class:`TransposedLinear` that
+    ``convert`` gives such a module, one per class."""
+    new = _TRANSPOSED_CLASSES.get(cls)
+    if new is None:
+        new = _TRANSPOSED_CLASSES[cls] = type(cls.__name__, (TransposedLinear, cls),
+                                              {"__module__": __name__, "__qualname__": f"Hot{cls.__name__}"})
+    return new
+
+
+HOT_LAYERS = (Linear, Conv2d, TransposedLinear)
 
 
 def _float_mask(m: Tensor, dtype) -> Tensor:

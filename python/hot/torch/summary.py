@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from . import ops
-from .layers import Linear, conv_padding
+from .layers import Linear, TransposedLinear, conv_padding
 from .convert import hot_layers
 
 
@@ -23,7 +23,7 @@ def kept_bytes(m: nn.Module):
     trainable = m.weight.requires_grad
     seen = m._hot_seen
     shared = seen is not None and getattr(m, "_hot_keeps_input", False)  # it keeps the input its producer keeps
-    if isinstance(m, Linear):
+    if isinstance(m, (Linear, TransposedLinear)):
         I = m.in_features
         if seen is None:
             elt = _elt(m.weight.dtype)
@@ -66,7 +66,7 @@ def summary_rows(model: nn.Module) -> List[dict]:
     rows = []
     for name, m in hot_layers(model):
         c = m.hot_config
-        if isinstance(m, Linear):
+        if isinstance(m, (Linear, TransposedLinear)):
             shape = f"{m.out_features}x{m.in_features}"
         else:
             shape = f"{m.out_channels}x{m.in_channels}x{m.kernel_size[0]}x{m.kernel_size[1]}"

@@ -23,6 +23,7 @@ class Mixed(nn.Module):
         self.same_even = nn.Conv2d(8, 8, 2, padding="same")
         self.same_odd = nn.Conv2d(8, 8, 3, padding="same")
         self.conv1d = nn.Conv1d(4, 4, 3)
+        self.conv3d = nn.Conv3d(4, 4, 3)
         self.mha = nn.MultiheadAttention(16, 2)
         self.mha_kdim = nn.MultiheadAttention(16, 2, kdim=8, vdim=8)
         self.mha_bias_kv = nn.MultiheadAttention(16, 2, add_bias_kv=True)
@@ -36,11 +37,11 @@ def test_report_lists_every_layer_with_reason():
     report = ht.convert(m, exclude="head")
     conv = {n for n, _, _ in report.converted}
     skipped = {n: why for n, _, why in report.skipped}
-    assert conv == {"fc", "nobias", "conv", "same_odd", "mha.in_proj", "mha.out_proj"}
+    assert conv == {"fc", "nobias", "conv", "same_odd", "conv1d", "mha.in_proj", "mha.out_proj"}
     assert "depthwise" in skipped["dw"] and "grouped" in skipped["grouped"]
     assert "padding_mode" in skipped["reflect"]
     assert "asymmetric" in skipped["same_even"]
-    assert "not supported" in skipped["conv1d"]
+    assert "not supported" in skipped["conv3d"] and type(m.conv1d) is ht.Conv1d
     assert "kdim / vdim" in skipped["mha_kdim"] and "add_bias_kv" in skipped["mha_bias_kv"]
     assert type(m.mha_kdim) is nn.MultiheadAttention and type(m.mha_kdim.out_proj) is not ht.Linear
     assert type(m.mha) is ht.MultiheadAttention and isinstance(m.mha.in_proj, ht.Linear)

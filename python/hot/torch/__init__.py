@@ -16,12 +16,12 @@ import hot  # noqa: F401  (engine)
 from . import ops  # registers the torch.library custom ops (namespace "hot")
 from .ops import WeightReuse, weight_reuse
 from .convert import ConvertReport, convert, hot_layers
-from .layers import Conv2d, Linear, MultiheadAttention, TransposedLinear, hot_conv2d, hot_linear
+from .layers import Conv1d, Conv2d, Linear, MultiheadAttention, TransposedLinear, hot_conv2d, hot_linear
 from .lean import MaxPool2d, ReLU
 from .calibrate import DEFAULT_BIAS_BUDGET, DEFAULT_BUDGET, Recalibrator, calibrate, int4_tensor_cores, lqs, lqs_errors
 from .schedule import Warmup
 from .summary import summary
 
-__all__ = ["Linear", "Conv2d", "MultiheadAttention", "TransposedLinear", "ReLU", "MaxPool2d", "convert", "ConvertReport", "calibrate", "Recalibrator", "DEFAULT_BUDGET", "DEFAULT_BIAS_BUDGET", "lqs",
+__all__ = ["Linear", "Conv2d", "Conv1d", "MultiheadAttention", "TransposedLinear", "ReLU", "MaxPool2d", "convert", "ConvertReport", "calibrate", "Recalibrator", "DEFAULT_BUDGET", "DEFAULT_BIAS_BUDGET", "lqs",
            "Warmup", "int4_tensor_cores", "summary", "hot_layers", "hot_linear", "hot_conv2d", "lqs_errors", "weight_reuse", "WeightReuse",
            "ops"]

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import hot
 
 from .convert import hot_layers
-from .layers import Conv2d, TransposedLinear, conv_padding, hot_conv2d, hot_linear
+from .layers import Conv1d, Conv2d, TransposedLinear, as_2d, conv_geom, hot_conv2d, hot_linear
 
 LQS_THRESHOLD = 0.5
 
@@ -192,9 +192,12 @@ def _grads(layer: nn.Module, x: torch.Tensor, g: torch.Tensor, config) -> Tuple[
     w = layer.weight.detach().float().requires_grad_(True)
     xi = x.float().requires_grad_(True)
     with torch.autocast(x.device.type, enabled=False), torch.enable_grad():
-        if isinstance(layer, Conv2d):
-            args = (layer.stride, conv_padding(layer), layer.dilation)
-            y = F.conv2d(xi, w, None, *args) if config is None else hot_conv2d(xi, w, None, *args, config=config)
+        if isinstance(layer, (Conv2d, Conv1d)):  # a Conv1d as the 2-D convolution it runs as (unit height)
+            _, st, pad, dil = conv_geom(layer)
+            x2, w2 = as_2d(layer, xi), as_2d(layer, w)
+            y = (F.conv2d(x2, w2, None, st, pad, dil) if config is None
+                 else hot_conv2d(x2, w2, None, st, pad, dil, config=config))
+            g = as_2d(layer, g)
         else:
             wl = w.t() if isinstance(layer, TransposedLinear) else w  # O x I
             y = F.linear(xi, wl) if config is None else hot_linear(xi, wl, None, config)
@@ -227,10 +230,11 @@ def _projection_bias(layer: nn.Module, pairs, ranks: Sequence[int]) -> Dict[str,
     for x, g, _ in pairs:
         x, g = x.detach(), g.detach()
         x, g = x.float(), g.float()
-        if isinstance(layer, Conv2d):
+        if isinstance(layer, (Conv2d, Conv1d)):
+            x, g = as_2d(layer, x), as_2d(layer, g)
             x4, g4 = (x, g) if x.dim() == 4 else (x.unsqueeze(0), g.unsqueeze(0))
-            cols = F.unfold(x4, layer.kernel_size, dilation=layer.dilation, padding=conv_padding(layer),
-                            stride=layer.stride)
+            k, st, pad, dil = conv_geom(layer)
+            cols = F.unfold(x4, k, dilation=dil, padding=pad, stride=st)
             X = cols.transpose(1, 2).reshape(-1, cols.shape[1])
             G = g4.permute(0, 2, 3, 1).reshape(-1, g4.shape[1])
         else:

@@ -1,6 +1,6 @@
 """``hot.torch.convert``: swap eligible layers of a model for HOT layers, in place (SPEC §8).
 
-Eligible: modules whose type is exactly ``nn.Linear`` or ``nn.Conv2d`` with ``groups == 1``, zero
+Eligible: modules whose type is exactly ``nn.Linear``, or ``nn.Conv2d`` / ``nn.Conv1d`` with ``groups == 1``, zero
 padding and float32/float16/bfloat16 parameters on one device. The swap changes the module's class in
 place (``module.__class__``), so the module object, its parameters (and any optimizer holding them),
 hooks and state_dict keys stay the same. An ``nn.MultiheadAttention`` (one embedding size for query, key and
@@ -34,8 +34,8 @@ import torch.nn as nn
 
 import hot
 
-from .layers import (Conv2d, HOT_LAYERS, Linear, MultiheadAttention, TransposedLinear, attach_in_proj, conv_padding,
-                     transposed_class)
+from .layers import (Conv1d, Conv2d, HOT_LAYERS, Linear, MultiheadAttention, TransposedLinear, attach_in_proj,
+                     conv_padding, transposed_class)
 from .lean import MaxPool2d, ReLU
 
 Matcher = Union[None, str, Iterable[str], Callable[[str, nn.Module], bool]]
@@ -101,9 +101,9 @@ def _describe(m: nn.Module) -> str:
     if isinstance(m, (nn.Linear, TransposedLinear)):
         return (f"{m.out_features} x {m.in_features}" + (" (stored I x O)" if isinstance(m, TransposedLinear) else "")
                 + ("" if m.bias is not None else ", no bias"))
-    if isinstance(m, nn.Conv2d):
-        return (f"{m.out_channels} x {m.in_channels} x {m.kernel_size[0]}x{m.kernel_size[1]}, stride {m.stride}"
-                + ("" if m.bias is not None else ", no bias"))
+    if isinstance(m, (nn.Conv2d, nn.Conv1d)):
+        k = "x".join(str(v) for v in m.kernel_size)
+        return f"{m.out_channels} x {m.in_channels} x {k}, stride {m.stride}" + ("" if m.bias is not None else ", no bias")
     return ""
 
 
@@ -142,7 +142,7 @@ def _ineligible(m: nn.Module) -> Optional[str]:
         if b is not None and not (isinstance(b, torch.Tensor) and b.shape == (w.shape[1],)):
             return "Conv1D without a bias of its output size (or None)"
         return _param_problem(m)
-    if type(m) is nn.Conv2d:
+    if type(m) in (nn.Conv2d, nn.Conv1d):
         if m.groups != 1:
             kind = "depthwise" if m.groups == m.in_channels == m.out_channels else "grouped"
             return f"{kind} conv (groups={m.groups}); only groups=1 is supported"
@@ -155,8 +155,10 @@ def _ineligible(m: nn.Module) -> Optional[str]:
         return f"subclass {type(m).__qualname__} of nn.Linear (may override forward); not converted"
     if isinstance(m, nn.Conv2d):
         return f"subclass {type(m).__qualname__} of nn.Conv2d (may override forward); not converted"
-    if isinstance(m, (nn.Conv1d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)):
-        return f"{type(m).__name__} is not supported (Linear and Conv2d only)"
+    if isinstance(m, nn.Conv1d):
+        return f"subclass {type(m).__qualname__} of nn.Conv1d (may override forward); not converted"
+    if isinstance(m, (nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)):
+        return f"{type(m).__name__} is not supported (Linear, Conv1d and Conv2d only)"
     if isinstance(m, nn.MultiheadAttention):
         return f"subclass {type(m).__qualname__} of nn.MultiheadAttention (may override forward); not converted"
     if isinstance(m, nn.Bilinear):
@@ -288,7 +290,7 @@ def convert(model: nn.Module, config=None, include: Matcher = None, exclude: Mat
         if _transposed_linear(m):
             new_cls = transposed_class(type(m))
         else:
-            new_cls = Linear if type(m) is nn.Linear else Conv2d
+            new_cls = {nn.Linear: Linear, nn.Conv2d: Conv2d, nn.Conv1d: Conv1d}[type(m)]
         m.__class__ = new_cls
         m._hot_init(config)
         report.converted.append((name, tname, _describe(m)))
@@ -297,7 +299,7 @@ def convert(model: nn.Module, config=None, include: Matcher = None, exclude: Mat
             warnings.warn("hot.torch.convert: nothing new to convert; every eligible layer is already a HOT layer\n"
                           + str(report), stacklevel=2)
         else:
-            raise ValueError("hot.torch.convert: no eligible layer (Linear, or Conv2d with groups=1 and zero "
+            raise ValueError("hot.torch.convert: no eligible layer (Linear, or Conv1d / Conv2d with groups=1 and zero "
                              "padding) in the model\n" + str(report))
     if lean_match is not None:
         for name, m in model.named_modules():

@@ -31,7 +31,7 @@ import hot
 
 from . import ops
 from .convert import hot_layers
-from .layers import Linear, TransposedLinear, conv_padding
+from .layers import Linear, TransposedLinear, as_2d, conv_geom
 from .lean import ReLU
 
 #: Hadamard block of the HLA projection (SPEC §4): 16 rows.
@@ -192,7 +192,8 @@ class Call:
 
 def _pointwise(m: nn.Module) -> bool:
     f = getattr(ops, "pointwise", None)  # a pointwise conv keeps the ABC buffer of its pixel rows (SPEC §8)
-    return bool(f is not None and f(m.kernel_size, conv_padding(m)))
+    k, _, p, _ = conv_geom(m)
+    return bool(f is not None and f(k, p))
 
 
 def _call_of(m: nn.Module, x: torch.Tensor) -> Optional[Call]:
@@ -205,15 +206,16 @@ def _call_of(m: nn.Module, x: torch.Tensor) -> Optional[Call]:
         I = m.in_features
         return Call("Linear", int(x.numel() // max(I, 1)), I, m.out_features, need_gx, need_gw, dt, tuple(x.shape),
                     bias=bias, w_cast=w_cast)
-    xs = x if x.dim() == 4 else x.unsqueeze(0)
+    xs = as_2d(m, x)  # a Conv1d as the 2-D convolution it runs as
+    xs = xs if xs.dim() == 4 else xs.unsqueeze(0)
     N, C, H, W = xs.shape
-    pad = conv_padding(m)
-    ho = ops._conv_out(H, m.kernel_size[0], m.stride[0], pad[0], m.dilation[0])
-    wo = ops._conv_out(W, m.kernel_size[1], m.stride[1], pad[1], m.dilation[1])
+    k, st, pad, dil = conv_geom(m)
+    ho = ops._conv_out(H, k[0], st[0], pad[0], dil[0])
+    wo = ops._conv_out(W, k[1], st[1], pad[1], dil[1])
     pw = _pointwise(m)
-    return Call("Conv2d", N * ho * wo, C * m.kernel_size[0] * m.kernel_size[1], m.out_channels, need_gx, need_gw, dt,
+    return Call("Conv2d", N * ho * wo, C * k[0] * k[1], m.out_channels, need_gx, need_gw, dt,
                 tuple(xs.shape), pointwise=pw, fmap=None if pw else N * C * H * W,
-                geom=(tuple(m.kernel_size), tuple(m.stride), tuple(pad), tuple(m.dilation)), bias=bias, w_cast=w_cast)
+                geom=(k, st, pad, dil), bias=bias, w_cast=w_cast)
 
 
 def trace(model: nn.Module, input: Any) -> Tuple[List[Tuple[str, nn.Module, List[Call]]], int]:

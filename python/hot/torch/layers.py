@@ -1,6 +1,8 @@
-"""Drop-in HOT layers: ``hot.torch.Linear`` and ``hot.torch.Conv2d`` (SPEC §2-§4, §7, §8).
+"""Drop-in HOT layers: ``hot.torch.Linear``, ``hot.torch.Conv2d`` and ``hot.torch.Conv1d`` (SPEC §2-§4, §7, §8), and
+the converted forms of modules whose weights are not those layers' (``hot.torch.MultiheadAttention``,
+``hot.torch.TransposedLinear``).
 
-They subclass ``nn.Linear`` / ``nn.Conv2d`` and keep their parameters and state_dict keys; only the
+They subclass ``nn.Linear`` / ``nn.Conv2d`` / ``nn.Conv1d`` and keep their parameters and state_dict keys; only the
 backward pass changes (integer GEMMs after Hadamard transforms) and what is kept for it (the ABC
 buffer instead of the input). ``hot.torch.convert`` swaps existing layers in place (the module object,
 its parameters, hooks and optimizer references are preserved).
@@ -187,7 +189,7 @@ def _pair(name: str, v) -> List[int]:
 
 
 def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride=1, padding=0, dilation=1,
-               config=None, _layer=None) -> Tensor:
+               config=None, _layer=None, _param: Optional[Tensor] = None) -> Tensor:
     """Functional HOT conv2d (groups = 1, zero padding; stride, padding and dilation each an int or a pair of
     ints): ``F.conv2d`` forward, HOT backward."""
     stride, padding, dilation = _pair("stride", stride), _pair("padding", padding), _pair("dilation", dilation)
@@ -202,7 +204,7 @@ def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride=1, padd
     if x.device != weight.device:
         _check_inputs("Conv2d", x, weight, bias, True)
     x_in = x
-    reuse = ops.reuse_of(weight, config) if not torch.compiler.is_compiling() else None
+    reuse = ops.reuse_of(weight if _param is None else _param, config) if not torch.compiler.is_compiling() else None
     x, weight, bias, ac = _autocast_cast(x, weight, bias)
     _check_inputs("Conv2d", x, weight, bias, ac)
     keep = _keep_mode(weight, config)
@@ -445,6 +447,62 @@ class Conv2d(_HotMixin, nn.Conv2d):
         return s + f", hot=({c.describe()}, int8 fmap)"
 
 
+class Conv1d(_HotMixin, nn.Conv1d):
+    """``nn.Conv1d`` (groups = 1, zero padding) with HOT's backward: the convolution of an (N, C, 1, L) map by an
+    (O, C, 1, k) kernel (SPEC §8), i.e. :class:`Conv2d`'s engine calls on the inputs with a unit height; keeps an int8
+    copy of its input (a pointwise conv: the ABC buffer of the positions it reads)."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True, padding_mode: str = "zeros", device=None, dtype=None,
+                 config=None) -> None:
+        if groups != 1:
+            raise ValueError(f"hot.torch.Conv1d: groups={groups} is not supported, expected 1 "
+                             f"(grouped and depthwise convolutions stay nn.Conv1d)")
+        if padding_mode != "zeros":
+            raise ValueError(f"hot.torch.Conv1d: padding_mode={padding_mode!r} is not supported, expected 'zeros'")
+        nn.Conv1d.__init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                           padding_mode, device=device, dtype=dtype)
+        if conv_padding(self) is None:
+            raise ValueError(f"hot.torch.Conv1d: padding='same' with kernel {self.kernel_size} and dilation "
+                             f"{self.dilation} needs asymmetric padding, which is not supported")
+        self._hot_init(config)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self._hot_capture is not None:
+            y = F.conv1d(x, self.weight, self.bias, self.stride, conv_padding(self), self.dilation)
+            self._hot_capture.append((x, y))
+            return y
+        if x.dim() not in (2, 3):
+            raise ValueError(f"hot.torch.Conv1d: input has {x.dim()} dims, expected 2 (C, L) or 3 (N, C, L)")
+        k, s, p, d = conv_geom(self)
+        if not torch.compiler.is_compiling():
+            n = x.shape[0] if x.dim() == 3 else 1
+            self._hot_record(x, n * ops._conv_out(x.shape[-1], k[1], s[1], p[1], d[1]))
+        y = hot_conv2d(x.unsqueeze(-2), self.weight.unsqueeze(-2), self.bias, s, p, d, self.hot_config, self,
+                       _param=self.weight)  # weight_reuse keys W~ on the parameter, not on the view
+        return y.squeeze(-2)
+
+    def extra_repr(self) -> str:
+        c = self.hot_config
+        s = nn.Conv1d.extra_repr(self)
+        return s + (", hot=exact" if c.exact else f", hot=({c.describe()}, int8 fmap)")
+
+
+def conv_geom(m: nn.Module) -> Tuple[Tuple[int, int], Tuple[int, int], Tuple[int, int], Tuple[int, int]]:
+    """(kernel, stride, padding, dilation) of a converted or convertible Conv2d / Conv1d as (h, w) pairs: a Conv1d's
+    with a unit height (the 2-D convolution it runs as). Padding as :func:`conv_padding` makes it explicit."""
+    pad = conv_padding(m)
+    if isinstance(m, nn.Conv1d):
+        return (1, m.kernel_size[0]), (1, m.stride[0]), (0, pad[0]), (1, m.dilation[0])
+    return tuple(m.kernel_size), tuple(m.stride), tuple(pad), tuple(m.dilation)
+
+
+def as_2d(m: nn.Module, t: Tensor) -> Tensor:
+    """A Conv1d's input, output or gradient (N, C, L) / (C, L) as the 2-D map (N, C, 1, L) / (C, 1, L) it runs as;
+    a Conv2d's as it is."""
+    return t.unsqueeze(-2) if isinstance(m, nn.Conv1d) else t
+
+
 class TransposedLinear(_HotMixin):
     """The HOT version of a linear layer whose weight is stored I x O, ``y = x @ W + b`` (transformers' ``Conv1D``,
     GPT-2's projections): ``hot.torch.convert`` makes such a module an instance of a subclass of its own class and of
@@ -494,7 +552,7 @@ def transposed_class(cls: type) -> type:
     return new
 
 
-HOT_LAYERS = (Linear, Conv2d, TransposedLinear)
+HOT_LAYERS = (Linear, Conv2d, Conv1d, TransposedLinear)
 
 
 def _float_mask(m: Tensor, dtype) -> Tensor:

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from . import ops
-from .layers import Linear, TransposedLinear, conv_padding
+from .layers import Linear, TransposedLinear, conv_geom
 from .convert import hot_layers
 
 
@@ -46,7 +46,8 @@ def kept_bytes(m: nn.Module):
         n *= s
     exact = n * _elt(dtype)
     pw = getattr(ops, "pointwise", None)
-    if pw is not None and pw(m.kernel_size, conv_padding(m)):  # the ABC buffer of its pixel rows (I = C_in)
+    k, _, p, _ = conv_geom(m)
+    if pw is not None and pw(k, p):  # the ABC buffer of its pixel rows (I = C_in)
         hot_b = exact if c.exact else 0 if shared else C * ops.padded_k(rows, c.rank) + 4
     else:  # the int8 input feature map and its scale
         hot_b = exact if c.exact else 0 if shared else n + 4
@@ -69,7 +70,7 @@ def summary_rows(model: nn.Module) -> List[dict]:
         if isinstance(m, (Linear, TransposedLinear)):
             shape = f"{m.out_features}x{m.in_features}"
         else:
-            shape = f"{m.out_channels}x{m.in_channels}x{m.kernel_size[0]}x{m.kernel_size[1]}"
+            shape = f"{m.out_channels}x{m.in_channels}x" + "x".join(str(v) for v in m.kernel_size)
         hot_b, exact_b, unit = kept_bytes(m)
         why = m.hot_config_source()
         if m.hot_lqs is not None:

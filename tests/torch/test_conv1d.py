@@ -9,6 +9,7 @@ import torch.nn.functional as F
 import hot
 import hot.torch as ht
 from conftest import DEVICES
+from torch_reference import assert_compiles_like_eager
 
 GEOMS = [dict(kernel_size=3, padding=1), dict(kernel_size=5, stride=2, padding=2), dict(kernel_size=3, dilation=2),
          dict(kernel_size=1), dict(kernel_size=1, stride=2), dict(kernel_size=3, padding="same", bias=False)]
@@ -103,8 +104,6 @@ def test_convert_report_calibrate_summary_and_reuse():
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_fullgraph_matches_eager(device):
-    import torch._dynamo as dynamo
-
     torch.manual_seed(0)
     m = nn.Sequential(nn.Conv1d(8, 16, 3, padding=1), nn.GELU(), nn.Conv1d(16, 8, 1)).to(device)
     ht.convert(m, hot.Config(rounding="nearest"))
@@ -113,12 +112,4 @@ def test_compile_fullgraph_matches_eager(device):
     def step(x):
         return m(x).square().mean()
 
-    dynamo.reset()
-    explain = dynamo.explain(step)(x)
-    assert explain.graph_break_count == 0, explain.break_reasons
-    torch.compile(step, fullgraph=True, backend="aot_eager")(x).backward()
-    g_c = [p.grad.clone() for p in m.parameters()]
-    m.zero_grad(set_to_none=True)
-    step(x).backward()
-    for a, p in zip(g_c, m.parameters()):
-        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-5)
+    assert_compiles_like_eager(m, step, x)

@@ -8,6 +8,7 @@ import torch.nn as nn
 import hot
 import hot.torch as ht
 from conftest import DEVICES
+from torch_reference import assert_compiles_like_eager
 
 E, H, N, L, S = 32, 4, 3, 10, 7
 
@@ -251,8 +252,6 @@ def test_bad_input_errors():
 def test_compile_fullgraph_matches_eager(device):
     # under torch.compile (fullgraph, no graph break) the converted attention runs the same HOT backward (nearest
     # rounding: the same integers) as eagerly
-    import torch._dynamo as dynamo
-
     torch.manual_seed(0)
     attn = nn.MultiheadAttention(E, H, batch_first=True).to(device)
     head = nn.Linear(E, 5).to(device)
@@ -267,13 +266,4 @@ def test_compile_fullgraph_matches_eager(device):
         a, _ = model["attn"](x, x, x, key_padding_mask=kp, need_weights=False)
         return torch.nn.functional.cross_entropy(model["head"](a.mean(1)), y)
 
-    dynamo.reset()
-    explain = dynamo.explain(step)(x, y)
-    assert explain.graph_break_count == 0, explain.break_reasons
-    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
-    compiled(x, y).backward()
-    g_c = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad(set_to_none=True)
-    step(x, y).backward()
-    for a, p in zip(g_c, model.parameters()):
-        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-5)
+    assert_compiles_like_eager(model, step, x, y)

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 import hot
 import hot.torch as ht
 from conftest import DEVICES
+from torch_reference import assert_compiles_like_eager
 
 
 class Conv1D(nn.Module):
@@ -131,8 +132,6 @@ def test_gpt2_from_transformers():
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_fullgraph_matches_eager(device):
-    import torch._dynamo as dynamo
-
     m = mlp(device)
     ht.convert(m, hot.Config(rounding="nearest"))
     x = torch.randn(4, 16, 32, device=device)
@@ -140,12 +139,4 @@ def test_compile_fullgraph_matches_eager(device):
     def step(x):
         return m(x).square().mean()
 
-    dynamo.reset()
-    explain = dynamo.explain(step)(x)
-    assert explain.graph_break_count == 0, explain.break_reasons
-    torch.compile(step, fullgraph=True, backend="aot_eager")(x).backward()
-    g_c = [p.grad.clone() for p in m.parameters()]
-    m.zero_grad(set_to_none=True)
-    step(x).backward()
-    for a, p in zip(g_c, m.parameters()):
-        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-5)
+    assert_compiles_like_eager(m, step, x)

@@ -94,3 +94,19 @@ def saved_during(fn):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()
     return saved, out
+
+
+def assert_compiles_like_eager(model, step, *args):
+    """step(*args) (a scalar loss of model) traces under torch.compile in one graph without breaks, and its gradients
+    through the aot_eager backend equal the eager ones (nearest rounding: the same integers)."""
+    import torch._dynamo as dynamo
+
+    dynamo.reset()
+    explain = dynamo.explain(step)(*args)
+    assert explain.graph_break_count == 0, explain.break_reasons
+    torch.compile(step, fullgraph=True, backend="aot_eager")(*args).backward()
+    compiled = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    step(*args).backward()
+    for a, p in zip(compiled, model.parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-5)

@@ -403,23 +403,32 @@ def conv_padding(m: nn.Conv2d) -> Optional[Tuple[int, int]]:
     return tuple(p)
 
 
+def _conv_init(layer, base, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+               padding_mode, device, dtype, config) -> None:
+    """The shared constructor of hot.torch.Conv2d / Conv1d: base's (nn.Conv2d or nn.Conv1d), after and around the
+    checks of what the engine takes (groups 1, zero padding, symmetric 'same'), then the HOT state."""
+    kind = base.__name__
+    if groups != 1:
+        raise ValueError(f"hot.torch.{kind}: groups={groups} is not supported, expected 1 "
+                         f"(grouped and depthwise convolutions stay nn.{kind})")
+    if padding_mode != "zeros":
+        raise ValueError(f"hot.torch.{kind}: padding_mode={padding_mode!r} is not supported, expected 'zeros'")
+    base.__init__(layer, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                  padding_mode, device=device, dtype=dtype)
+    if conv_padding(layer) is None:
+        raise ValueError(f"hot.torch.{kind}: padding='same' with kernel {layer.kernel_size} and dilation "
+                         f"{layer.dilation} needs asymmetric padding, which is not supported")
+    layer._hot_init(config)
+
+
 class Conv2d(_HotMixin, nn.Conv2d):
     """``nn.Conv2d`` (groups = 1, zero padding) with HOT's backward; keeps an int8 copy of its input."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = True, padding_mode: str = "zeros", device=None, dtype=None,
                  config=None) -> None:
-        if groups != 1:
-            raise ValueError(f"hot.torch.Conv2d: groups={groups} is not supported, expected 1 "
-                             f"(grouped and depthwise convolutions stay nn.Conv2d)")
-        if padding_mode != "zeros":
-            raise ValueError(f"hot.torch.Conv2d: padding_mode={padding_mode!r} is not supported, expected 'zeros'")
-        nn.Conv2d.__init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
-                           padding_mode, device=device, dtype=dtype)
-        if conv_padding(self) is None:
-            raise ValueError(f"hot.torch.Conv2d: padding='same' with kernel {self.kernel_size} and dilation "
-                             f"{self.dilation} needs asymmetric padding, which is not supported")
-        self._hot_init(config)
+        _conv_init(self, nn.Conv2d, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                   padding_mode, device, dtype, config)
 
     def forward(self, x: Tensor) -> Tensor:
         if self._hot_capture is not None:
@@ -455,17 +464,8 @@ class Conv1d(_HotMixin, nn.Conv1d):
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = True, padding_mode: str = "zeros", device=None, dtype=None,
                  config=None) -> None:
-        if groups != 1:
-            raise ValueError(f"hot.torch.Conv1d: groups={groups} is not supported, expected 1 "
-                             f"(grouped and depthwise convolutions stay nn.Conv1d)")
-        if padding_mode != "zeros":
-            raise ValueError(f"hot.torch.Conv1d: padding_mode={padding_mode!r} is not supported, expected 'zeros'")
-        nn.Conv1d.__init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
-                           padding_mode, device=device, dtype=dtype)
-        if conv_padding(self) is None:
-            raise ValueError(f"hot.torch.Conv1d: padding='same' with kernel {self.kernel_size} and dilation "
-                             f"{self.dilation} needs asymmetric padding, which is not supported")
-        self._hot_init(config)
+        _conv_init(self, nn.Conv1d, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                   padding_mode, device, dtype, config)
 
     def forward(self, x: Tensor) -> Tensor:
         if self._hot_capture is not None:

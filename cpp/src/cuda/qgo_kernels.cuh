@@ -20,17 +20,17 @@
 // staging in pass 2); anything else (fp32, unaligned rows) is converted to fp32 in shared memory (qgo_kernel:
 // 64 KB, the q_gh_t staging reuses it). Both tiles spread their accesses over the 32 banks.
 // G~: a thread transforms 16 consecutive columns of one row in registers (4 such units);
-// G^: a thread transforms 4 columns of one 16-row block in registers (1 unit). No shuffles; the
-// butterfly order is the one of the CPU backend, so fp32 values, and therefore integers, are identical.
+// G^: a thread transforms 2 columns of one 16-row block in registers (2 such units: 32 live values rather than the 64
+// of 4 columns, which kept pass 2 at 128 registers and 2 CTAs per SM). The transforms take no shuffles; the butterfly
+// order is the one of the CPU backend, so fp32 values, and therefore integers, are identical.
 // Stochastic rounding (rng.h: one Philox4x32-7 call per 8 consecutive elements, 16-bit uniforms): when
 // O % 8 == 0 every 8-element group is aligned and all in or all out of a row; a G~ unit (16 columns)
-// makes 2 calls, and for G^ the two lanes holding columns 8i .. 8i+7 of a row block split the rows
-// k, k+1 between them and swap the other half of each call by one shuffle pair. Other O take the
-// generic per-element path (quant_slow).
-// The per-tile work is split into gx_transform (G~), bias_partials, gw_projection (G^) and stage_qgh_t (the
-// transposed store of G^'s codes); qgo_tile runs them in that order.
+// makes 2 calls, and for G^ the four lanes holding columns 8i .. 8i+7 of a row block each draw one of 4 rows and
+// exchange the words by 4 shuffles (gw_quant_sr8). Other O take the generic per-element path (quant_slow).
+// The per-tile work is split into gx_transform (G~), bias_partials, gw_projection (G^) and the staging of G^'s codes for
+// their transposed store (stage_clear, stage_unit, stage_copy_out); qgo_tile runs them in that order.
 // The HLA rank is a template parameter R of the kernels: 8 or 16 (compiled-in ranks: with R = 8 the G^ rows not kept
-// are dead code, so pass 2 fits 80 registers and 3 CTAs per SM; with R = 16 the rank loops and the staging layout are
+// are dead code, so pass 2 fits 64 registers and 4 CTAs per SM; with R = 16 the rank loops and the staging layout are
 // constants) or 0 (any rank 1..16, read at run time).
 #pragma once
 
@@ -58,12 +58,12 @@ std::atomic<bool> g_qgo_fixed_rank{true};
 constexpr bool is_fixed_rank(int rank) { return rank == 8 || rank == 16; }
 
 // Minimum resident CTAs per SM that qgo_kernel is compiled for (__launch_bounds__), i.e. the registers it may
-// use: 3 (64 KB of shared memory each) except pass 2 with all 16 G^ rows kept (R = 0 or 16), which needs 128
-// registers (ptxas; the figures are in benchmarks/NOTES.md).
-constexpr int qgo_min_ctas(int pass, int r) { return pass == 2 && r != 8 ? 2 : 3; }
-// The same for qgo16_kernel (32 KB of tile, + 21 KB of q_gh_t staging in pass 2): at R = 8, 64 registers (4 CTAs)
-// in pass 1 and 80 (3 CTAs) in pass 2, no spills; with all 16 G^ rows kept, 80 / 128.
-constexpr int qgo16_min_ctas(int pass, int r) { return r != 8 ? (pass == 2 ? 2 : 3) : (pass == 2 ? 3 : 4); }
+// use: 3 (64 KB of shared memory each: the most that fit), 80 registers.
+constexpr int qgo_min_ctas(int, int) { return 3; }
+// The same for qgo16_kernel (32 KB of tile, + 21 KB of q_gh_t staging in pass 2): pass 2 at 3 CTAs (80 registers; 4,
+// 64 registers, at R = 8), pass 1 at 4 (64; 3 at run-time ranks, R = 0). G^ on 2 columns per thread made these fit
+// (pass 2 took 128 registers and 2 CTAs with 4 columns); ptxas figures in benchmarks/NOTES.md.
+constexpr int qgo16_min_ctas(int pass, int r) { return pass == 2 ? (r == 8 ? 4 : 3) : (r == 0 ? 3 : 4); }
 
 struct QgoParams {
   int64_t L, O;
@@ -172,14 +172,6 @@ __device__ __forceinline__ uint32_t pack4(const int8_t (&q)[4]) {
          (static_cast<uint32_t>(static_cast<uint8_t>(q[3])) << 24);
 }
 
-// 4 x 4 byte transpose: row[i] holds bytes (i, 0..3); col[j] gets bytes (0..3, j). 8 byte permutes.
-__device__ __forceinline__ void transpose_bytes4(const uint32_t (&row)[4], uint32_t (&col)[4]) {
-  const uint32_t t0 = __byte_perm(row[0], row[1], 0x5140), t1 = __byte_perm(row[2], row[3], 0x5140);
-  const uint32_t t2 = __byte_perm(row[0], row[1], 0x7362), t3 = __byte_perm(row[2], row[3], 0x7362);
-  col[0] = __byte_perm(t0, t1, 0x5410), col[1] = __byte_perm(t0, t1, 0x7632);
-  col[2] = __byte_perm(t2, t3, 0x5410), col[3] = __byte_perm(t2, t3, 0x7632);
-}
-
 template <typename T>
 struct VecIO {
   static constexpr int N = 16 / sizeof(T);  // elements per 16-byte load
@@ -212,6 +204,11 @@ struct TileF32 {
   __device__ __forceinline__ void load4(int row, int c, float& a, float& b, float& d, float& e) const {
     const float4 v = *reinterpret_cast<const float4*>(&t[row][phys(c)]);
     a = v.x, b = v.y, d = v.z, e = v.w;
+  }
+  // 2 consecutive columns c, c+1 (c even: phys keeps them adjacent)
+  __device__ __forceinline__ void load2(int row, int c, float& a, float& b) const {
+    const float2 v = *reinterpret_cast<const float2*>(&t[row][phys(c)]);
+    a = v.x, b = v.y;
   }
   __device__ __forceinline__ float at(int row, int c) const { return t[row][phys(c)]; }
   // 16 consecutive columns c .. c+15 (c a multiple of 16) of a row
@@ -339,16 +336,14 @@ __device__ __forceinline__ void bias_partials(const QgoParams& p, const Tile& ti
   if (at.c < p.O && at.rt * kTileRows < p.L) p.bias_partial[at.rt * p.O + at.c] = sum;
 }
 
-// G^ = blockdiag(H^) g_y for one thread's (row block jb, 4 columns c4 .. c4+3): the 16 transformed rows, hx[t][v]
-// = row t of the block (in transform order), column c4 + v.
+// G^ = blockdiag(H^) g_y for one G^ unit of a thread (row block jb, the 2 columns c2, c2 + 1): the 16 transformed rows,
+// hx[t][v] = row t of the block (in transform order), column c2 + v.
 template <class Tile>
-__device__ __forceinline__ void gw_load_transform(const Tile& tile, int jb, int c4, float (&hx)[16][4]) {
+__device__ __forceinline__ void gw_load_transform(const Tile& tile, int jb, int c2, float (&hx)[16][2]) {
 #pragma unroll
-  for (int t = 0; t < 16; ++t) {
-    tile.load4(jb * 16 + t, c4, hx[t][0], hx[t][1], hx[t][2], hx[t][3]);
-  }
+  for (int t = 0; t < 16; ++t) tile.load2(jb * 16 + t, c2, hx[t][0], hx[t][1]);
 #pragma unroll
-  for (int v = 0; v < 4; ++v) {
+  for (int v = 0; v < 2; ++v) {
     float col[16];
 #pragma unroll
     for (int t = 0; t < 16; ++t) col[t] = hx[t][v];
@@ -358,48 +353,58 @@ __device__ __forceinline__ void gw_load_transform(const Tile& tile, int jb, int 
   }
 }
 
+// The low byte of `code` (a *_bits code) as byte i (0..3, a constant after unrolling) of `word`: one byte permute.
+__device__ __forceinline__ uint32_t insert_code(uint32_t word, uint32_t code, int i) {
+  return __byte_perm(word, code, i == 0 ? 0x3214 : i == 1 ? 0x3240 : i == 2 ? 0x3410 : 0x4210);
+}
+
 // G^, pass 2 with 8-element RNG groups (p.sr8): stochastic codes of the kept rows k < rank into packed[v][k / 4].
-// One Philox call per (row k, 8 columns) serves two neighbouring threads (lanes 2i, 2i+1 hold columns cg8 ..
-// cg8+3 and cg8+4 .. cg8+7): for the row pair (k, k+1) the even lane draws row k, the odd lane row k+1, and each
-// passes the partner the two words of the partner's columns. The conditions around the shuffles are warp-uniform
-// (the scale; the rank), so every lane reaches them: a packed tile puts two row tiles in one warp, one of which may
-// lie past L (jglob >= nb), which only decides whether a lane keeps its codes.
+// One Philox call per (row k, 8 columns) serves the four lanes of a quad (lane q = lane % 4 holds columns cg8 + 2q and
+// cg8 + 2q + 1, whose uniforms are word q of the call): for the rows k .. k+3, lane q draws row k + q and the quad
+// transposes the 4 x 4 words by two exchanges (with the lane 2 apart, then 1 apart), after which lane q holds, for
+// row k + r, the word from lane q ^ r; the words are then put in row order by selects. The conditions around the
+// shuffles are warp-uniform (the scale; the rank), so every lane reaches them: a packed tile puts two row tiles in one
+// warp, one of which may lie past L (jglob >= nb), which only decides whether a lane keeps its codes.
 template <class Key>
-__device__ __forceinline__ void gw_quant_sr8(const QgoParams& p, const Key& key, const float (&hx)[16][4], int rank,
+__device__ __forceinline__ void gw_quant_sr8(const QgoParams& p, const Key& key, const float (&hx)[16][2], int rank,
                                              int64_t jglob, int64_t nb, int64_t cg, int nvalid,
-                                             uint32_t (&packed)[4][4]) {
-  const int par = threadIdx.x & 1;
-  const int64_t cg8 = cg - 4 * par;  // multiple of 8
+                                             uint32_t (&packed)[2][4]) {
+  const int q = threadIdx.x & 3;
+  const bool q1 = (q & 1) != 0, q2 = (q & 2) != 0;
+  const int64_t cg8 = cg - 2 * q;  // multiple of 8
   const float inv = p.inv_gw[0], pre = p.pre_gw[0];
-  if (inv != 0.0f) {  // warp-uniform (inv == 0: all codes 0, packed stays zero)
-    uint32_t rows[16] = {};  // rows[k]: the codes of row k, columns c4 .. c4+3 as bytes 0..3
+  const bool keep = nvalid > 0 && jglob < nb;
+  if (inv == 0.0f) return;  // warp-uniform: all codes 0, packed stays zero
 #pragma unroll
-    for (int k = 0; k < 16; k += 2) {
-      if (k < rank) {
-        const uint64_t e = static_cast<uint64_t>((jglob * rank + k + par) * p.O + cg8);
-        const Philox4 b = key.bits(p, rng_stream::gw_grad, e >> 3);
-        const uint32_t s0 = par ? b.v[0] : b.v[2], s1 = par ? b.v[1] : b.v[3];
-        const uint32_t m0 = par ? b.v[2] : b.v[0], m1 = par ? b.v[3] : b.v[1];
-        const uint32_t r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-        if (nvalid > 0 && jglob < nb) {
-          const int ka = hla_order(k);
-          rows[k] = sr4_packed(hx[ka][0], hx[ka][1], hx[ka][2], hx[ka][3], par ? r0 : m0, par ? r1 : m1, inv, pre, 127);
-          if (k + 1 < rank) {
-            const int kb = hla_order(k + 1);
-            rows[k + 1] = sr4_packed(hx[kb][0], hx[kb][1], hx[kb][2], hx[kb][3], par ? m0 : r0, par ? m1 : r1, inv, pre,
-                                     127);
+  for (int k = 0; k < 16; k += 4) {
+    if (k < rank) {
+      const uint64_t e = static_cast<uint64_t>((jglob * rank + k + q) * p.O + cg8);
+      const Philox4 b = key.bits(p, rng_stream::gw_grad, e >> 3);  // row k + q; word m is lane m's
+      // exchange 1 (lanes 2 apart): keep the words for lanes of my bit 1, pass the others
+      const uint32_t k0 = q2 ? b.v[2] : b.v[0], k1 = q2 ? b.v[3] : b.v[1];
+      const uint32_t r0 = __shfl_xor_sync(0xffffffffu, q2 ? b.v[0] : b.v[2], 2);
+      const uint32_t r1 = __shfl_xor_sync(0xffffffffu, q2 ? b.v[1] : b.v[3], 2);
+      // now k0 / k1: row k + q for lanes (q & 2) / (q & 2) + 1; r0 / r1: the same lanes' words of row k + (q ^ 2)
+      const uint32_t x0 = __shfl_xor_sync(0xffffffffu, q1 ? k0 : k1, 1);  // row k + (q ^ 1), for lane q
+      const uint32_t x1 = __shfl_xor_sync(0xffffffffu, q1 ? r0 : r1, 1);  // row k + (q ^ 3), for lane q
+      const uint32_t own0 = q1 ? k1 : k0, own1 = q1 ? r1 : r0;            // rows k + q, k + (q ^ 2)
+      // row k + r: own0 (r ^ q == 0), x0 (1), own1 (2), x1 (3)
+      const uint32_t even_lo = q1 ? x0 : own0, even_hi = q1 ? x1 : own1;
+      const uint32_t odd_lo = q1 ? own0 : x0, odd_hi = q1 ? own1 : x1;
+      const uint32_t w[4] = {q2 ? even_hi : even_lo, q2 ? odd_hi : odd_lo, q2 ? even_lo : even_hi,
+                             q2 ? odd_lo : odd_hi};
+      if (keep) {
+        const float qm = 127.0f;
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          if (k + r < rank) {
+            const int ka = hla_order(k + r);
+            packed[0][k >> 2] =
+                insert_code(packed[0][k >> 2], q_stochastic_bits(hx[ka][0], inv, pre, qm, u16_lo(w[r])), r);
+            packed[1][k >> 2] =
+                insert_code(packed[1][k >> 2], q_stochastic_bits(hx[ka][1], inv, pre, qm, u16_hi(w[r])), r);
           }
         }
-      }
-    }
-    // packed[v][g] byte i = code of row 4g + i, column c4 + v: a byte transpose per group of 4 rows
-#pragma unroll
-    for (int g = 0; g < 4; ++g) {
-      if (4 * g < rank) {
-        uint32_t col[4];
-        transpose_bytes4({rows[4 * g], rows[4 * g + 1], rows[4 * g + 2], rows[4 * g + 3]}, col);
-#pragma unroll
-        for (int v = 0; v < 4; ++v) packed[v][g] = col[v];
       }
     }
   }
@@ -408,23 +413,23 @@ __device__ __forceinline__ void gw_quant_sr8(const QgoParams& p, const Key& key,
 // G^, the other cases: the amax of the kept rows k < rank (pass 1), or their codes into packed[v][k / 4] (pass 2:
 // round-to-nearest, or stochastic by the generic per-element path).
 template <int PASS, class Key>
-__device__ __forceinline__ void gw_amax_or_quant(const QgoParams& p, const Key& key, const float (&hx)[16][4], int rank,
+__device__ __forceinline__ void gw_amax_or_quant(const QgoParams& p, const Key& key, const float (&hx)[16][2], int rank,
                                                  int64_t jglob, int64_t nb, int64_t cg, int nvalid, uint32_t& amax_gw,
-                                                 uint32_t (&packed)[4][4]) {
-  if (PASS == 2 && !p.stochastic && nvalid == 4) {
-    // Round-to-nearest of 4 whole columns (the common case): the scale read and tested once, no per-row branches.
+                                                 uint32_t (&packed)[2][4]) {
+  if (PASS == 2 && !p.stochastic && nvalid == 2) {
+    // Round-to-nearest of 2 whole columns (the common case): the scale read and tested once, no per-row branches.
     const float inv = p.inv_gw[0], pre = p.pre_gw[0];
     if (jglob >= nb || inv == 0.0f) return;  // codes 0: packed stays zero
 #pragma unroll
     for (int g = 0; g < 4; ++g) {
       if (4 * g < rank) {
 #pragma unroll
-        for (int v = 0; v < 4; ++v) {
-          uint32_t q[4];
+        for (int v = 0; v < 2; ++v) {
+          uint32_t c[4];
 #pragma unroll
           for (int i = 0; i < 4; ++i)
-            q[i] = 4 * g + i < rank ? q_nearest_bits(hx[hla_order(4 * g + i)][v], inv, pre) : 0u;
-          packed[v][g] = pack_codes(q[0], q[1], q[2], q[3]);
+            c[i] = 4 * g + i < rank ? q_nearest_bits(hx[hla_order(4 * g + i)][v], inv, pre) : 0u;
+          packed[v][g] = pack_codes(c[0], c[1], c[2], c[3]);
         }
       }
     }
@@ -433,34 +438,32 @@ __device__ __forceinline__ void gw_amax_or_quant(const QgoParams& p, const Key& 
 #pragma unroll
   for (int k = 0; k < 16; ++k) {
     if (k < rank) {
-      const float h[4] = {hx[hla_order(k)][0], hx[hla_order(k)][1], hx[hla_order(k)][2], hx[hla_order(k)][3]};
+      const float h[2] = {hx[hla_order(k)][0], hx[hla_order(k)][1]};
       if (PASS == 1) {
-#pragma unroll
-        for (int v = 0; v < 4; ++v) amax_gw = max(amax_gw, amax_key(h[v]));
+        amax_gw = max(amax_gw, max(amax_key(h[0]), amax_key(h[1])));
       } else if (nvalid > 0 && jglob < nb) {
-        int8_t q[4] = {0, 0, 0, 0};
-        quant4(h, nvalid, p.inv_gw[0], p.pre_gw[0], 127, p.stochastic, key.seed(p), rng_stream::gw_grad,
-               static_cast<uint64_t>((jglob * rank + k) * p.O + cg), q);
+        int8_t c[2] = {0, 0};
+        quant_slow(h, nvalid, p.inv_gw[0], p.pre_gw[0], 127, p.stochastic, key.seed(p), rng_stream::gw_grad,
+                   static_cast<uint64_t>((jglob * rank + k) * p.O + cg), c);
 #pragma unroll
-        for (int v = 0; v < 4; ++v)
-          packed[v][k >> 2] |= static_cast<uint32_t>(static_cast<uint8_t>(q[v])) << (8 * (k & 3));
+        for (int v = 0; v < 2; ++v) packed[v][k >> 2] = insert_code(packed[v][k >> 2], static_cast<uint8_t>(c[v]), k & 3);
       }
     }
   }
 }
 
-// The g_w projection: G^ of the thread's (row block jb, 4 columns c4) and its amax (pass 1) or codes of the kept
-// rows, packed[v][k / 4] byte k % 4 = code of row k, column c4 + v (pass 2; zeros outside L x O).
+// The g_w projection of one G^ unit (row block jb, columns c2, c2 + 1): its amax (pass 1) or the codes of the kept
+// rows, packed[v][k / 4] byte k % 4 = code of row k, column c2 + v (pass 2; zeros outside L x O).
 template <int PASS, class Tile, class Key>
 __device__ __forceinline__ void gw_projection(const QgoParams& p, const Key& key, const Tile& tile, int rank, int64_t rt,
-                                              int64_t c0, int jb, int c4, uint32_t& amax_gw, uint32_t (&packed)[4][4]) {
+                                              int64_t c0, int jb, int c2, uint32_t& amax_gw, uint32_t (&packed)[2][4]) {
   const int64_t nb = (p.L + 15) / 16;
-  const TileSpot at = tile_spot(p, rt, c0, c4);  // the 4 columns share a segment
+  const TileSpot at = tile_spot(p, rt, c0, c2);  // the 2 columns (and the quad's 8) share a segment
   const int64_t jglob = at.rt * kRowBlocks + jb;
-  float hx[16][4];
-  gw_load_transform(tile, jb, c4, hx);
+  float hx[16][2];
+  gw_load_transform(tile, jb, c2, hx);
   const int64_t cg = at.c;
-  const int nvalid = static_cast<int>(std::min<int64_t>(4, std::max<int64_t>(0, p.O - cg)));
+  const int nvalid = static_cast<int>(std::min<int64_t>(2, std::max<int64_t>(0, p.O - cg)));
   if (PASS == 2 && p.sr8) {
     gw_quant_sr8(p, key, hx, rank, jglob, nb, cg, nvalid, packed);
   } else {
@@ -503,41 +506,50 @@ __device__ __forceinline__ void copy_qgh_rows(const QgoParams& p, const unsigned
   }
 }
 
-// The staging of q_gh_t (pass 2): every thread's packed codes go to `stage` transposed (one staged row of stage_ld
-// bytes per column of the tile), then each row tile's rows of q_gh_t are written whole, bytes [col0, col1).
-template <class Tile>
-__device__ __forceinline__ void stage_qgh_t(const QgoParams& p, const uint32_t (&packed)[4][4], int rank, int64_t t,
-                                            int64_t c0, int jb, int c4, unsigned char* stage) {
-  const int tid = threadIdx.x;
+// The staging of q_gh_t (pass 2): every thread's codes go to `stage` transposed (one staged row of stage_ld bytes per
+// column of the tile), then each row tile's rows of q_gh_t are written whole, bytes [col0, col1). Three steps:
+// stage_clear before the first code is staged, stage_unit per G^ unit, stage_copy_out once all are staged.
+__device__ __forceinline__ int stage_ld_of(int rank) { return kRowBlocks * rank + 20; }  // bytes (a multiple of 4)
+
+// Every G^ unit stores all `rank` bytes of its 2 columns for its row block, so the staged bytes [0, kRowBlocks * rank)
+// of each column are all written; only the last row tile also writes bytes past them (the K .. K_pad zero padding),
+// so only the tile holding it clears the staging first (a block-uniform condition: its barrier is reached by all).
+__device__ __forceinline__ void stage_clear(const QgoParams& p, int rank, int64_t t, unsigned char* stage) {
   const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
-  const int stage_ld = kRowBlocks * rank + 20;  // bytes per staged q_gh_t row (multiple of 4)
-  // Where staging aliases the tile: wait until every thread is done reading it.
-  if (Tile::kStageAliases) __syncthreads();
-  // Every thread stores all `rank` bytes of its 4 columns for its row block below, so the staged bytes
-  // [0, kRowBlocks * rank) of each column are all written; only the last row tile also writes bytes past
-  // them (the K .. K_pad zero padding), so only the tile holding it clears the staging first.
   if ((n_rt - 1) / p.pack == t) {
     uint32_t* s32 = reinterpret_cast<uint32_t*>(stage);
-    for (int i = tid; i < kTileCols * stage_ld / 4; i += kThreads) s32[i] = 0u;
+    for (int i = threadIdx.x; i < kTileCols * stage_ld_of(rank) / 4; i += kThreads) s32[i] = 0u;
     __syncthreads();
   }
+}
+
+// The codes of one G^ unit (row block jb, columns c2, c2 + 1; packed as gw_projection leaves them) into the staging.
+__device__ __forceinline__ void stage_unit(const uint32_t (&packed)[2][4], int rank, int jb, int c2,
+                                           unsigned char* stage) {
+  const int stage_ld = stage_ld_of(rank);
+  unsigned char* dst = stage + c2 * stage_ld + jb * rank;
   if ((rank & 3) == 0) {
 #pragma unroll
-    for (int v = 0; v < 4; ++v)
+    for (int v = 0; v < 2; ++v)
 #pragma unroll
       for (int w = 0; w < 4; ++w)
-        if (4 * w < rank)
-          *reinterpret_cast<uint32_t*>(stage + (c4 + v) * stage_ld + jb * rank + 4 * w) = packed[v][w];
+        if (4 * w < rank) *reinterpret_cast<uint32_t*>(dst + v * stage_ld + 4 * w) = packed[v][w];
   } else {
 #pragma unroll
-    for (int v = 0; v < 4; ++v)
+    for (int v = 0; v < 2; ++v)
 #pragma unroll
       for (int k = 0; k < 16; ++k)
-        if (k < rank)
-          stage[(c4 + v) * stage_ld + jb * rank + k] = static_cast<unsigned char>(packed[v][k >> 2] >> (8 * (k & 3)));
+        if (k < rank) dst[v * stage_ld + k] = static_cast<unsigned char>(packed[v][k >> 2] >> (8 * (k & 3)));
   }
+}
+
+// Once every unit is staged: per packed row tile rt, rows c of q_gh_t, bytes [col0, col1) (the last row tile also
+// zero-fills K .. K_pad).
+__device__ __forceinline__ void stage_copy_out(const QgoParams& p, int rank, int64_t t, int64_t c0,
+                                               const unsigned char* stage) {
   __syncthreads();
-  // Per packed row tile rt: rows c of q_gh_t, bytes [col0, col1) (the last row tile also zero-fills K .. K_pad).
+  const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
+  const int stage_ld = stage_ld_of(rank);
   const int seg = 1 << p.seg_shift;
   const int nrows = static_cast<int>(std::min<int64_t>(seg, p.O - c0));
   for (int q = 0; q < p.pack; ++q) {
@@ -559,11 +571,27 @@ __device__ __forceinline__ void qgo_tile(const QgoParams& p, const Key& key, con
   if (p.gx) gx_transform<PASS>(p, key, tile, rt, c0, amax_gx);
   if (PASS == 1 && p.bias) bias_partials(p, tile, rt, c0);
   if (p.gw) {
-    // G^: thread = (row block jb, 4 columns c4)
-    const int jb = threadIdx.x / 64, c4 = (threadIdx.x % 64) * 4;
-    uint32_t packed[4][4] = {};  // pass 2: [v][k / 4] bytes of q
-    gw_projection<PASS>(p, key, tile, rank, rt, c0, jb, c4, amax_gw, packed);
-    if (PASS == 2) stage_qgh_t<Tile>(p, packed, rank, rt, c0, jb, c4, stage);
+    // G^: 512 units (row block jb, 2 columns c2) of the tile, 2 per thread: row blocks jb0 and jb0 + 2, columns c2.
+    // Pass 2 stages a unit's codes as soon as they are formed where the staging has its own memory (TileRaw16: one
+    // unit's codes live at a time); where it aliases the tile (TileF32), after every thread is done reading the tile.
+    const int jb0 = threadIdx.x / 128, c2 = (threadIdx.x % 128) * 2;
+    constexpr bool kEarly = !Tile::kStageAliases;
+    if (PASS == 2 && kEarly) stage_clear(p, rank, rt, stage);
+    uint32_t packed[2][2][4] = {};  // pass 2: [unit][v][k / 4] bytes of q
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      gw_projection<PASS>(p, key, tile, rank, rt, c0, jb0 + 2 * i, c2, amax_gw, packed[i]);
+      if (PASS == 2 && kEarly) stage_unit(packed[i], rank, jb0 + 2 * i, c2, stage);
+    }
+    if (PASS == 2) {
+      if (!kEarly) {
+        __syncthreads();
+        stage_clear(p, rank, rt, stage);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) stage_unit(packed[i], rank, jb0 + 2 * i, c2, stage);
+      }
+      stage_copy_out(p, rank, rt, c0, stage);
+    }
   }
 }
 
@@ -642,8 +670,8 @@ __global__ void __launch_bounds__(kThreads, qgo_min_ctas(PASS, R)) qgo_kernel(co
 // For bf16/fp16 g_y whose rows load as aligned 16-byte vectors (p.vec_load: O % 8 == 0), one CTA per tile: the tile
 // stays in the input's 16 bits (32 KB), filled by cp.async; a row is 512 bytes, 32 chunks of 16 B, chunk c stored
 // at c ^ ((c >> 3) & 1) so that the 16-byte G~ loads (lanes 2 chunks apart) and the copies spread over the banks.
-// q_gh_t has its own staging (pass 2) after the tile: 53 KB in all, so that at R = 8 pass 1 runs 4 CTAs per SM and
-// pass 2 3.
+// q_gh_t has its own staging (pass 2) after the tile: 53 KB in all, so that pass 2 runs 3 CTAs per SM (4 at R = 8) and
+// a G^ unit's codes are staged as soon as they are formed.
 constexpr int kRawRowBytes = kTileCols * 2;
 constexpr int kRawTileBytes = kTileRows * kRawRowBytes;
 constexpr int kStageBytes = kTileCols * (kRowBlocks * 16 + 20);
@@ -660,9 +688,10 @@ struct TileRaw16 {
   }
   // The low 16 bits as a T, converted to fp32 (exact).
   static __device__ __forceinline__ float cvt(uint32_t h) { return f16bits_to_f<T>(static_cast<unsigned short>(h)); }
-  __device__ __forceinline__ void load4(int row, int c, float& a, float& b, float& d, float& e) const {
-    const uint2 v = *reinterpret_cast<const uint2*>(base + off(row, c));
-    a = cvt(v.x), b = cvt(v.x >> 16), d = cvt(v.y), e = cvt(v.y >> 16);
+  // 2 consecutive columns c, c+1 (c even)
+  __device__ __forceinline__ void load2(int row, int c, float& a, float& b) const {
+    const uint32_t v = *reinterpret_cast<const uint32_t*>(base + off(row, c));
+    a = cvt(v), b = cvt(v >> 16);
   }
   __device__ __forceinline__ float at(int row, int c) const {
     return cvt(*reinterpret_cast<const uint16_t*>(base + off(row, c)));

@@ -151,3 +151,69 @@ def test_compiled_reduce_overhead_records_the_step_in_cuda_graphs():
     assert all(torch.isfinite(t).all() for g in grads for t in g)
     w0 = [i for i, (n, _) in enumerate(m.named_parameters()) if n.endswith("weight")][0]
     assert not torch.equal(grads[2][w0], grads[3][w0])  # replays of the recorded graphs, with new seeds
+
+
+@pytest.mark.parametrize("amp", [False, True])
+def test_recorded_training_step_equals_the_eager_steps(amp):
+    """The README's recipe: forward, backward and AdamW(capturable=True) recorded as one graph, new batches copied into
+    its static inputs; after the same warm-up and torch.manual_seed, N replays leave every parameter bit for bit where
+    N eager steps do (the converted layers' seeds are redrawn at each replay as in each eager step)."""
+    def build():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 1), nn.Flatten(),
+                          nn.Linear(16 * 8 * 8, 10))
+        ht.convert(m)
+        m = m.cuda()
+        return m, torch.optim.AdamW(m.parameters(), lr=1e-3, capturable=True)
+
+    torch.manual_seed(7)
+    batches = [(torch.randn(8, 3, 8, 8, device="cuda"), torch.randint(0, 10, (8,), device="cuda")) for _ in range(6)]
+
+    def step(m, opt, x, y):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            loss = nn.functional.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    # eager: 2 warm-up steps, then the seed, then 4 steps
+    m_e, opt_e = build()
+    for x, y in batches[:2]:
+        opt_e.zero_grad(set_to_none=True)
+        step(m_e, opt_e, x, y)
+    torch.manual_seed(1234)
+    eager_losses = []
+    for x, y in batches[2:]:
+        opt_e.zero_grad(set_to_none=True)
+        eager_losses.append(step(m_e, opt_e, x, y).detach())
+    torch.cuda.synchronize()
+
+    # graphed: the same warm-up on a side stream, the step recorded on static inputs, then 4 replays
+    m_g, opt_g = build()
+    static_x, static_y = batches[0][0].clone(), batches[0][1].clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for x, y in batches[:2]:
+            static_x.copy_(x), static_y.copy_(y)
+            opt_g.zero_grad(set_to_none=True)
+            step(m_g, opt_g, static_x, static_y)
+    torch.cuda.current_stream().wait_stream(side)
+    opt_g.zero_grad(set_to_none=True)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_loss = step(m_g, opt_g, static_x, static_y)
+    torch.manual_seed(1234)
+    graph_losses = []
+    for x, y in batches[2:]:
+        static_x.copy_(x), static_y.copy_(y)
+        g.replay()
+        graph_losses.append(static_loss.clone())
+    torch.cuda.synchronize()
+
+    assert all(torch.isfinite(v) for v in eager_losses)
+    for a, b in zip(graph_losses, eager_losses):
+        assert torch.equal(a, b)
+    for (n, a), b in zip(m_g.named_parameters(), m_e.parameters()):
+        assert torch.equal(a, b), n
+    assert not torch.equal(m_e[0].weight, build()[0][0].weight)  # the steps did train

@@ -59,7 +59,7 @@ constexpr bool is_fixed_rank(int rank) { return rank == 8 || rank == 16; }
 
 // Minimum resident CTAs per SM that qgo_kernel is compiled for (__launch_bounds__), i.e. the registers it may
 // use: 3 (64 KB of shared memory each: the most that fit), 80 registers.
-constexpr int qgo_min_ctas(int, int) { return 3; }
+constexpr int kQgoMinCtas = 3;
 // The same for qgo16_kernel (32 KB of tile, + 21 KB of q_gh_t staging in pass 2): pass 2 at 3 CTAs (80 registers; 4,
 // 64 registers, at R = 8), pass 1 at 4 (64; 3 at run-time ranks, R = 0). G^ on 2 columns per thread made these fit
 // (pass 2 took 128 registers and 2 CTAs with 4 columns); ptxas figures in benchmarks/NOTES.md.
@@ -613,7 +613,7 @@ __device__ __forceinline__ void qgo_publish_amax(const QgoParams& p, uint32_t am
 
 // DS: the stochastic-rounding seed is read from device memory (DeviceSeed; pass 2 with p.seed_ptr only).
 template <typename T, int PASS, int R, bool DS = false>
-__global__ void __launch_bounds__(kThreads, qgo_min_ctas(PASS, R)) qgo_kernel(const T* __restrict__ gy, QgoParams p) {
+__global__ void __launch_bounds__(kThreads, kQgoMinCtas) qgo_kernel(const T* __restrict__ gy, QgoParams p) {
   HOT_DYNAMIC_SMEM(smem);
   float(*tile)[kTileCols] = reinterpret_cast<float(*)[kTileCols]>(smem);
   const TileF32 tf{tile};

@@ -435,18 +435,15 @@ class Conv2d(_HotMixin, nn.Conv2d):
             y = F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation)
             self._hot_capture.append((x, y))
             return y
+        k, s, p, d = conv_geom(self)
         if not torch.compiler.is_compiling():
             rows = 0
             if x.dim() in (3, 4):
                 n = x.shape[0] if x.dim() == 4 else 1
-                ho = ops._conv_out(x.shape[-2], self.kernel_size[0], self.stride[0], conv_padding(self)[0],
-                                   self.dilation[0])
-                wo = ops._conv_out(x.shape[-1], self.kernel_size[1], self.stride[1], conv_padding(self)[1],
-                                   self.dilation[1])
-                rows = n * ho * wo
+                rows = n * ops._conv_out(x.shape[-2], k[0], s[0], p[0], d[0]) * ops._conv_out(x.shape[-1], k[1], s[1],
+                                                                                           p[1], d[1])
             self._hot_record(x, rows)
-        return hot_conv2d(x, self.weight, self.bias, self.stride, conv_padding(self), self.dilation, self.hot_config,
-                          self)
+        return hot_conv2d(x, self.weight, self.bias, s, p, d, self.hot_config, self)
 
     def extra_repr(self) -> str:
         c = self.hot_config

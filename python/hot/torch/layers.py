@@ -196,6 +196,28 @@ def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride=1, padd
     config = config if config is not None else _DEFAULT_CONFIG
     if not _grad_wanted(x, weight, bias):
         return F.conv2d(x, weight, bias, stride, padding, dilation)
+    if not torch.compiler.is_compiling():
+        return _conv2d_eager(x, weight, bias, stride, padding, dilation, config, _autocast_on(x.device.type), _layer,
+                             _param)
+    unbatched = x.dim() == 3
+    if unbatched:
+        x = x.unsqueeze(0)
+    if x.dim() != 4:
+        raise ValueError(f"hot.torch.Conv2d: input has {x.dim()} dims, expected 3 (C, H, W) or 4 (N, C, H, W)")
+    if x.device != weight.device:
+        _check_inputs("Conv2d", x, weight, bias, True)
+    x, weight, bias, ac = _autocast_cast(x, weight, bias)
+    _check_inputs("Conv2d", x, weight, bias, ac)
+    y = ops.conv2d(x, weight, bias, _seed(config, x.device), stride, padding, dilation, _keep_mode(weight, config),
+                   config)
+    return y.squeeze(0) if unbatched else y
+
+
+def _conv2d_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding, dilation, config, ac: bool,
+                  layer=None, param: Optional[Tensor] = None) -> Tensor:
+    """hot_conv2d outside torch.compile once gradients are wanted (stride, padding, dilation: [h, w] lists; ac:
+    autocast is on for x's device type), as :func:`_linear_eager`: the same checks, casts, seed draw and keep mode as
+    the compiled route with the per-config values of _plan; an input its producer keeps anyway is kept as it is."""
     unbatched = x.dim() == 3
     if unbatched:
         x = x.unsqueeze(0)
@@ -204,18 +226,19 @@ def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride=1, padd
     if x.device != weight.device:
         _check_inputs("Conv2d", x, weight, bias, True)
     x_in = x
-    reuse = ops.reuse_of(weight if _param is None else _param, config) if not torch.compiler.is_compiling() else None
-    x, weight, bias, ac = _autocast_cast(x, weight, bias)
+    reuse = ops.reuse_of(weight if param is None else param, config) if ops._REUSE is not None else None
+    if ac:
+        dt = torch.get_autocast_dtype(x.device.type)
+        x, weight, bias = _cast(x, dt), _cast(weight, dt), _cast(bias, dt)
     _check_inputs("Conv2d", x, weight, bias, ac)
-    keep = _keep_mode(weight, config)
-    if (keep == ops.KEEP_COMPRESSED and x is x_in and not torch.compiler.is_compiling()
-            and _kept_by_producer(x)):  # its producer keeps it: no int8 copy now (the backward forms it)
-        keep = ops.KEEP_RAW
-    if _layer is not None:  # what the layer keeps, for hot.torch.summary
-        _layer.__dict__["_hot_keeps_input"] = keep == ops.KEEP_RAW and not config.exact
-    compiling = torch.compiler.is_compiling()
-    seed = _seed(config, x.device) if compiling else (ops.draw_seed(x.device) if _plan(config)[0] else 0)
-    y = ops.conv2d(x, weight, bias, seed, stride, padding, dilation, keep, config, reuse)
+    plan = _plan(config)
+    keep = plan[1] if weight.requires_grad else ops.KEEP_NOTHING
+    if keep == ops.KEEP_COMPRESSED and x is x_in and _kept_by_producer(x):
+        keep = ops.KEEP_RAW  # its producer keeps it: no int8 copy now (the backward forms it)
+    if layer is not None:  # what the layer keeps, for hot.torch.summary
+        layer.__dict__["_hot_keeps_input"] = keep == ops.KEEP_RAW and not config.exact
+    seed = ops.draw_seed(x.device) if plan[0] else 0
+    y = ops.conv2d_eager(x, weight, bias, seed, stride, padding, dilation, keep, config, reuse)
     return y.squeeze(0) if unbatched else y
 
 
@@ -281,7 +304,7 @@ class _HotMixin:
     def _hot_record(self, x: Tensor, rows: int) -> None:
         if not torch.compiler.is_compiling():
             dt = torch.get_autocast_dtype(x.device.type) if _autocast_on(x.device.type) else x.dtype
-            self._hot_seen = (int(rows), tuple(x.shape), dt)
+            self.__dict__["_hot_seen"] = (int(rows), tuple(x.shape), dt)  # not through nn.Module.__setattr__
 
     @property
     def hot_target_config(self):
@@ -436,14 +459,20 @@ class Conv2d(_HotMixin, nn.Conv2d):
             self._hot_capture.append((x, y))
             return y
         k, s, p, d = conv_geom(self)
-        if not torch.compiler.is_compiling():
-            rows = 0
-            if x.dim() in (3, 4):
-                n = x.shape[0] if x.dim() == 4 else 1
-                rows = n * ops._conv_out(x.shape[-2], k[0], s[0], p[0], d[0]) * ops._conv_out(x.shape[-1], k[1], s[1],
-                                                                                           p[1], d[1])
-            self._hot_record(x, rows)
-        return hot_conv2d(x, self.weight, self.bias, s, p, d, self.hot_config, self)
+        if torch.compiler.is_compiling():
+            return hot_conv2d(x, self.weight, self.bias, s, p, d, self.hot_config, self)
+        # eager: _hot_record and hot_conv2d inlined (one autocast query, the config's plan cached), as Linear's
+        ac = _autocast_on(x.device.type)
+        rows = 0
+        if x.dim() in (3, 4):
+            n = x.shape[0] if x.dim() == 4 else 1
+            rows = n * ops._conv_out(x.shape[-2], k[0], s[0], p[0], d[0]) * ops._conv_out(x.shape[-1], k[1], s[1],
+                                                                                       p[1], d[1])
+        self.__dict__["_hot_seen"] = (rows, tuple(x.shape), torch.get_autocast_dtype(x.device.type) if ac else x.dtype)
+        weight, bias = self.weight, self.bias
+        if not _grad_wanted(x, weight, bias):
+            return F.conv2d(x, weight, bias, s, p, d)
+        return _conv2d_eager(x, weight, bias, list(s), list(p), list(d), self.hot_config, ac, self)
 
     def extra_repr(self) -> str:
         c = self.hot_config

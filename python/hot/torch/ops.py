@@ -731,20 +731,22 @@ conv2d_backward_op.register_autograd(_conv2d_double_backward)
 
 
 class _Conv2dFunction(torch.autograd.Function):
-    """The eager route of :func:`conv2d` (see :class:`_LinearFunction`)."""
+    """The eager route of :func:`conv2d` (see :class:`_LinearFunction`): the non-tensor arguments travel as one tuple
+    ``(seed, stride, padding, dilation, keep, cfg, reuse)``."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, seed, stride, padding, dilation, keep, cfg, reuse):
+    def forward(ctx, x, weight, bias, args):
+        seed, stride, padding, dilation, keep, cfg, reuse = args
         y = F.conv2d(x, weight, bias, stride, padding, dilation)
         q, scale = _conv_keep(x, weight, stride, padding, dilation, cfg) if keep == KEEP_COMPRESSED else (None, None)
         _save_eager(ctx, x, weight, bias, q, scale, seed, keep, cfg)
-        ctx.geom = (list(stride), list(padding), list(dilation))
+        ctx.geom = (stride, padding, dilation)
         ctx.reuse = reuse
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        return _eager_backward(ctx, grad_y, 7, "Conv2d", lambda x, w, q, s, *needs: _conv2d_backward_body(
+        return _eager_backward(ctx, grad_y, 1, "Conv2d", lambda x, w, q, s, *needs: _conv2d_backward_body(
             grad_y, w, x, q, s, ctx.seed, ctx.x_shape, *ctx.geom, ctx.cfg, *needs, reuse=ctx.reuse))
 
 
@@ -755,4 +757,12 @@ def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed, stride: List
     in eager mode, 0 without stochastic rounding)."""
     if torch.compiler.is_compiling():
         return torch.ops.hot.conv2d(x, weight, bias, seed, stride, padding, dilation, keep, config.code)[0]
-    return _Conv2dFunction.apply(x, weight, bias, _seed_for(seed, x), stride, padding, dilation, keep, config, reuse)
+    return conv2d_eager(x, weight, bias, _seed_for(seed, x), list(stride), list(padding), list(dilation), keep,
+                        config, reuse)
+
+
+def conv2d_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed, stride: List[int], padding: List[int],
+                 dilation: List[int], keep: int, cfg, reuse=None) -> Tensor:
+    """The eager route of :func:`conv2d` with the seed as a 0-d int64 tensor on x's device, or 0 without stochastic
+    rounding, and stride, padding, dilation as [h, w] lists (the layers' entry point; not for torch.compile)."""
+    return _Conv2dFunction.apply(x, weight, bias, (seed, stride, padding, dilation, keep, cfg, reuse))

@@ -8,6 +8,8 @@ and the GPU kernels grouped (hot's own kernels, integer GEMMs, cuBLAS/cuDNN floa
 the rest). Host time not covered by GPU work shows as wall - GPU.
 
 Usage (GPU): python benchmarks/profile_step.py --model vit_b16 --batch 64 --dtype bf16 --modes exact,hot --out DIR
+[--cpu N]: pin to one core; the report gives a host speed probe (a fixed Python loop, ms) beside the step times, since
+an eager HOT step is host-bound and the shared machines' cores differ in speed by up to ~2x.
 Writes DIR/profile_<model>_<dtype>_b<batch>[_compile-<mode>][_cl].md (DIR = --out, else $OUT, else .).
 """
 from __future__ import annotations
@@ -48,6 +50,17 @@ def kind(name: str) -> str:
     if "memcpy" in n or "memset" in n:
         return "copy / set"
     return "other"
+
+
+def host_probe_ms() -> float:
+    """Milliseconds of a fixed pure-Python loop: how fast this host core runs Python right now. On the shared GPU
+    machines it varies up to ~2x from core to core and minute to minute (NOTES, 2026-11-27), and an eager HOT step,
+    which is host-bound, varies with it; exact training, GPU-bound, does not."""
+    t = time.perf_counter()
+    s = 0
+    for i in range(300_000):
+        s += i
+    return (time.perf_counter() - t) * 1e3
 
 
 def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, host_profile: bool = False,
@@ -106,6 +119,7 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
         host["fwd"].append(((t1 - t0) * 1e3, (t2 - t0) * 1e3))
         host["bwd"].append(((t3 - t2) * 1e3, (t4 - t2) * 1e3))
     for _ in range(steps):  # free-running steps, one synchronize after each: the step time a training loop sees
+        host["probe"].append(host_probe_ms())
         t0 = time.perf_counter()
         step()
         torch.cuda.synchronize()
@@ -113,10 +127,33 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
     walls = collections.defaultdict(float)
     by = {r: collections.Counter() for r in RANGES}
     top = {r: collections.Counter() for r in RANGES}
-    if not kernels:
-        gc.enable()
-        gc.unfreeze()
-        return walls, by, top, host
+    if kernels:
+        profile_kernels(step, steps, ac, task, model, x, y, opt, walls, by, top, host)
+    if host_profile:  # where the host's time goes: cProfile over the same steps (GPU work is asynchronous)
+        import cProfile
+        import io
+        import pstats
+        # the backward on the caller's thread (the autograd engine's device thread is invisible to cProfile)
+        torch.autograd.set_multithreading_enabled(False)
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+        pr.disable()
+        torch.autograd.set_multithreading_enabled(True)
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(40)
+        pstats.Stats(pr, stream=buf).sort_stats("cumulative").print_stats(40)
+        host["cprofile"] = buf.getvalue()
+    gc.enable()
+    gc.unfreeze()
+    return walls, by, top, host
+
+
+def profile_kernels(step, steps, ac, task, model, x, y, opt, walls, by, top, host) -> None:
+    """torch.profiler over `steps` steps, each range synchronised: wall time per range, GPU kernels by kind and by
+    name per range, CUDA API calls per step (into walls, by, top and host["api"])."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):  # each range ends with a synchronize inside it: its window holds all its GPU work
@@ -155,26 +192,6 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
         us = e.time_range.elapsed_us()
         by[rng][kind(e.name)] += us / steps
         top[rng][e.name[:90]] += us / steps
-    if host_profile:  # where the host's time goes: cProfile over the same steps (GPU work is asynchronous)
-        import cProfile
-        import io
-        import pstats
-        # the backward on the caller's thread (the autograd engine's device thread is invisible to cProfile)
-        torch.autograd.set_multithreading_enabled(False)
-        pr = cProfile.Profile()
-        pr.enable()
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-        pr.disable()
-        torch.autograd.set_multithreading_enabled(True)
-        buf = io.StringIO()
-        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(40)
-        pstats.Stats(pr, stream=buf).sort_stats("cumulative").print_stats(40)
-        host["cprofile"] = buf.getvalue()
-    gc.enable()
-    gc.unfreeze()
-    return walls, by, top, host
 
 
 def main() -> int:
@@ -193,8 +210,12 @@ def main() -> int:
     ap.add_argument("--no-gc", action="store_true", help="Python's garbage collector off during the steps")
     ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() once the model and optimizer are built")
     ap.add_argument("--channels-last", action="store_true", help="model and images in torch.channels_last")
+    ap.add_argument("--cpu", type=int, default=None,
+                    help="pin the process to this CPU core (eager steps are host-bound: compare runs on one core)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    if a.cpu is not None:
+        os.sched_setaffinity(0, {a.cpu})
     task = bm.gpu_task("profile_step", a)
     if task is None:
         return 2
@@ -212,7 +233,9 @@ def main() -> int:
         lines += [f"## {mode}", ""]
         lines += [f"Step (median of {a.steps} free-running steps, without the profiler): "
                   f"{statistics.median(host['step']):.2f} ms (all: {', '.join(f'{t:.1f}' for t in host['step'])}); "
-                  f"warm-up of 3 steps {host['warmup_s']:.1f} s.", ""]
+                  f"warm-up of 3 steps {host['warmup_s']:.1f} s; host speed probe (`host_probe_ms`, before each "
+                  f"step) {min(host['probe']):.1f}-{max(host['probe']):.1f} ms"
+                  + (f", pinned to CPU {a.cpu}" if a.cpu is not None else "") + ".", ""]
         lines += ["Without the profiler (median of the steps): " + "; ".join(
             f"{r} enqueued in {statistics.median(h[0] for h in host[r]):.2f} ms, done in "
             f"{statistics.median(h[1] for h in host[r]):.2f} ms" for r in ("fwd", "bwd")) + ".", ""]

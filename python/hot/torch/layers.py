@@ -136,27 +136,35 @@ def _kept_by_producer(x: Tensor) -> bool:
     return False
 
 
-def _linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], config, ac: bool, layer=None,
-                  param: Optional[Tensor] = None) -> Tensor:
-    """hot_linear outside torch.compile once gradients are wanted; ac: autocast is on for x's device type. The same
-    checks, casts, seed draw and keep mode as the compiled route, with the per-config values of _plan; an input its
-    producer keeps anyway is kept as it is (_kept_by_producer), which a calling layer records. param: the parameter
-    weight is a view of (a layer whose weight is stored I x O), which weight_reuse keys its W~ on."""
+def _eager_operands(kind: str, x: Tensor, weight: Tensor, bias: Optional[Tensor], config, ac: bool, layer,
+                    param: Optional[Tensor]):
+    """What an eager layer call hands its autograd.Function, with the same checks, casts, seed draw and keep mode as the
+    compiled route (the per-config values of _plan): (x, weight, bias) in autocast's dtype where ac (autocast is on
+    for x's device type), the seed, the keep mode, and the weight_reuse record. An input its producer keeps anyway is
+    kept as it is (_kept_by_producer), which the calling layer records. param: the parameter weight is a view of (a
+    layer whose weight is stored I x O, a Conv1d), which weight_reuse keys its W~ on."""
     if x.device != weight.device:
-        _check_inputs("Linear", x, weight, bias, True)
+        _check_inputs(kind, x, weight, bias, True)
     x_in = x
     reuse = ops.reuse_of(weight if param is None else param, config) if ops._REUSE is not None else None
     if ac:
         dt = torch.get_autocast_dtype(x.device.type)
         x, weight, bias = _cast(x, dt), _cast(weight, dt), _cast(bias, dt)
-    _check_inputs("Linear", x, weight, bias, ac)
+    _check_inputs(kind, x, weight, bias, ac)
     plan = _plan(config)
     seed = ops.draw_seed(x.device) if plan[0] else 0
     keep = plan[1] if weight.requires_grad else ops.KEEP_NOTHING
     if keep == ops.KEEP_COMPRESSED and x is x_in and _kept_by_producer(x):
-        keep = ops.KEEP_RAW
-    if layer is not None:
+        keep = ops.KEEP_RAW  # its producer keeps it: no compressed copy now (the backward forms it)
+    if layer is not None:  # what the layer keeps, for hot.torch.summary
         layer.__dict__["_hot_keeps_input"] = keep == ops.KEEP_RAW and not config.exact
+    return x, weight, bias, seed, keep, reuse
+
+
+def _linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], config, ac: bool, layer=None,
+                  param: Optional[Tensor] = None) -> Tensor:
+    """hot_linear outside torch.compile once gradients are wanted (see :func:`_eager_operands`)."""
+    x, weight, bias, seed, keep, reuse = _eager_operands("Linear", x, weight, bias, config, ac, layer, param)
     return ops.linear_eager(x, weight, bias, seed, keep, config, reuse)
 
 
@@ -215,29 +223,14 @@ def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride=1, padd
 
 def _conv2d_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding, dilation, config, ac: bool,
                   layer=None, param: Optional[Tensor] = None) -> Tensor:
-    """hot_conv2d outside torch.compile once gradients are wanted (stride, padding, dilation: [h, w] lists; ac:
-    autocast is on for x's device type), as :func:`_linear_eager`: the same checks, casts, seed draw and keep mode as
-    the compiled route with the per-config values of _plan; an input its producer keeps anyway is kept as it is."""
+    """hot_conv2d outside torch.compile once gradients are wanted (stride, padding, dilation: [h, w] lists; see
+    :func:`_eager_operands`)."""
     unbatched = x.dim() == 3
     if unbatched:
         x = x.unsqueeze(0)
     if x.dim() != 4:
         raise ValueError(f"hot.torch.Conv2d: input has {x.dim()} dims, expected 3 (C, H, W) or 4 (N, C, H, W)")
-    if x.device != weight.device:
-        _check_inputs("Conv2d", x, weight, bias, True)
-    x_in = x
-    reuse = ops.reuse_of(weight if param is None else param, config) if ops._REUSE is not None else None
-    if ac:
-        dt = torch.get_autocast_dtype(x.device.type)
-        x, weight, bias = _cast(x, dt), _cast(weight, dt), _cast(bias, dt)
-    _check_inputs("Conv2d", x, weight, bias, ac)
-    plan = _plan(config)
-    keep = plan[1] if weight.requires_grad else ops.KEEP_NOTHING
-    if keep == ops.KEEP_COMPRESSED and x is x_in and _kept_by_producer(x):
-        keep = ops.KEEP_RAW  # its producer keeps it: no int8 copy now (the backward forms it)
-    if layer is not None:  # what the layer keeps, for hot.torch.summary
-        layer.__dict__["_hot_keeps_input"] = keep == ops.KEEP_RAW and not config.exact
-    seed = ops.draw_seed(x.device) if plan[0] else 0
+    x, weight, bias, seed, keep, reuse = _eager_operands("Conv2d", x, weight, bias, config, ac, layer, param)
     y = ops.conv2d_eager(x, weight, bias, seed, stride, padding, dilation, keep, config, reuse)
     return y.squeeze(0) if unbatched else y
 

@@ -551,7 +551,7 @@ def _conv2d_fake(x, weight, bias, seed, stride, padding, dilation, keep, config)
     O, _, kh, kw = weight.shape
     Ho = _conv_out(H, kh, stride[0], padding[0], dilation[0])
     Wo = _conv_out(W, kw, stride[1], padding[1], dilation[1])
-    y = x.new_empty((N, O, Ho, Wo))
+    y = F.conv2d(x, weight, bias, stride, padding, dilation)  # torch's own output layout (channels-last for such x)
     if keep == KEEP_COMPRESSED:
         if pointwise((kh, kw), padding):  # the ABC buffer of the N*Ho*Wo pixel rows
             q_shape = (x.shape[1], padded_k(N * Ho * Wo, config_of(config).rank))
@@ -697,7 +697,10 @@ def conv2d_backward_op(grad_y: Tensor, weight: Tensor, x: Optional[Tensor], q: T
 @conv2d_backward_op.register_fake
 def _conv2d_backward_fake(grad_y, weight, x, q, scale, seed, x_shape, stride, padding, dilation, config, need_gx,
                           need_gw, need_gb):
-    gx = grad_y.new_empty(x_shape) if need_gx else grad_y.new_empty((0,))
+    # g_x is channels-last where g_y is (the body keeps the engine's channels-last map then), else contiguous
+    fmt = torch.channels_last if _channels_last(grad_y) else torch.contiguous_format
+    gx = torch.empty(x_shape, dtype=grad_y.dtype, device=grad_y.device, memory_format=fmt) if need_gx else \
+        grad_y.new_empty((0,))
     gw = grad_y.new_empty(weight.shape) if need_gw else grad_y.new_empty((0,))
     gb = grad_y.new_empty((weight.shape[0],)) if need_gb else grad_y.new_empty((0,))
     return gx, gw, gb

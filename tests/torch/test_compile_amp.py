@@ -8,6 +8,7 @@ import hot
 import hot.torch as ht
 from hot.experiments import models
 from conftest import DEVICES
+from torch_reference import assert_compiles_like_eager
 
 
 def _small_models():
@@ -60,8 +61,6 @@ def test_compile_channels_last_matches_eager(device):
     have the layouts of their real ones (a conv's output is channels-last for a channels-last input, as F.conv2d's
     is; the g_x of a channels-last g_y too), so the lean ReLU after a conv views the same memory order at trace time
     as at run time, and the compiled gradients equal the eager ones (nearest rounding)."""
-    import torch._dynamo as dynamo
-
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
@@ -74,22 +73,7 @@ def test_compile_channels_last_matches_eager(device):
     eager_out = model[0](x)
     assert eager_out.is_contiguous(memory_format=torch.channels_last) and not eager_out.is_contiguous()
 
-    def step(m, x, y):
-        return F.cross_entropy(m(x), y)
-
-    dynamo.reset()
-    explain = dynamo.explain(step)(model, x, y)
-    assert explain.graph_break_count == 0, explain.break_reasons
-    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
-    loss_c = compiled(model, x, y)
-    loss_c.backward()
-    g_c = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad(set_to_none=True)
-    loss_e = step(model, x, y)
-    loss_e.backward()
-    torch.testing.assert_close(loss_c, loss_e)
-    for a, p in zip(g_c, model.parameters()):
-        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-5)
+    assert_compiles_like_eager(model, lambda x, y: F.cross_entropy(model(x), y), x, y)
 
 
 def test_compile_traces_custom_ops():

@@ -72,6 +72,14 @@ def main() -> int:
         hc = converted(nn.Conv2d(16, 16, k, padding=p, bias=False).to(dev).to(memory_format=torch.channels_last))
         cases.append((f"Conv2d {k}x{k} 16->16 8x8 channels-last, forward + backward",
                       lambda c=c: c(xcl).sum().backward(), lambda hc=hc: hc(xcl).sum().backward()))
+    for k, p in ((1, 0), (3, 1)):  # ResNet-50's pattern: a ReLU's output into a conv (the eager forward is host-bound)
+        pair = nn.Sequential(nn.ReLU(), nn.Conv2d(16, 16, k, padding=p, bias=False)).to(dev).to(
+            memory_format=torch.channels_last)
+        hpair = nn.Sequential(nn.ReLU(), nn.Conv2d(16, 16, k, padding=p, bias=False)).to(dev).to(
+            memory_format=torch.channels_last)
+        ht.convert(hpair)
+        cases.append((f"ReLU + Conv2d {k}x{k} 16->16 8x8 channels-last, forward", lambda m=pair: m(xcl),
+                      lambda m=hpair: m(xcl)))
     r, hr = nn.ReLU(), ht.ReLU()
     cases.append(("ReLU, forward + backward", lambda: r(xc).sum().backward(), lambda: hr(xc).sum().backward()))
     print(f"# host time per call, {torch.cuda.get_device_name() if dev.type == 'cuda' else 'CPU'}, "

@@ -124,11 +124,10 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
         step()
         torch.cuda.synchronize()
         host["step"].append((time.perf_counter() - t0) * 1e3)
-    walls = collections.defaultdict(float)
-    by = {r: collections.Counter() for r in RANGES}
-    top = {r: collections.Counter() for r in RANGES}
     if kernels:
-        profile_kernels(step, steps, ac, task, model, x, y, opt, walls, by, top, host)
+        walls, by, top = profile_kernels(steps, ac, task, model, x, y, opt, host)
+    else:
+        walls, by, top = collections.defaultdict(float), {}, {}  # no kernel tables in the report then
     if host_profile:  # where the host's time goes: cProfile over the same steps (GPU work is asynchronous)
         import cProfile
         import io
@@ -151,9 +150,12 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
     return walls, by, top, host
 
 
-def profile_kernels(step, steps, ac, task, model, x, y, opt, walls, by, top, host) -> None:
-    """torch.profiler over `steps` steps, each range synchronised: wall time per range, GPU kernels by kind and by
-    name per range, CUDA API calls per step (into walls, by, top and host["api"])."""
+def profile_kernels(steps, ac, task, model, x, y, opt, host):
+    """torch.profiler over `steps` steps, each range synchronised: (wall ms per range, GPU kernel us per range by kind,
+    per range by kernel name); the CUDA API calls per step go into host["api"]."""
+    walls = collections.defaultdict(float)
+    by = {r: collections.Counter() for r in RANGES}
+    top = {r: collections.Counter() for r in RANGES}
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):  # each range ends with a synchronize inside it: its window holds all its GPU work
@@ -192,6 +194,7 @@ def profile_kernels(step, steps, ac, task, model, x, y, opt, walls, by, top, hos
         us = e.time_range.elapsed_us()
         by[rng][kind(e.name)] += us / steps
         top[rng][e.name[:90]] += us / steps
+    return walls, by, top
 
 
 def main() -> int:
@@ -239,24 +242,23 @@ def main() -> int:
         lines += ["Without the profiler (median of the steps): " + "; ".join(
             f"{r} enqueued in {statistics.median(h[0] for h in host[r]):.2f} ms, done in "
             f"{statistics.median(h[1] for h in host[r]):.2f} ms" for r in ("fwd", "bwd")) + ".", ""]
-        if a.no_kernels:
-            continue
-        lines += ["| range | wall ms | GPU kernels ms | " +
-                  " | ".join(k for k in ("hot passes", "integer GEMM", "float GEMM", "attention", "elementwise",
-                                         "reduce / norm", "copy / set", "other")) + " |",
-                  "|---" * 11 + "|"]
-        for r in RANGES:
-            tot = sum(by[r].values()) / 1e3
-            cells = [f"{by[r][k] / 1e3:.2f}" for k in ("hot passes", "integer GEMM", "float GEMM", "attention",
-                                                         "elementwise", "reduce / norm", "copy / set", "other")]
-            lines.append(f"| {r} | {walls[r]:.2f} | {tot:.2f} | " + " | ".join(cells) + " |")
-        for r in ("fwd", "bwd"):
-            lines += ["", f"Top kernels, {mode} {r} (ms per step):", ""]
-            for name, us in top[r].most_common(a.top):
-                lines.append(f"- {us / 1e3:.3f}  `{name}`")
-        lines += ["", f"CUDA API calls per step, {mode} (profiled steps; count, host ms):", ""]
-        for name, n, us in sorted(host["api"], key=lambda t: -t[2])[:a.top]:
-            lines.append(f"- {name}: {n:.0f} calls, {us / 1e3:.2f} ms")
+        if not a.no_kernels:  # the profiled steps' tables
+            lines += ["| range | wall ms | GPU kernels ms | " +
+                      " | ".join(k for k in ("hot passes", "integer GEMM", "float GEMM", "attention", "elementwise",
+                                             "reduce / norm", "copy / set", "other")) + " |",
+                      "|---" * 11 + "|"]
+            for r in RANGES:
+                tot = sum(by[r].values()) / 1e3
+                cells = [f"{by[r][k] / 1e3:.2f}" for k in ("hot passes", "integer GEMM", "float GEMM", "attention",
+                                                             "elementwise", "reduce / norm", "copy / set", "other")]
+                lines.append(f"| {r} | {walls[r]:.2f} | {tot:.2f} | " + " | ".join(cells) + " |")
+            for r in ("fwd", "bwd"):
+                lines += ["", f"Top kernels, {mode} {r} (ms per step):", ""]
+                for name, us in top[r].most_common(a.top):
+                    lines.append(f"- {us / 1e3:.3f}  `{name}`")
+            lines += ["", f"CUDA API calls per step, {mode} (profiled steps; count, host ms):", ""]
+            for name, n, us in sorted(host["api"], key=lambda t: -t[2])[:a.top]:
+                lines.append(f"- {name}: {n:.0f} calls, {us / 1e3:.2f} ms")
         if "cprofile" in host:
             lines += ["", f"Host time by function, {mode} ({a.steps} whole steps, cProfile, by own time):", "", "```",
                       host["cprofile"].strip(), "```"]

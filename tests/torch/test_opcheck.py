@@ -35,7 +35,6 @@ def test_conv2d_ops(device, layout, geom, bias):
         args = (x, w, b, seed, [st, st], [pad, pad], [1, 1], keep, CFG.code)
         _check(torch.ops.hot.conv2d.default, args)
         y, q, s = torch.ops.hot.conv2d(*args)
-        assert y.stride() == torch.nn.functional.conv2d(x, w, b, st, pad).stride()
         gy = torch.randn(y.shape, generator=g).to(device).contiguous(memory_format=torch.channels_last
                                                                       if layout == "channels_last"
                                                                       else torch.contiguous_format)

@@ -196,6 +196,16 @@ def _pair(name: str, v) -> List[int]:
     raise ValueError(f"hot_conv2d: {name} must be an int or a pair of ints (h, w), got {v!r}")
 
 
+def _batched(x: Tensor) -> Tuple[Tensor, bool]:
+    """A conv input as the 4-D (N, C, H, W) map, and whether it came unbatched (C, H, W); other ranks raise."""
+    unbatched = x.dim() == 3
+    if unbatched:
+        x = x.unsqueeze(0)
+    if x.dim() != 4:
+        raise ValueError(f"hot.torch.Conv2d: input has {x.dim()} dims, expected 3 (C, H, W) or 4 (N, C, H, W)")
+    return x, unbatched
+
+
 def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride=1, padding=0, dilation=1,
                config=None, _layer=None, _param: Optional[Tensor] = None) -> Tensor:
     """Functional HOT conv2d (groups = 1, zero padding; stride, padding and dilation each an int or a pair of
@@ -207,11 +217,7 @@ def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride=1, padd
     if not torch.compiler.is_compiling():
         return _conv2d_eager(x, weight, bias, stride, padding, dilation, config, _autocast_on(x.device.type), _layer,
                              _param)
-    unbatched = x.dim() == 3
-    if unbatched:
-        x = x.unsqueeze(0)
-    if x.dim() != 4:
-        raise ValueError(f"hot.torch.Conv2d: input has {x.dim()} dims, expected 3 (C, H, W) or 4 (N, C, H, W)")
+    x, unbatched = _batched(x)
     if x.device != weight.device:
         _check_inputs("Conv2d", x, weight, bias, True)
     x, weight, bias, ac = _autocast_cast(x, weight, bias)
@@ -225,11 +231,7 @@ def _conv2d_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride, pad
                   layer=None, param: Optional[Tensor] = None) -> Tensor:
     """hot_conv2d outside torch.compile once gradients are wanted (stride, padding, dilation: [h, w] lists; see
     :func:`_eager_operands`)."""
-    unbatched = x.dim() == 3
-    if unbatched:
-        x = x.unsqueeze(0)
-    if x.dim() != 4:
-        raise ValueError(f"hot.torch.Conv2d: input has {x.dim()} dims, expected 3 (C, H, W) or 4 (N, C, H, W)")
+    x, unbatched = _batched(x)
     x, weight, bias, seed, keep, reuse = _eager_operands("Conv2d", x, weight, bias, config, ac, layer, param)
     y = ops.conv2d_eager(x, weight, bias, seed, stride, padding, dilation, keep, config, reuse)
     return y.squeeze(0) if unbatched else y

@@ -36,8 +36,8 @@ class Config(_C.Config):
 
     A Config is the core's ``hot::Config`` (cpp/include/hot/config.h, bound as ``hot._C.Config``): the core
     validates it when it is made, and the operations take it whole. Immutable; equality, hashing, ``repr``,
-    ``describe()``, pickling and ``code`` / ``from_code`` (the one-integer encoding that crosses the torch
-    custom-op schemas) come from the core type.
+    ``describe()``, pickling and ``code`` / ``from_code`` (the one-integer encoding that crosses the
+    torch.library ops' schemas) come from the core type.
     """
 
     __slots__ = ()

@@ -57,7 +57,7 @@ def test_compile_fullgraph_no_graph_breaks(name, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_channels_last_matches_eager(device):
-    """A channels-last network (how cuDNN runs convolutions fastest) compiles fullgraph: the custom ops' fake outputs
+    """A channels-last network (how cuDNN runs convolutions fastest) compiles fullgraph: the torch.library ops' fake outputs
     have the layouts of their real ones (a conv's output is channels-last for a channels-last input, as F.conv2d's
     is; the g_x of a channels-last g_y too), so the lean ReLU after a conv views the same memory order at trace time
     as at run time, and the compiled gradients equal the eager ones (nearest rounding)."""
@@ -76,8 +76,8 @@ def test_compile_channels_last_matches_eager(device):
     assert_compiles_like_eager(model, lambda x, y: F.cross_entropy(model(x), y), x, y)
 
 
-def test_compile_traces_custom_ops():
-    """The compiled graph calls the hot custom ops (not a fallback to exact layers)."""
+def test_compile_traces_hot_ops():
+    """The compiled graphs call the hot torch.library ops (not a fallback to exact layers)."""
     from torch._dynamo.testing import AotEagerAndRecordGraphs
 
     layer = ht.Linear(16, 16)
@@ -186,7 +186,7 @@ def test_compile_inductor_trains():
 
 @pytest.mark.skipif("cuda" not in DEVICES, reason="needs a CUDA GPU and hot's CUDA backend")
 def test_compile_inductor_matches_eager_cuda():
-    """The inductor backend (Triton kernels around the hot custom ops) on the GPU, fullgraph: with nearest
+    """The inductor backend (Triton kernels around the hot torch.library ops) on the GPU, fullgraph: with nearest
     rounding the compiled training run follows the eager one (same integer backward each step)."""
     import copy
 

@@ -281,7 +281,7 @@ def test_bad_inputs_raise_clear_errors():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("route", ["eager", "custom_op"])
+@pytest.mark.parametrize("route", ["eager", "ops"])
 @pytest.mark.parametrize("stride,HW,rank,channels_last", [(1, (8, 12), 8, False), (2, (7, 9), 16, False),
                                                           (1, (6, 5), 16, True), (2, (16, 16), 8, True)],
                          ids=["patches", "strided", "channels_last", "strided_patches_cl"])
@@ -303,7 +303,7 @@ def test_pointwise_conv_is_the_linear_layer_over_its_pixels(stride, HW, rank, ch
     if route == "eager":
         saved, y = saved_during(lambda: ops.conv2d(x, w, b, seed, *geom, ops.KEEP_COMPRESSED, cfg))
     else:
-        saved, y = saved_during(lambda: torch.ops.hot.conv2d(x, w, b, seed, *geom, ops.KEEP_COMPRESSED, cfg.code)[0])
+        saved, y = saved_during(lambda: ops.conv2d_ops(x, w, b, seed, *geom, ops.KEEP_COMPRESSED, cfg.code))
     Ho, Wo = y.shape[2:]
     L = N * Ho * Wo
     int8 = [t for t in saved if t.dtype == torch.int8 and t.numel() > 0]
@@ -331,9 +331,9 @@ def test_pointwise_conv_is_the_linear_layer_over_its_pixels(stride, HW, rank, ch
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["linear", "conv"])
 @pytest.mark.parametrize("keep", [1, 2], ids=["abc", "exact"])
-def test_eager_route_matches_custom_op_route(kind, keep, device):
-    """Eager layers run the op bodies through an autograd.Function (no dispatcher); torch.compile graphs call
-    the custom ops. For the same seed both routes give identical outputs and gradients (stochastic rounding)."""
+def test_eager_route_matches_ops_route(kind, keep, device):
+    """Eager layers run the op bodies directly (no dispatcher); torch.compile graphs call the torch.library ops. For
+    the same seed both routes give identical outputs and gradients (stochastic rounding)."""
     from hot.torch import ops
 
     torch.manual_seed(11)
@@ -347,14 +347,14 @@ def test_eager_route_matches_custom_op_route(kind, keep, device):
         geom = ([2, 1], [1, 0], [1, 1])
     gy = None
     results = []
-    for route in ("eager", "custom_op"):
+    for route in ("eager", "ops"):
         x, w, b = (t.clone().to(device).requires_grad_(True) for t in (x0, w0, b0))
         if route == "eager":
             fn = ops.linear if kind == "linear" else ops.conv2d
             y = fn(x, w, b, seed, *geom, keep, cfg)
-        else:  # the custom ops take the configuration as its code
-            op = torch.ops.hot.linear if kind == "linear" else torch.ops.hot.conv2d
-            y = op(x, w, b, seed, *geom, keep, cfg.code)[0]
+        else:  # the torch.library ops, the configuration as its code
+            fn = ops.linear_ops if kind == "linear" else ops.conv2d_ops
+            y = fn(x, w, b, seed, *geom, keep, cfg.code)
         if gy is None:
             gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)).to(device)
         y.backward(gy)
@@ -396,7 +396,7 @@ def test_empty_operands_behave_like_torch(kind, i, o, shape, exact):
 
 
 @pytest.mark.parametrize("gy_depends_on_x", [True, False], ids=["penalty", "constant_gy"])
-@pytest.mark.parametrize("route", ["eager", "custom_op"])
+@pytest.mark.parametrize("route", ["eager", "ops"])
 @pytest.mark.parametrize("kind", ["linear", "conv"])
 def test_double_backward_raises(kind, route, gy_depends_on_x):
     """HOT's backward is not differentiable: create_graph=True still gives the first-order gradient, but
@@ -416,9 +416,8 @@ def test_double_backward_raises(kind, route, gy_depends_on_x):
     if route == "eager":
         fn = ops.linear if kind == "linear" else ops.conv2d
         config = cfg
-    else:  # the custom ops take the configuration as its code
-        op = torch.ops.hot.linear if kind == "linear" else torch.ops.hot.conv2d
-        fn = lambda *a: op(*a)[0]  # noqa: E731
+    else:  # the torch.library ops (the route under torch.compile), the configuration as its code
+        fn = ops.linear_ops if kind == "linear" else ops.conv2d_ops
         config = cfg.code
     x, w, b = (t.requires_grad_() for t in (x, w, b))
     y = fn(x, w, b, seed, *geom, ops.KEEP_RAW, config)

@@ -364,7 +364,7 @@ def test_resnet_stem_keeps_masks_and_offsets_instead_of_the_relu_output():
 @pytest.mark.parametrize("inplace", [False, True])
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 def test_compiled_calls_the_engine_ops(inplace, layout):
-    """Under torch.compile the ReLU runs as the hot::relu_mask custom ops (in the graph, no break) and gives the eager
+    """Under torch.compile the ReLU runs as the hot::relu_mask ops (in the graph, no break) and gives the eager
     output and gradient; the in-place ReLU still writes its input."""
     import torch._dynamo as dynamo
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hot  # noqa: F401  (engine)
 
-from . import ops  # registers the torch.library custom ops (namespace "hot")
+from . import ops  # registers the torch.library ops (namespace "hot")
 from .ops import WeightReuse, weight_reuse
 from .convert import ConvertReport, convert, hot_layers
 from .layers import Conv1d, Conv2d, Linear, MultiheadAttention, TransposedLinear, hot_conv2d, hot_linear

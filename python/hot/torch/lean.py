@@ -31,12 +31,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hot import _api
-from hot.torch.ops import _call
+from hot.torch.ops import _call, define_op
 
 _MASKED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-# ---- the engine's relu_mask on 1-D tensors: the bodies, and the custom ops that wrap them for torch.compile ----
+# ---- the engine's relu_mask on 1-D tensors: the bodies, and the torch.library ops that call them (torch.compile) ----
 def _mask_body(x: Tensor, inplace: bool) -> Tuple[Tensor, Tensor]:
     """(y, bits) of hot.relu_mask of the 1-D x (y is x itself when inplace), into tensors allocated here."""
     bits = torch.empty(((x.numel() + 7) // 8,), dtype=torch.int8, device=x.device)
@@ -47,48 +47,26 @@ def _mask_backward_body(g: Tensor, bits: Tensor) -> Tensor:
     return _api._relu_mask_backward(_call("relu_mask_backward", g), g, bits, torch.empty_like(g))
 
 
-@torch.library.custom_op("hot::relu_mask", mutates_args=())
-def relu_mask_op(x: Tensor) -> Tuple[Tensor, Tensor]:
-    return _mask_body(x, False)
-
-
-@relu_mask_op.register_fake
-def _(x):
-    return torch.empty_like(x), x.new_empty(((x.numel() + 7) // 8,), dtype=torch.int8)
-
-
-@torch.library.custom_op("hot::relu_mask_inplace", mutates_args=("x",))
-def relu_mask_inplace_op(x: Tensor) -> Tensor:
-    return _mask_body(x, True)[1]
-
-
-@relu_mask_inplace_op.register_fake
-def _(x):
-    return x.new_empty(((x.numel() + 7) // 8,), dtype=torch.int8)
-
-
-@torch.library.custom_op("hot::relu_mask_backward", mutates_args=())
-def relu_mask_backward_op(g: Tensor, bits: Tensor) -> Tensor:
-    return _mask_backward_body(g, bits)
-
-
-@relu_mask_backward_op.register_fake
-def _(g, bits):
-    return torch.empty_like(g)
+relu_mask_op = define_op("relu_mask(Tensor x) -> (Tensor, Tensor)", lambda x: _mask_body(x, False),
+                         lambda x: (torch.empty_like(x), x.new_empty(((x.numel() + 7) // 8,), dtype=torch.int8)))
+relu_mask_inplace_op = define_op("relu_mask_inplace(Tensor(a!) x) -> Tensor", lambda x: _mask_body(x, True)[1],
+                                 lambda x: x.new_empty(((x.numel() + 7) // 8,), dtype=torch.int8))
+relu_mask_backward_op = define_op("relu_mask_backward(Tensor g, Tensor bits) -> Tensor", _mask_backward_body,
+                                  lambda g, bits: torch.empty_like(g))
 
 
 def _relu_mask(x: Tensor, inplace: bool) -> Tuple[Tensor, Tensor]:
-    """(y, bits) for a 1-D x: the custom ops under torch.compile, the bodies directly otherwise (no dispatcher)."""
+    """(y, bits) for a 1-D x: the torch.library ops under torch.compile, else the bodies directly (no dispatcher)."""
     if torch.compiler.is_compiling():
         if inplace:
-            return x, torch.ops.hot.relu_mask_inplace(x)
-        return torch.ops.hot.relu_mask(x)
+            return x, relu_mask_inplace_op(x)
+        return relu_mask_op(x)
     return _mask_body(x, inplace)
 
 
 def _relu_mask_backward(g: Tensor, bits: Tensor) -> Tensor:
     if torch.compiler.is_compiling():
-        return torch.ops.hot.relu_mask_backward(g, bits)
+        return relu_mask_backward_op(g, bits)
     return _mask_backward_body(g, bits)
 
 
@@ -222,36 +200,29 @@ def _pool_backward_body(g: Tensor, off: Tensor, x_shape: List[int], channels_las
     return gx
 
 
-@torch.library.custom_op("hot::max_pool2d_offsets", mutates_args=())
-def max_pool_op(x: Tensor, kernel: List[int], stride: List[int], padding: List[int], dilation: List[int],
-                ceil_mode: bool) -> Tuple[Tensor, Tensor]:
-    return _pool_body(x, kernel, stride, padding, dilation, ceil_mode)
-
-
-@max_pool_op.register_fake
-def _(x, kernel, stride, padding, dilation, ceil_mode):
+def _pool_fake(x, kernel, stride, padding, dilation, ceil_mode):
     shape, fmt = _pool_shapes(x, kernel, stride, padding, dilation, ceil_mode)
     return (torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt),
             torch.empty(shape, dtype=torch.int8, device=x.device, memory_format=fmt))
 
 
-@torch.library.custom_op("hot::max_pool2d_offsets_backward", mutates_args=())
-def max_pool_backward_op(g: Tensor, off: Tensor, x_shape: List[int], channels_last: bool, kernel: List[int],
-                         stride: List[int], padding: List[int], dilation: List[int]) -> Tensor:
-    return _pool_backward_body(g, off, x_shape, channels_last, kernel, stride, padding, dilation)
-
-
-@max_pool_backward_op.register_fake
-def _(g, off, x_shape, channels_last, kernel, stride, padding, dilation):
+def _pool_backward_fake(g, off, x_shape, channels_last, kernel, stride, padding, dilation):
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     return torch.empty(x_shape, dtype=g.dtype, device=g.device, memory_format=fmt)
+
+
+max_pool_op = define_op("max_pool2d_offsets(Tensor x, SymInt[] kernel, SymInt[] stride, SymInt[] padding, "
+                        "SymInt[] dilation, bool ceil_mode) -> (Tensor, Tensor)", _pool_body, _pool_fake)
+max_pool_backward_op = define_op(
+    "max_pool2d_offsets_backward(Tensor g, Tensor off, SymInt[] x_shape, bool channels_last, SymInt[] kernel, "
+    "SymInt[] stride, SymInt[] padding, SymInt[] dilation) -> Tensor", _pool_backward_body, _pool_backward_fake)
 
 
 class _OffsetMaxPool2d(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, kernel, stride, padding, dilation, ceil_mode: bool) -> Tensor:
         if torch.compiler.is_compiling():
-            y, off = torch.ops.hot.max_pool2d_offsets(x, kernel, stride, padding, dilation, ceil_mode)
+            y, off = max_pool_op(x, kernel, stride, padding, dilation, ceil_mode)
         else:
             y, off = _pool_body(x, kernel, stride, padding, dilation, ceil_mode)
         ctx.save_for_backward(off)
@@ -264,7 +235,7 @@ class _OffsetMaxPool2d(torch.autograd.Function):
         (off,) = ctx.saved_tensors
         args = (ctx.x_shape, ctx.channels_last) + ctx.geometry
         if torch.compiler.is_compiling():
-            g = torch.ops.hot.max_pool2d_offsets_backward(grad_y, off, *args)
+            g = max_pool_backward_op(grad_y, off, *args)
         else:
             g = _pool_backward_body(grad_y, off, *args)
         return g, None, None, None, None, None

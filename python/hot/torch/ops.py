@@ -1,18 +1,19 @@
-"""torch.library custom ops around the hot engine (SPEC §2-§4, §8).
+"""torch.library ops around the hot engine (SPEC §2-§4, §8).
 
-Every call into the engine is a ``torch.library.custom_op`` with a fake (meta) implementation and a
-registered autograd formula, so converted models run under ``torch.compile(fullgraph=True)`` without
-graph breaks, and under autocast, DDP and GradScaler like the native layers.
+Every call into the engine has a ``torch.library`` op with a fake (meta) implementation, so converted models run under
+``torch.compile(fullgraph=True)`` without graph breaks, and under autocast, DDP and GradScaler like the native layers.
+The ops have no autograd kernels: the layers' ``torch.autograd.Function`` s give the gradients and call the ops, and
+dynamo traces those Functions, so a compiled graph calls the ops without any Python autograd code at run time.
 
 Ops (namespace ``hot``):
 
-``hot::linear(x, weight, bias, seed, keep, config) -> (y, q, scale)``
+``hot::linear(x, weight, bias, keep, config) -> (y, q, scale)``
     ``y = F.linear(x, weight, bias)`` in the framework's precision; what is kept for the backward
     pass depends on ``keep``: 0 nothing (frozen weight: the g_x path needs only W), 1 the ABC buffer
     ``compress_activation(x)`` (int8 ``I x K_pad`` + one f32 scale), 2 the raw x (``Config.exact``).
 ``hot::linear_backward(...) -> (g_x, g_w, g_b)``
     ``hot.backward_linear`` on the tensors' device; results not requested are empty tensors.
-``hot::conv2d(x, weight, bias, seed, stride, padding, dilation, keep, config) -> (y, q, scale)``
+``hot::conv2d(x, weight, bias, stride, padding, dilation, keep, config) -> (y, q, scale)``
     ``y = F.conv2d(...)``; with ``keep == 1`` the layer keeps the INPUT FEATURE MAP quantised to int8
     (per-tensor round-to-nearest, ``hot.quantize``; (N, C, H, W) in x's layout), not the im2col matrix (SPEC §8); a
     pointwise conv (1 x 1, no padding, :func:`pointwise`) keeps the ABC buffer of the pixel rows it reads instead, as
@@ -28,18 +29,17 @@ Ops (namespace ``hot``):
     asks for, for one HLA pass in backward; the double quantisation (8-bit feature map, then 8-bit HLA) adds at most
     ``s_fmap/2`` per input element before the projection.
 
-The configuration (a ``hot.Config``, the core's ``hot::Config``) crosses the custom-op schemas as ONE integer,
+The configuration (a ``hot.Config``, the core's ``hot::Config``) crosses the ops' schemas as ONE integer,
 ``config.code`` (``hot::Config::code``, the only scalar encoding of a configuration, produced and parsed in the core);
 the op bodies turn it back into the Config with :func:`config_of` (``hot.Config.from_code``, cached), and the engine
 gets the Config whole.
 
-Eager calls (not under ``torch.compile``) skip the dispatcher: ``hot.torch`` layers call
-:func:`linear` / :func:`conv2d` below, which run the same bodies through a ``torch.autograd.Function``
-(the custom-op route costs ~100 us of Python per layer and call, which on a GPU leaves the device idle
-between small kernels). Under ``torch.compile`` the same functions call the custom ops, so graphs capture
-them. Both routes run the same bodies, which reach the engine through the one internal entry per operation of
-``hot._api`` (``_compress``, ``_backward_linear``), as the public functions do; they give the same tensors for the
-same seed (tested).
+Two routes through the same autograd.Functions (:class:`_LinearFunction`, :class:`_Conv2dFunction`): eager calls (not
+under ``torch.compile``) run the op bodies directly, without the dispatcher (it costs tens of us of host time per
+call, which on a GPU leaves the device idle between small kernels); under ``torch.compile`` the Functions call the ops
+(:func:`linear_ops`, :func:`conv2d_ops`: the configuration as its code), so graphs capture them. Both routes run the
+same bodies, which reach the engine through the one internal entry per operation of ``hot._api`` (``_compress``,
+``_backward_linear``), as the public functions do; they give the same tensors for the same seed (tested).
 
 Stochastic-rounding seeds are drawn at each forward call of each layer (one int64 draw) by torch's default generator
 of the layer's device (the CPU's, or the GPU's for a CUDA layer), so ``torch.manual_seed`` makes runs reproducible and
@@ -93,7 +93,7 @@ def _seed_for(seed, like: Tensor):
 
 @functools.lru_cache(maxsize=None)
 def config_of(code: int) -> hot.Config:
-    """The hot.Config of a custom op's ``config`` argument (``config.code``, see the module docstring); cached."""
+    """The hot.Config of an op's ``config`` argument (``config.code``, see the module docstring); cached."""
     return hot.Config.from_code(code)
 
 
@@ -103,6 +103,23 @@ def _empty(like: Tensor, dtype=None) -> Tensor:
 
 def _or_empty(t: Optional[Tensor], like: Tensor) -> Tensor:
     return _empty(like) if t is None else t
+
+
+_LIB = torch.library.Library("hot", "DEF")
+
+
+def define_op(schema: str, body, fake):
+    """hot::<schema> as a low-level torch.library op, the graph-capturable form of an engine call: ``body`` for CPU
+    and CUDA tensors (for others it raises the engine's named error), ``fake`` for tracing, and no autograd kernel of
+    its own: the torch.autograd.Functions that call the ops give the gradients, and dynamo traces them with the ops
+    inside. (A ``torch.library.custom_op`` runs a Python autograd kernel, a redispatch and an aliasing check around
+    its body at every call, in a compiled graph's runtime as well: ~20-65 us a call on the development machine, more
+    than a small op's body.) Returns the op's default overload."""
+    name = schema.split("(", 1)[0]
+    _LIB.define(schema)
+    _LIB.impl(name, body, "CompositeExplicitAutograd")
+    torch.library.register_fake("hot::" + name, fake, lib=_LIB)
+    return getattr(torch.ops.hot, name).default
 
 
 # ------------------------------------------------------------------------------------------------
@@ -268,14 +285,7 @@ def _linear_backward_body(grad_y, weight, x, q, scale, seed, x_shape, cfg, need_
                             need_gw, need_gb, x_shape, reuse)
 
 
-@torch.library.custom_op("hot::linear", mutates_args=())
-def linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep: int,
-              config: int) -> Tuple[Tensor, Tensor, Tensor]:
-    return _linear_forward(x, weight, bias, keep, config_of(config))
-
-
-@linear_op.register_fake
-def _linear_fake(x, weight, bias, seed, keep, config):
+def _linear_fake(x, weight, bias, keep, config):
     y = x.new_empty((*x.shape[:-1], weight.shape[0]))
     if keep == KEEP_COMPRESSED:
         rows = math.prod(x.shape[:-1])
@@ -284,16 +294,17 @@ def _linear_fake(x, weight, bias, seed, keep, config):
     return y, x.new_empty((0,), dtype=torch.int8), x.new_empty((0,), dtype=torch.float32)
 
 
-@torch.library.custom_op("hot::linear_backward", mutates_args=())
-def linear_backward_op(grad_y: Tensor, weight: Tensor, x: Optional[Tensor], q: Tensor, scale: Tensor,
-                       seed: Tensor, x_shape: List[int], config: int, need_gx: bool, need_gw: bool,
-                       need_gb: bool) -> Tuple[Tensor, Tensor, Tensor]:
+linear_op = define_op(
+    "linear(Tensor x, Tensor weight, Tensor? bias, int keep, int config) -> (Tensor, Tensor, Tensor)",
+    lambda x, weight, bias, keep, config: _linear_forward(x, weight, bias, keep, config_of(config)), _linear_fake)
+
+
+def _linear_backward_op(grad_y, weight, x, q, scale, seed, x_shape, config, need_gx, need_gw, need_gb):
     gx, gw, gb = _linear_backward_body(grad_y, weight, x, q, scale, _seed_for(seed, grad_y), x_shape,
                                        config_of(config), need_gx, need_gw, need_gb)
     return _or_empty(gx, grad_y), _or_empty(gw, grad_y), _or_empty(gb, grad_y)
 
 
-@linear_backward_op.register_fake
 def _linear_backward_fake(grad_y, weight, x, q, scale, seed, x_shape, config, need_gx, need_gw, need_gb):
     gx = grad_y.new_empty(x_shape) if need_gx else grad_y.new_empty((0,))
     gw = grad_y.new_empty(weight.shape) if need_gw else grad_y.new_empty((0,))
@@ -301,16 +312,10 @@ def _linear_backward_fake(grad_y, weight, x, q, scale, seed, x_shape, config, ne
     return gx, gw, gb
 
 
-def _save_for_backward(ctx, output, x, weight, bias, seed, keep, config: int):
-    """What the linear and conv2d custom ops keep for their backward (shared by both setup_context functions); the
-    configuration stays its code, which the backward op takes."""
-    _, q, scale = output
-    ctx.mark_non_differentiable(q, scale)
-    ctx.save_for_backward(x if keep == KEEP_RAW else None, weight, q, scale, seed)
-    ctx.x_shape = list(x.shape)
-    ctx.has_bias = bias is not None
-    ctx.keep = keep
-    ctx.config = config
+linear_backward_op = define_op(
+    "linear_backward(Tensor grad_y, Tensor weight, Tensor? x, Tensor q, Tensor scale, Tensor seed, SymInt[] x_shape, "
+    "int config, bool need_gx, bool need_gw, bool need_gb) -> (Tensor, Tensor, Tensor)",
+    _linear_backward_op, _linear_backward_fake)
 
 
 def _needs(ctx):
@@ -319,12 +324,24 @@ def _needs(ctx):
             ctx.has_bias and ctx.needs_input_grad[2])
 
 
-def _save_eager(ctx, x, weight, bias, q, scale, seed, keep, cfg):
-    """What the eager autograd.Functions keep: the tensors of _save_for_backward, only those the backward reads (q and
-    scale only when compressed, no empty placeholders), the seed (its tensor, or 0 without stochastic rounding) and the
-    hot.Config itself."""
-    ctx.save_for_backward(x if keep == KEEP_RAW else None, weight, q, scale)
-    ctx.seed, ctx.x_shape, ctx.keep, ctx.has_bias, ctx.cfg = seed, x.shape, keep, bias is not None, cfg
+def _save(ctx, x, weight, bias, q, scale, seed, keep, cfg):
+    """What the layers' autograd.Functions keep: the tensors the backward reads (the raw x only when kept raw; q and
+    scale when compressed), the seed, the configuration (eager: the hot.Config; the op route: its code) and the
+    backward's flags. The seed is a context attribute on the eager route (its tensor, or 0 without stochastic
+    rounding: not a saved tensor, so saved-tensor hooks see what the layer keeps of its input) and a saved tensor on
+    the op route (which dynamo traces)."""
+    if isinstance(cfg, int):
+        ctx.save_for_backward(x if keep == KEEP_RAW else None, weight, q, scale, seed)
+    else:
+        ctx.save_for_backward(x if keep == KEEP_RAW else None, weight, q, scale)
+        ctx.seed = seed
+    ctx.x_shape, ctx.keep, ctx.has_bias, ctx.cfg = list(x.shape), keep, bias is not None, cfg
+
+
+def _saved(ctx):
+    """(x, weight, q, scale, seed) as :func:`_save` kept them."""
+    t = ctx.saved_tensors
+    return t if len(t) == 5 else (*t, ctx.seed)
 
 
 def _double_backward_error(kind: str) -> RuntimeError:
@@ -348,67 +365,50 @@ class _NotDifferentiable(torch.autograd.Function):
         raise _double_backward_error(ctx.kind)
 
 
-def _eager_backward(ctx, grad_y, n_other: int, kind: str, body):
-    """Backward of an eager autograd.Function: body(x, weight, q, scale, need_gx, need_gw, need_gb) when anything
-    is needed; (g_x, g_w, g_b) then None for the n_other non-tensor inputs. Under create_graph=True the results
+def _layer_backward(ctx, grad_y, n_other: int, kind: str, body):
+    """Backward of a layer's autograd.Function: body(x, weight, q, scale, seed, need_gx, need_gw, need_gb) when
+    anything is needed; (g_x, g_w, g_b) then None for the n_other other inputs. Under create_graph=True the results
     come out of a _NotDifferentiable node: differentiating them again raises instead of silently giving zero."""
-    x, weight, q, scale = ctx.saved_tensors
+    x, weight, q, scale, seed = _saved(ctx)
     needs = _needs(ctx)
     if not any(needs):
         return (None,) * (3 + n_other)
     if not torch.is_grad_enabled():  # the usual backward, without create_graph
-        return tuple(body(x, weight, q, scale, *needs)) + (None,) * n_other
+        grads = body(x, weight, q, scale, seed, *needs)
+        return tuple(g if n else None for g, n in zip(grads, needs)) + (None,) * n_other
     with torch.no_grad():
-        grads = body(x, weight, q, scale, *needs)
+        grads = [g if n else None for g, n in zip(body(x, weight, q, scale, seed, *needs), needs)]
     got = [g for g in grads if g is not None]
     deps = [t for t in (grad_y, weight, x) if t is not None]
     marked = iter(_NotDifferentiable.apply(kind, len(got), *got, *deps))
     return tuple(None if g is None else next(marked) for g in grads) + (None,) * n_other
 
 
-def _linear_setup(ctx, inputs, output):
-    x, weight, bias, seed, keep, config = inputs
-    _save_for_backward(ctx, output, x, weight, bias, seed, keep, config)
-
-
-def _linear_backward(ctx, grad_y, _gq, _gs):
-    x, weight, q, scale, seed = ctx.saved_tensors
-    need_gx, need_gw, need_gb = _needs(ctx)
-    nones = (None,) * 3
-    if not (need_gx or need_gw or need_gb):
-        return (None, None, None) + nones
-    gx, gw, gb = torch.ops.hot.linear_backward(grad_y, weight, x, q, scale, seed, ctx.x_shape, ctx.config,
-                                               need_gx, need_gw, need_gb)
-    return (gx if need_gx else None, gw if need_gw else None, gb if need_gb else None) + nones
-
-
-linear_op.register_autograd(_linear_backward, setup_context=_linear_setup)
-
-
-def _linear_double_backward(ctx, *grads):
-    raise _double_backward_error("Linear")
-
-
-linear_backward_op.register_autograd(_linear_double_backward)
-
-
 class _LinearFunction(torch.autograd.Function):
-    """The eager route of :func:`linear`: the same bodies as the custom ops, without the dispatcher. The non-tensor
-    arguments travel as one tuple ``(seed, keep, cfg)`` (cfg: the layer's hot.Config)."""
+    """:func:`linear` for autograd, by two routes with the same bodies and results. Eager (``args`` = (seed, keep,
+    cfg, reuse), cfg a hot.Config): the bodies directly, without the dispatcher. Under torch.compile (cfg the
+    configuration's code, reuse None): hot::linear and hot::linear_backward, which dynamo traces into the graphs
+    (:func:`linear_ops`)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, args):
         seed, keep, cfg, reuse = args
-        y = F.linear(x, weight, bias)
-        q, scale = _compress(x, cfg) if keep == KEEP_COMPRESSED else (None, None)
-        _save_eager(ctx, x, weight, bias, q, scale, seed, keep, cfg)
+        if isinstance(cfg, int):
+            y, q, scale = linear_op(x, weight, bias, keep, cfg)
+        else:
+            y = F.linear(x, weight, bias)
+            q, scale = _compress(x, cfg) if keep == KEEP_COMPRESSED else (None, None)
+        _save(ctx, x, weight, bias, q, scale, seed, keep, cfg)
         ctx.reuse = reuse
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        return _eager_backward(ctx, grad_y, 1, "Linear", lambda x, w, q, s, *needs: _linear_backward_body(
-            grad_y, w, x, q, s, ctx.seed, ctx.x_shape, ctx.cfg, *needs, reuse=ctx.reuse))
+        if isinstance(ctx.cfg, int):
+            return _layer_backward(ctx, grad_y, 1, "Linear", lambda x, w, q, s, seed, *needs: linear_backward_op(
+                grad_y, w, x, q, s, seed, ctx.x_shape, ctx.cfg, *needs))
+        return _layer_backward(ctx, grad_y, 1, "Linear", lambda x, w, q, s, seed, *needs: _linear_backward_body(
+            grad_y, w, x, q, s, seed, ctx.x_shape, ctx.cfg, *needs, reuse=ctx.reuse))
 
 
 def linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed, keep: int, cfg, reuse=None) -> Tensor:
@@ -418,13 +418,19 @@ def linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed, keep: 
     return _LinearFunction.apply(x, weight, bias, (seed, keep, cfg, reuse))
 
 
+def linear_ops(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep: int, code: int) -> Tensor:
+    """The route of :func:`linear` under torch.compile (the torch.library ops hot::linear and hot::linear_backward,
+    the configuration as its code); eager calls run it too."""
+    return _LinearFunction.apply(x, weight, bias, (_seed_for(seed, x), keep, code, None))
+
+
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep: int, config) -> Tensor:
-    """y = F.linear(x, weight, bias) with HOT's backward at ``config`` (a hot.Config): the custom op under
-    torch.compile, else the eager autograd.Function (same bodies, same results). keep is what the forward keeps
-    (KEEP_COMPRESSED: the ABC buffer; KEEP_RAW: the raw x, for an exact g_w or one its producer keeps anyway;
-    KEEP_NOTHING when no g_w is wanted)."""
+    """y = F.linear(x, weight, bias) with HOT's backward at ``config`` (a hot.Config): the torch.library ops under
+    torch.compile, else the bodies directly (same results). keep is what the forward keeps (KEEP_COMPRESSED: the ABC
+    buffer; KEEP_RAW: the raw x, for an exact g_w or one its producer keeps anyway; KEEP_NOTHING when no g_w is
+    wanted)."""
     if torch.compiler.is_compiling():
-        return torch.ops.hot.linear(x, weight, bias, seed, keep, config.code)[0]
+        return linear_ops(x, weight, bias, seed, keep, config.code)
     return _LinearFunction.apply(x, weight, bias, (_seed_for(seed, x), keep, config, None))
 
 
@@ -539,14 +545,7 @@ def _conv2d_forward(x, weight, bias, stride, padding, dilation, keep, cfg):
     return y, _empty(x, torch.int8), _empty(x, torch.float32)
 
 
-@torch.library.custom_op("hot::conv2d", mutates_args=())
-def conv2d_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, stride: List[int],
-              padding: List[int], dilation: List[int], keep: int, config: int) -> Tuple[Tensor, Tensor, Tensor]:
-    return _conv2d_forward(x, weight, bias, stride, padding, dilation, keep, config_of(config))
-
-
-@conv2d_op.register_fake
-def _conv2d_fake(x, weight, bias, seed, stride, padding, dilation, keep, config):
+def _conv2d_fake(x, weight, bias, stride, padding, dilation, keep, config):
     N, _, H, W = x.shape
     O, _, kh, kw = weight.shape
     Ho = _conv_out(H, kh, stride[0], padding[0], dilation[0])
@@ -561,6 +560,13 @@ def _conv2d_fake(x, weight, bias, seed, stride, padding, dilation, keep, config)
                                  torch.contiguous_format)
         return y, q, x.new_empty((1,), dtype=torch.float32)
     return y, x.new_empty((0,), dtype=torch.int8), x.new_empty((0,), dtype=torch.float32)
+
+
+conv2d_op = define_op(
+    "conv2d(Tensor x, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, int keep, "
+    "int config) -> (Tensor, Tensor, Tensor)",
+    lambda x, weight, bias, stride, padding, dilation, keep, config: _conv2d_forward(
+        x, weight, bias, stride, padding, dilation, keep, config_of(config)), _conv2d_fake)
 
 
 def _patch_split(t: Tensor, dim: int) -> Tensor:
@@ -685,16 +691,13 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed, x_shape, stride, pa
     return gx, gw, gb
 
 
-@torch.library.custom_op("hot::conv2d_backward", mutates_args=())
-def conv2d_backward_op(grad_y: Tensor, weight: Tensor, x: Optional[Tensor], q: Tensor, scale: Tensor, seed: Tensor,
-                       x_shape: List[int], stride: List[int], padding: List[int], dilation: List[int], config: int,
-                       need_gx: bool, need_gw: bool, need_gb: bool) -> Tuple[Tensor, Tensor, Tensor]:
+def _conv2d_backward_op(grad_y, weight, x, q, scale, seed, x_shape, stride, padding, dilation, config, need_gx,
+                        need_gw, need_gb):
     gx, gw, gb = _conv2d_backward_body(grad_y, weight, x, q, scale, _seed_for(seed, grad_y), x_shape, stride, padding,
                                        dilation, config_of(config), need_gx, need_gw, need_gb)
     return _or_empty(gx, grad_y), _or_empty(gw, grad_y), _or_empty(gb, grad_y)
 
 
-@conv2d_backward_op.register_fake
 def _conv2d_backward_fake(grad_y, weight, x, q, scale, seed, x_shape, stride, padding, dilation, config, need_gx,
                           need_gw, need_gb):
     # g_x is channels-last where g_y is (the body keeps the engine's channels-last map then), else contiguous
@@ -706,62 +709,58 @@ def _conv2d_backward_fake(grad_y, weight, x, q, scale, seed, x_shape, stride, pa
     return gx, gw, gb
 
 
-def _conv2d_setup(ctx, inputs, output):
-    x, weight, bias, seed, stride, padding, dilation, keep, config = inputs
-    _save_for_backward(ctx, output, x, weight, bias, seed, keep, config)
-    ctx.geom = (list(stride), list(padding), list(dilation))
-
-
-def _conv2d_backward(ctx, grad_y, _gq, _gs):
-    x, weight, q, scale, seed = ctx.saved_tensors
-    need_gx, need_gw, need_gb = _needs(ctx)
-    nones = (None,) * 6
-    if not (need_gx or need_gw or need_gb):
-        return (None, None, None) + nones
-    gx, gw, gb = torch.ops.hot.conv2d_backward(grad_y, weight, x, q, scale, seed, ctx.x_shape, *ctx.geom, ctx.config,
-                                               need_gx, need_gw, need_gb)
-    return (gx if need_gx else None, gw if need_gw else None, gb if need_gb else None) + nones
-
-
-conv2d_op.register_autograd(_conv2d_backward, setup_context=_conv2d_setup)
-
-
-def _conv2d_double_backward(ctx, *grads):
-    raise _double_backward_error("Conv2d")
-
-
-conv2d_backward_op.register_autograd(_conv2d_double_backward)
+conv2d_backward_op = define_op(
+    "conv2d_backward(Tensor grad_y, Tensor weight, Tensor? x, Tensor q, Tensor scale, Tensor seed, SymInt[] x_shape, "
+    "SymInt[] stride, SymInt[] padding, SymInt[] dilation, int config, bool need_gx, bool need_gw, bool need_gb) -> "
+    "(Tensor, Tensor, Tensor)",
+    _conv2d_backward_op, _conv2d_backward_fake)
 
 
 class _Conv2dFunction(torch.autograd.Function):
-    """The eager route of :func:`conv2d` (see :class:`_LinearFunction`): the non-tensor arguments travel as one tuple
-    ``(seed, stride, padding, dilation, keep, cfg, reuse)``."""
+    """:func:`conv2d` for autograd, by the two routes of :class:`_LinearFunction`: ``args`` = (seed, stride, padding,
+    dilation, keep, cfg, reuse), cfg a hot.Config (eager: the bodies directly) or the configuration's code (under
+    torch.compile: hot::conv2d and hot::conv2d_backward, :func:`conv2d_ops`)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, args):
         seed, stride, padding, dilation, keep, cfg, reuse = args
-        y = F.conv2d(x, weight, bias, stride, padding, dilation)
-        q, scale = _conv_keep(x, weight, stride, padding, dilation, cfg) if keep == KEEP_COMPRESSED else (None, None)
-        _save_eager(ctx, x, weight, bias, q, scale, seed, keep, cfg)
+        if isinstance(cfg, int):
+            y, q, scale = conv2d_op(x, weight, bias, stride, padding, dilation, keep, cfg)
+        else:
+            y = F.conv2d(x, weight, bias, stride, padding, dilation)
+            q, scale = _conv_keep(x, weight, stride, padding, dilation, cfg) if keep == KEEP_COMPRESSED else \
+                (None, None)
+        _save(ctx, x, weight, bias, q, scale, seed, keep, cfg)
         ctx.geom = (stride, padding, dilation)
         ctx.reuse = reuse
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        return _eager_backward(ctx, grad_y, 1, "Conv2d", lambda x, w, q, s, *needs: _conv2d_backward_body(
-            grad_y, w, x, q, s, ctx.seed, ctx.x_shape, *ctx.geom, ctx.cfg, *needs, reuse=ctx.reuse))
+        if isinstance(ctx.cfg, int):
+            return _layer_backward(ctx, grad_y, 1, "Conv2d", lambda x, w, q, s, seed, *needs: conv2d_backward_op(
+                grad_y, w, x, q, s, seed, ctx.x_shape, *ctx.geom, ctx.cfg, *needs))
+        return _layer_backward(ctx, grad_y, 1, "Conv2d", lambda x, w, q, s, seed, *needs: _conv2d_backward_body(
+            grad_y, w, x, q, s, seed, ctx.x_shape, *ctx.geom, ctx.cfg, *needs, reuse=ctx.reuse))
 
 
 def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed, stride: List[int], padding: List[int],
            dilation: List[int], keep: int, config, reuse=None) -> Tensor:
-    """y = F.conv2d(...) with HOT's backward at ``config`` (a hot.Config): the custom op under torch.compile, else
-    the eager autograd.Function (reuse: :func:`reuse_of` the layer's parameter). seed: a 0-d int64 tensor (an int
-    in eager mode, 0 without stochastic rounding)."""
+    """y = F.conv2d(...) with HOT's backward at ``config`` (a hot.Config): the torch.library ops under torch.compile,
+    else the bodies directly (reuse: :func:`reuse_of` the layer's parameter). seed: a 0-d int64 tensor (an int in
+    eager mode, 0 without stochastic rounding)."""
     if torch.compiler.is_compiling():
-        return torch.ops.hot.conv2d(x, weight, bias, seed, stride, padding, dilation, keep, config.code)[0]
+        return conv2d_ops(x, weight, bias, seed, stride, padding, dilation, keep, config.code)
     return conv2d_eager(x, weight, bias, _seed_for(seed, x), list(stride), list(padding), list(dilation), keep,
                         config, reuse)
+
+
+def conv2d_ops(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, stride: List[int], padding: List[int],
+               dilation: List[int], keep: int, code: int) -> Tensor:
+    """The route of :func:`conv2d` under torch.compile (the torch.library ops hot::conv2d and hot::conv2d_backward, the
+    configuration as its code); eager calls run it too."""
+    return _Conv2dFunction.apply(x, weight, bias, (_seed_for(seed, x), list(stride), list(padding), list(dilation),
+                                                   keep, code, None))
 
 
 def conv2d_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed, stride: List[int], padding: List[int],

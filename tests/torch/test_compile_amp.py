@@ -76,6 +76,31 @@ def test_compile_channels_last_matches_eager(device):
     assert_compiles_like_eager(model, lambda x, y: F.cross_entropy(model(x), y), x, y)
 
 
+@pytest.mark.parametrize("kind", ["vit", "cnn"])
+def test_compiled_step_draws_the_eager_seeds(kind):
+    """Stochastic rounding under torch.compile (aot_eager keeps torch's random ops): after the same torch.manual_seed
+    the compiled step draws each layer's seed in the forward, in the eager order, so its gradients are the eager ones
+    bit for bit (a seed read only by the backward op would let the partitioner move its draw into the backward graph:
+    the layers' seeds in reverse order)."""
+    import torch._dynamo as dynamo
+
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 1, 8, 8, generator=g), torch.randint(0, 10, (8,), generator=g)
+    grads = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = models.build("vit", dim=32, depth=1, heads=2, mlp=64) if kind == "vit" else nn.Sequential(
+            nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 1), nn.ReLU(), nn.Flatten(), nn.Linear(512, 10))
+        ht.convert(model)  # the default configuration: stochastic rounding
+        dynamo.reset()
+        f = torch.compile(model, fullgraph=True, backend="aot_eager") if compiled else model
+        torch.manual_seed(100)
+        F.cross_entropy(f(x), y).backward()
+        grads.append([p.grad for p in model.parameters()])
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
 def test_compile_traces_hot_ops():
     """The compiled graphs call the hot torch.library ops (not a fallback to exact layers)."""
     from torch._dynamo.testing import AotEagerAndRecordGraphs

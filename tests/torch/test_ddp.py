@@ -29,7 +29,7 @@ def _data():
     return torch.randn(16, 1, 8, 8, generator=g), torch.randint(0, 10, (16,), generator=g)
 
 
-def _worker(rank, port, out_dir, backend="gloo"):
+def _worker(rank, port, out_dir, backend="gloo", compiled=False):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dev = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
@@ -38,10 +38,11 @@ def _worker(rank, port, out_dir, backend="gloo"):
     dist.init_process_group(backend, rank=rank, world_size=WORLD)
     model = _model().to(dev)
     model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank] if dev.type == "cuda" else None)
+    run = torch.compile(model, backend="aot_eager") if compiled else model
     x, y = _data()
     xs, ys = x.chunk(WORLD)[rank].to(dev), y.chunk(WORLD)[rank].to(dev)
     torch.manual_seed(100 + rank)  # per-rank stochastic-rounding seeds
-    F.cross_entropy(model(xs), ys).backward()
+    F.cross_entropy(run(xs), ys).backward()
     if rank == 0:
         torch.save({n: p.grad.cpu() for n, p in model.module.named_parameters()}, os.path.join(out_dir, "ddp.pt"))
     del model
@@ -49,9 +50,9 @@ def _worker(rank, port, out_dir, backend="gloo"):
 
 
 
-def _run_and_compare(backend, device):
+def _run_and_compare(backend, device, compiled=False):
     with tempfile.TemporaryDirectory() as d:
-        spawn.run(_worker, d, backend)
+        spawn.run(_worker, d, backend, compiled)
         ddp = torch.load(os.path.join(d, "ddp.pt"))
     model = _model().to(device)
     x, y = _data()
@@ -66,10 +67,13 @@ def _run_and_compare(backend, device):
         torch.testing.assert_close(ddp[n], acc[n].cpu(), rtol=1e-6, atol=1e-7, msg=n)
 
 
-def test_ddp_matches_single_process():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_ddp_matches_single_process(compiled):
+    """compiled: DDP's model under torch.compile (aot_eager: the same torch random draws as eager; DDP splits the
+    graph at its gradient buckets), against the eager single-process reference."""
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
-    _run_and_compare("gloo", "cpu")
+    _run_and_compare("gloo", "cpu", compiled)
 
 
 def test_ddp_nccl_two_gpus_matches_single_process():

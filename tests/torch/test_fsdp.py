@@ -101,6 +101,11 @@ def _worker(rank, port, out_dir, backend):
     torch.manual_seed(100 + rank)  # per-rank stochastic-rounding seeds
     F.cross_entropy(model(xs), ys).backward()
     grads = {n: p.grad.full_tensor().cpu() for n, p in model.named_parameters()}
+    # the same step with the sharded model under torch.compile (aot_eager: torch's random draws, the eager seeds)
+    model = _shard(_model().to(dev), mesh)
+    torch.manual_seed(100 + rank)
+    F.cross_entropy(torch.compile(model, backend="aot_eager")(xs), ys).backward()
+    grads_compiled = {n: p.grad.full_tensor().cpu() for n, p in model.named_parameters()}
 
     # 2. all-gathers: converted vs unconverted
     n_hot = _count_all_gathers(_shard(_model().to(dev), mesh), xs, ys)
@@ -129,7 +134,8 @@ def _worker(rank, port, out_dir, backend):
                              for a, b in zip(src.parameters(), dst.parameters())),
     }
     if rank == 0:
-        torch.save({"grads": grads, "gathers": (n_hot, n_exact), "restored": restored},
+        torch.save({"grads": grads, "grads_compiled": grads_compiled, "gathers": (n_hot, n_exact),
+                    "restored": restored},
                    os.path.join(out_dir, "fsdp.pt"))
     del model
     spawn.finish(rank, out_dir)
@@ -152,6 +158,7 @@ def _run_and_check(backend, device):
     assert set(got["grads"]) == set(acc)
     for n in acc:  # the same per-rank gradients, averaged by a reduce-scatter instead of a sum here
         torch.testing.assert_close(got["grads"][n], acc[n].cpu(), rtol=1e-6, atol=1e-7, msg=n)
+        torch.testing.assert_close(got["grads_compiled"][n], acc[n].cpu(), rtol=1e-6, atol=1e-7, msg=n)
     n_hot, n_exact = got["gathers"]
     if n_exact is not None:  # None: this torch's FSDP2 internals differ from the counted function
         assert n_hot == n_exact > 0, f"all-gathers per step: converted {n_hot}, unconverted {n_exact}"

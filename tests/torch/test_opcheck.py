@@ -32,7 +32,7 @@ def test_conv2d_ops(device, layout, geom, bias):
     b = torch.randn(16, generator=g).to(device) if bias else None
     seed = torch.zeros((), dtype=torch.int64, device=device)
     for keep in (ops.KEEP_COMPRESSED, ops.KEEP_RAW):
-        args = (x, w, b, [st, st], [pad, pad], [1, 1], keep, CFG.code)
+        args = (x, w, b, seed, [st, st], [pad, pad], [1, 1], keep, CFG.code)
         _check(torch.ops.hot.conv2d.default, args)
         y, q, s = torch.ops.hot.conv2d(*args)
         gy = torch.randn(y.shape, generator=g).to(device).contiguous(memory_format=torch.channels_last
@@ -57,7 +57,7 @@ def test_linear_ops(device, shape):
     b = torch.randn(24, generator=g).to(device)
     seed = torch.zeros((), dtype=torch.int64, device=device)
     for keep in (ops.KEEP_COMPRESSED, ops.KEEP_RAW):
-        args = (x, w, b, keep, CFG.code)
+        args = (x, w, b, seed, keep, CFG.code)
         _check(torch.ops.hot.linear.default, args)
         y, q, s = torch.ops.hot.linear(*args)
         gy = torch.randn(y.shape, generator=g).to(device)

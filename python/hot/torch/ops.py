@@ -7,13 +7,16 @@ dynamo traces those Functions, so a compiled graph calls the ops without any Pyt
 
 Ops (namespace ``hot``):
 
-``hot::linear(x, weight, bias, keep, config) -> (y, q, scale)``
-    ``y = F.linear(x, weight, bias)`` in the framework's precision; what is kept for the backward
-    pass depends on ``keep``: 0 nothing (frozen weight: the g_x path needs only W), 1 the ABC buffer
-    ``compress_activation(x)`` (int8 ``I x K_pad`` + one f32 scale), 2 the raw x (``Config.exact``).
+``hot::linear(x, weight, bias, seed, keep, config) -> (y, q, scale)``
+    ``y = F.linear(x, weight, bias)`` in the framework's precision; what is kept for the backward pass depends on
+    ``keep``: 0 nothing (frozen weight: the g_x path needs only W), 1 the ABC buffer ``compress_activation(x)`` (int8
+    ``I x K_pad`` + one f32 scale), 2 the raw x (``Config.exact``). The seed is not read here: as an input of the
+    forward op it keeps the seed's draw in the compiled forward graph, where eager code draws it (a draw that fed only
+    the backward op would be moved into the backward graph by the partitioner, the layers' seeds then drawn in
+    another order).
 ``hot::linear_backward(...) -> (g_x, g_w, g_b)``
     ``hot.backward_linear`` on the tensors' device; results not requested are empty tensors.
-``hot::conv2d(x, weight, bias, stride, padding, dilation, keep, config) -> (y, q, scale)``
+``hot::conv2d(x, weight, bias, seed, stride, padding, dilation, keep, config) -> (y, q, scale)``
     ``y = F.conv2d(...)``; with ``keep == 1`` the layer keeps the INPUT FEATURE MAP quantised to int8
     (per-tensor round-to-nearest, ``hot.quantize``; (N, C, H, W) in x's layout), not the im2col matrix (SPEC §8); a
     pointwise conv (1 x 1, no padding, :func:`pointwise`) keeps the ABC buffer of the pixel rows it reads instead, as
@@ -285,7 +288,7 @@ def _linear_backward_body(grad_y, weight, x, q, scale, seed, x_shape, cfg, need_
                             need_gw, need_gb, x_shape, reuse)
 
 
-def _linear_fake(x, weight, bias, keep, config):
+def _linear_fake(x, weight, bias, seed, keep, config):
     y = x.new_empty((*x.shape[:-1], weight.shape[0]))
     if keep == KEEP_COMPRESSED:
         rows = math.prod(x.shape[:-1])
@@ -295,8 +298,9 @@ def _linear_fake(x, weight, bias, keep, config):
 
 
 linear_op = define_op(
-    "linear(Tensor x, Tensor weight, Tensor? bias, int keep, int config) -> (Tensor, Tensor, Tensor)",
-    lambda x, weight, bias, keep, config: _linear_forward(x, weight, bias, keep, config_of(config)), _linear_fake)
+    "linear(Tensor x, Tensor weight, Tensor? bias, Tensor seed, int keep, int config) -> (Tensor, Tensor, Tensor)",
+    lambda x, weight, bias, seed, keep, config: _linear_forward(x, weight, bias, keep, config_of(config)),
+    _linear_fake)
 
 
 def _linear_backward_op(grad_y, weight, x, q, scale, seed, x_shape, config, need_gx, need_gw, need_gb):
@@ -394,7 +398,7 @@ class _LinearFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, args):
         seed, keep, cfg, reuse = args
         if isinstance(cfg, int):
-            y, q, scale = linear_op(x, weight, bias, keep, cfg)
+            y, q, scale = linear_op(x, weight, bias, seed, keep, cfg)
         else:
             y = F.linear(x, weight, bias)
             q, scale = _compress(x, cfg) if keep == KEEP_COMPRESSED else (None, None)
@@ -545,7 +549,7 @@ def _conv2d_forward(x, weight, bias, stride, padding, dilation, keep, cfg):
     return y, _empty(x, torch.int8), _empty(x, torch.float32)
 
 
-def _conv2d_fake(x, weight, bias, stride, padding, dilation, keep, config):
+def _conv2d_fake(x, weight, bias, seed, stride, padding, dilation, keep, config):
     N, _, H, W = x.shape
     O, _, kh, kw = weight.shape
     Ho = _conv_out(H, kh, stride[0], padding[0], dilation[0])
@@ -563,9 +567,9 @@ def _conv2d_fake(x, weight, bias, stride, padding, dilation, keep, config):
 
 
 conv2d_op = define_op(
-    "conv2d(Tensor x, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, int keep, "
-    "int config) -> (Tensor, Tensor, Tensor)",
-    lambda x, weight, bias, stride, padding, dilation, keep, config: _conv2d_forward(
+    "conv2d(Tensor x, Tensor weight, Tensor? bias, Tensor seed, SymInt[] stride, SymInt[] padding, SymInt[] dilation, "
+    "int keep, int config) -> (Tensor, Tensor, Tensor)",
+    lambda x, weight, bias, seed, stride, padding, dilation, keep, config: _conv2d_forward(
         x, weight, bias, stride, padding, dilation, keep, config_of(config)), _conv2d_fake)
 
 
@@ -725,7 +729,7 @@ class _Conv2dFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, args):
         seed, stride, padding, dilation, keep, cfg, reuse = args
         if isinstance(cfg, int):
-            y, q, scale = conv2d_op(x, weight, bias, stride, padding, dilation, keep, cfg)
+            y, q, scale = conv2d_op(x, weight, bias, seed, stride, padding, dilation, keep, cfg)
         else:
             y = F.conv2d(x, weight, bias, stride, padding, dilation)
             q, scale = _conv_keep(x, weight, stride, padding, dilation, cfg) if keep == KEEP_COMPRESSED else \

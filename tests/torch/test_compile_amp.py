@@ -81,7 +81,7 @@ def test_compiled_step_draws_the_eager_seeds(kind):
     """Stochastic rounding under torch.compile (aot_eager keeps torch's random ops): after the same torch.manual_seed
     the compiled step draws each layer's seed in the forward, in the eager order, so its gradients are the eager ones
     bit for bit (a seed read only by the backward op would let the partitioner move its draw into the backward graph:
-    the layers' seeds in reverse order)."""
+    the layers' seeds drawn in another order)."""
     import torch._dynamo as dynamo
 
     g = torch.Generator().manual_seed(1)

@@ -57,10 +57,10 @@ def test_compile_fullgraph_no_graph_breaks(name, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_channels_last_matches_eager(device):
-    """A channels-last network (how cuDNN runs convolutions fastest) compiles fullgraph: the torch.library ops' fake outputs
-    have the layouts of their real ones (a conv's output is channels-last for a channels-last input, as F.conv2d's
-    is; the g_x of a channels-last g_y too), so the lean ReLU after a conv views the same memory order at trace time
-    as at run time, and the compiled gradients equal the eager ones (nearest rounding)."""
+    """A channels-last network (how cuDNN runs convolutions fastest) compiles fullgraph: the torch.library ops' fake
+    outputs have the layouts of their real ones (a conv's output is channels-last for a channels-last input, as
+    F.conv2d's is; the g_x of a channels-last g_y too), so the lean ReLU after a conv views the same memory order at
+    trace time as at run time, and the compiled gradients equal the eager ones (nearest rounding)."""
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),

@@ -1,7 +1,8 @@
-"""torch.library.opcheck of hot's torch.library ops (the route under torch.compile): the schema, and fake outputs whose
-shapes, dtypes and strides are those of the real outputs, for contiguous and channels-last / permuted operands. A fake
-output laid out differently from the real one makes the compiled graph view memory in another order than it runs
-in (a channels-last ResNet-50 failed so under torch.compile until the conv's fake output followed F.conv2d's layout)."""
+"""torch.library.opcheck of hot's torch.library ops (the route under torch.compile): the schema, and fake outputs
+whose shapes, dtypes and strides are those of the real outputs, for contiguous and channels-last / permuted operands.
+A fake output laid out differently from the real one makes the compiled graph view memory in another order than it
+runs in (a channels-last ResNet-50 failed so under torch.compile until the conv's fake output followed F.conv2d's
+layout)."""
 import pytest
 import torch
 

@@ -81,13 +81,20 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
     x = bm.layout(x, channels_last)
     ac = torch.autocast("cuda", dtype=torch.bfloat16) if dtype == "bf16" else torch.autocast("cuda", enabled=False)
     host = collections.defaultdict(list)
+    # With inductor's CUDA graphs (mode="reduce-overhead"), a replay overwrites the previous step's outputs; each
+    # step says where it begins (torch's documented remedy; a no-op for the other modes)
+    begin = torch.compiler.cudagraph_mark_step_begin if compile_mode != "none" else (lambda: None)
+    # ... and the gradients are the backward graph's outputs: kept as .grad across a step (zero_grad without
+    # set_to_none), the next replay would overwrite them, so they are dropped after each optimizer step
+    to_none = compile_mode in ("reduce-overhead", "max-autotune")
 
     def step():
+        begin()
         with ac:
             loss = task.loss_fn(model(x), y)
         loss.backward()
         opt.step()
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad(set_to_none=to_none)
 
     if no_gc:  # Python's cyclic collector off for the timed steps (its pauses show up as slow steps)
         gc.collect()
@@ -104,6 +111,7 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
     # completion (after it). Enqueue close to completion: the host, not the GPU, sets the pace of that range.
     for _ in range(steps):
         t0 = time.perf_counter()
+        begin()
         with ac:
             loss = task.loss_fn(model(x), y)
         t1 = time.perf_counter()
@@ -114,7 +122,7 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
         torch.cuda.synchronize()
         t4 = time.perf_counter()
         opt.step()
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad(set_to_none=to_none)
         torch.cuda.synchronize()
         host["fwd"].append(((t1 - t0) * 1e3, (t2 - t0) * 1e3))
         host["bwd"].append(((t3 - t2) * 1e3, (t4 - t2) * 1e3))
@@ -125,7 +133,7 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
         torch.cuda.synchronize()
         host["step"].append((time.perf_counter() - t0) * 1e3)
     if kernels:
-        walls, by, top = profile_kernels(steps, ac, task, model, x, y, opt, host)
+        walls, by, top = profile_kernels(steps, ac, task, model, x, y, opt, host, begin, to_none)
     else:
         walls, by, top = collections.defaultdict(float), {}, {}  # no kernel tables in the report then
     if host_profile:  # where the host's time goes: cProfile over the same steps (GPU work is asynchronous)
@@ -150,7 +158,7 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
     return walls, by, top, host
 
 
-def profile_kernels(steps, ac, task, model, x, y, opt, host):
+def profile_kernels(steps, ac, task, model, x, y, opt, host, begin, to_none):
     """torch.profiler over `steps` steps, each range synchronised: (wall ms per range, GPU kernel us per range by kind,
     per range by kernel name); the CUDA API calls per step go into host["api"]."""
     walls = collections.defaultdict(float)
@@ -161,6 +169,7 @@ def profile_kernels(steps, ac, task, model, x, y, opt, host):
         for _ in range(steps):  # each range ends with a synchronize inside it: its window holds all its GPU work
             t0 = time.perf_counter()
             with torch.profiler.record_function("fwd"):
+                begin()
                 with ac:
                     loss = task.loss_fn(model(x), y)
                 torch.cuda.synchronize()
@@ -171,7 +180,7 @@ def profile_kernels(steps, ac, task, model, x, y, opt, host):
             t2 = time.perf_counter()
             with torch.profiler.record_function("opt"):
                 opt.step()
-                opt.zero_grad(set_to_none=False)
+                opt.zero_grad(set_to_none=to_none)
                 torch.cuda.synchronize()
             t3 = time.perf_counter()
             walls["fwd"] += (t1 - t0) * 1e3 / steps

@@ -153,6 +153,47 @@ def test_compiled_reduce_overhead_records_the_step_in_cuda_graphs():
     assert not torch.equal(grads[2][w0], grads[3][w0])  # replays of the recorded graphs, with new seeds
 
 
+@pytest.mark.parametrize("kind", ["linear", "conv"])
+def test_compiled_reduce_overhead_steps_equal_the_compiled_default_steps(kind):
+    """Inductor's CUDA graphs change how the compiled step is launched, not what it computes: after the same
+    torch.manual_seed, the k-th step of a converted model compiled with mode="reduce-overhead" (warm-up, recording,
+    then replays) has the gradients of the k-th step compiled with the default mode, bit for bit, stochastic rounding
+    and bf16 autocast included, so the seeds drawn inside the recorded graphs advance as they do without graphs."""
+    import copy
+
+    base = _model(kind)
+    if kind == "conv":
+        base = base.to(memory_format=torch.channels_last)
+    shape = (384, 192) if kind == "linear" else (4, 16, 12, 12)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(shape, device="cuda", generator=g)
+    if kind == "conv":
+        x = x.contiguous(memory_format=torch.channels_last)
+    runs = {}
+    for mode in ("default", "reduce-overhead"):
+        torch._dynamo.reset()
+        m = copy.deepcopy(base)
+        f = torch.compile(m, mode=None if mode == "default" else mode, fullgraph=True)
+        torch.manual_seed(1234)
+        steps = []
+        for _ in range(5):  # reduce-overhead: a warm-up run, the recording, then replays
+            torch.compiler.cudagraph_mark_step_begin()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = f(x).float().square().mean()
+            loss.backward()
+            steps.append([p.grad.clone() for p in m.parameters()])
+            for p in m.parameters():
+                p.grad = None
+        torch.cuda.synchronize()
+        runs[mode] = steps
+    for k in range(5):
+        for a, b in zip(runs["default"][k], runs["reduce-overhead"][k]):
+            assert torch.isfinite(a).all()
+            assert torch.equal(a, b), f"step {k}"
+    w0 = [i for i, (n, _) in enumerate(base.named_parameters()) if n.endswith("weight")][0]
+    assert not torch.equal(runs["reduce-overhead"][3][w0], runs["reduce-overhead"][4][w0])
+
+
 @pytest.mark.parametrize("amp", [False, True])
 def test_recorded_training_step_equals_the_eager_steps(amp):
     """The README's recipe: forward, backward and AdamW(capturable=True) recorded as one graph, new batches copied into

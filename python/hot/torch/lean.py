@@ -34,6 +34,10 @@ from hot import _api
 from hot.torch.ops import _call, define_op
 
 _MASKED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Traced by torch.compile, the in-place masked ReLU (an autograd.Function that writes its input) got a wrong gradient
+# from torch 2.11 (g_y passed unmasked) when the compiled function returned both its output and its input; right on
+# 2.13, the oldest release checked since. Before 2.13 a compiled in-place ReLU is torch's own (it keeps its output).
+_TRACES_INPLACE = torch.__version__ >= "2.13"
 
 
 # ---- the engine's relu_mask on 1-D tensors: the bodies, and the torch.library ops that call them (torch.compile) ----
@@ -144,10 +148,13 @@ class _MaskedReLU(torch.autograd.Function):
 def relu(x: Tensor, inplace: bool = False) -> Tensor:
     """``F.relu(x, inplace)`` whose backward keeps a 1-bit mask (the engine's ``hot.relu_mask``, one pass over x); the
     plain ReLU where no gradient is recorded (grad mode off, x not requiring grad), for an empty x, for dtypes other
-    than float32, float16 and bfloat16, and on devices other than the CPU and CUDA GPUs."""
+    than float32, float16 and bfloat16, and on devices other than the CPU and CUDA GPUs; in place under torch.compile
+    with torch older than 2.13 (see ``_TRACES_INPLACE``)."""
     if not (torch.is_grad_enabled() and x.requires_grad) or x.dtype not in _MASKED_DTYPES or x.numel() == 0 \
             or x.device.type not in ("cpu", "cuda"):
         return F.relu(x, inplace=inplace)
+    if inplace and torch.compiler.is_compiling() and not _TRACES_INPLACE:
+        return F.relu(x, inplace=True)
     return _MaskedReLU.apply(x, inplace)
 
 

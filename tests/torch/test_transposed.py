@@ -121,7 +121,10 @@ def test_gpt2_from_transformers():
     cfg = transformers.GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=32, resid_pdrop=0.0,
                                   embd_pdrop=0.0, attn_pdrop=0.0)
     torch.manual_seed(0)
-    m = transformers.GPT2LMHeadModel(cfg)
+    try:
+        m = transformers.GPT2LMHeadModel(cfg)
+    except ImportError as e:  # transformers refuses its models under an older torch than it supports
+        pytest.skip(f"transformers' GPT-2 is unavailable here: {str(e).strip().splitlines()[0]}")
     rep = ht.convert(m)
     assert len(rep.converted) == 9 and not rep.skipped  # 4 Conv1D per block and the head
     ids = torch.randint(0, 96, (2, 32))

@@ -10,6 +10,9 @@ the rest). Host time not covered by GPU work shows as wall - GPU.
 Usage (GPU): python benchmarks/profile_step.py --model vit_b16 --batch 64 --dtype bf16 --modes exact,hot --out DIR
 [--cpu N]: pin to one core; the report gives a host speed probe (a fixed Python loop, ms) beside the step times, since
 an eager HOT step is host-bound and the shared machines' cores differ in speed by up to ~2x.
+[--compile reduce-overhead]: inductor's CUDA graphs (GPU-bound steps); each step is marked with
+``torch.compiler.cudagraph_mark_step_begin()`` and the gradients are set to None after the optimizer step, as a
+training loop with those graphs must do.
 Writes DIR/profile_<model>_<dtype>_b<batch>[_compile-<mode>][_cl].md (DIR = --out, else $OUT, else .).
 """
 from __future__ import annotations

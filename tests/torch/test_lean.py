@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 import hot
 import hot.torch as ht
+from hot.torch import lean
 from hot.torch.lean import max_pool2d, relu
 from conftest import DEVICES
 from torch_reference import assert_compiles_like_eager, saved_during
@@ -303,13 +304,7 @@ def test_compiled_residual_blocks_with_inplace_relus_match_eager(device, layout)
     assert len(report.lean) == 3
     x = torch.randn(4, 3, 6, 6, device=device).contiguous(memory_format=fmt).requires_grad_(True)
     y = torch.randint(0, 5, (4,), device=device)
-    assert_compiles_like_eager(model, lambda x, y: F.cross_entropy(model(x), y), x, y)
-    x.grad = None
-    torch.compile(lambda x: F.cross_entropy(model(x), y), fullgraph=True, backend="aot_eager")(x).backward()
-    compiled = x.grad
-    x.grad = None
-    F.cross_entropy(model(x), y).backward()
-    torch.testing.assert_close(compiled, x.grad, rtol=1e-4, atol=1e-5)
+    assert_compiles_like_eager(model, lambda x, y: F.cross_entropy(model(x), y), x, y)  # x's gradient included
 
 
 POOLS = [dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=2), dict(kernel_size=(3, 2), stride=(1, 2)),
@@ -437,7 +432,6 @@ def test_compiled_calls_the_engine_ops(inplace, layout):
         y, h = fn(a)
         y.backward(torch.arange(y.numel(), dtype=y.dtype).view(y.shape))
         outs.append((y.detach(), a.grad, h.detach()))
-    from hot.torch import lean
     if inplace and not lean._TRACES_INPLACE:  # before torch 2.13 a compiled in-place ReLU is torch's own
         assert not any("relu_mask" in t for t in gm_ops), gm_ops
     else:

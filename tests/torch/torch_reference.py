@@ -98,15 +98,20 @@ def saved_during(fn):
 
 def assert_compiles_like_eager(model, step, *args):
     """step(*args) (a scalar loss of model) traces under torch.compile in one graph without breaks, and its gradients
-    through the aot_eager backend equal the eager ones (nearest rounding: the same integers)."""
+    through the aot_eager backend equal the eager ones (nearest rounding: the same integers): the model's parameters'
+    and those of the arguments that require a gradient."""
     import torch._dynamo as dynamo
 
+    leaves = list(model.parameters()) + [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
     dynamo.reset()
     explain = dynamo.explain(step)(*args)
     assert explain.graph_break_count == 0, explain.break_reasons
+    for t in leaves:
+        t.grad = None
     torch.compile(step, fullgraph=True, backend="aot_eager")(*args).backward()
-    compiled = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad(set_to_none=True)
+    compiled = [t.grad.clone() for t in leaves]
+    for t in leaves:
+        t.grad = None
     step(*args).backward()
-    for a, p in zip(compiled, model.parameters()):
-        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-5)
+    for a, t in zip(compiled, leaves):
+        torch.testing.assert_close(a, t.grad, rtol=1e-4, atol=1e-5)

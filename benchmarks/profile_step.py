@@ -91,13 +91,17 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
     # set_to_none), the next replay would overwrite them, so they are dropped after each optimizer step
     to_none = compile_mode in ("reduce-overhead", "max-autotune")
 
+    def clear():
+        opt.zero_grad(set_to_none=to_none)
+        x.grad = None  # an input that requires grad (llama_block's): its gradient is the step's, not a running sum
+
     def step():
         begin()
         with ac:
             loss = task.loss_fn(model(x), y)
         loss.backward()
         opt.step()
-        opt.zero_grad(set_to_none=to_none)
+        clear()
 
     if no_gc:  # Python's cyclic collector off for the timed steps (its pauses show up as slow steps)
         gc.collect()
@@ -125,7 +129,7 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
         torch.cuda.synchronize()
         t4 = time.perf_counter()
         opt.step()
-        opt.zero_grad(set_to_none=to_none)
+        clear()
         torch.cuda.synchronize()
         host["fwd"].append(((t1 - t0) * 1e3, (t2 - t0) * 1e3))
         host["bwd"].append(((t3 - t2) * 1e3, (t4 - t2) * 1e3))
@@ -136,7 +140,7 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
         torch.cuda.synchronize()
         host["step"].append((time.perf_counter() - t0) * 1e3)
     if kernels:
-        walls, by, top = profile_kernels(steps, ac, task, model, x, y, opt, host, begin, to_none)
+        walls, by, top = profile_kernels(steps, ac, task, model, x, y, opt, host, begin, clear)
     else:
         walls, by, top = collections.defaultdict(float), {}, {}  # no kernel tables in the report then
     if host_profile:  # where the host's time goes: cProfile over the same steps (GPU work is asynchronous)
@@ -161,7 +165,7 @@ def profile_mode(task, mode: str, batch: int, dtype: str, steps: int, device, ho
     return walls, by, top, host
 
 
-def profile_kernels(steps, ac, task, model, x, y, opt, host, begin, to_none):
+def profile_kernels(steps, ac, task, model, x, y, opt, host, begin, clear):
     """torch.profiler over `steps` steps, each range synchronised: (wall ms per range, GPU kernel us per range by kind,
     per range by kernel name); the CUDA API calls per step go into host["api"]."""
     walls = collections.defaultdict(float)
@@ -183,7 +187,7 @@ def profile_kernels(steps, ac, task, model, x, y, opt, host, begin, to_none):
             t2 = time.perf_counter()
             with torch.profiler.record_function("opt"):
                 opt.step()
-                opt.zero_grad(set_to_none=to_none)
+                clear()
                 torch.cuda.synchronize()
             t3 = time.perf_counter()
             walls["fwd"] += (t1 - t0) * 1e3 / steps

@@ -1,4 +1,6 @@
 """torch.compile (fullgraph, no graph breaks), autocast (bf16/fp16) and GradScaler."""
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -153,6 +155,41 @@ def test_autocast_dtypes(kind, dtype, device):
         rel = float((a - b).norm() / b.norm())
         assert rel < 0.05, rel
     torch.testing.assert_close(layer.bias.grad, ref.bias.grad, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("kind", ["linear", "conv3x3", "conv1x1"])
+def test_autocast_gw_in_the_parameters_dtype(kind, dtype, device):
+    # Under autocast a converted layer casts its fp32 weight itself and writes g_w in fp32, the engine's fp32 result
+    # rounded once (SPEC §4, "g_w's dtype"). The same layer with its parameters in the compute dtype gets g_w in that
+    # dtype: the same fp32 result rounded to it, so the fp32 g_w cast down is that g_w bit for bit; y, g_x and g_b
+    # are the same. Default configuration: stochastic rounding, the seeds drawn in the same order in both runs.
+    torch.manual_seed(3)
+    if kind == "linear":
+        layer, x = ht.Linear(48, 40), torch.randn(2, 40, 48)
+    else:
+        k = 3 if kind == "conv3x3" else 1
+        layer, x = ht.Conv2d(6, 16, k, padding=k // 2), torch.randn(2, 6, 8, 8)
+    low = copy.deepcopy(layer).to(dtype)
+    layer, low, x = layer.to(device), low.to(device), x.to(device)
+    gy = torch.randn(layer(x).shape, device=device)
+
+    def run(m):
+        torch.manual_seed(7)
+        xi = x.clone().requires_grad_()
+        with torch.autocast(device, dtype=dtype):
+            y = m(xi)
+        y.backward(gy.to(y.dtype))
+        return y, xi.grad
+
+    y32, gx32 = run(layer)
+    ylo, gxlo = run(low)
+    assert layer.weight.grad.dtype == torch.float32 and low.weight.grad.dtype == dtype
+    assert torch.equal(layer.weight.grad.to(dtype), low.weight.grad)
+    assert not torch.equal(layer.weight.grad, low.weight.grad.float())  # the fp32 result, not a cast of the other
+    assert torch.equal(y32, ylo) and torch.equal(gx32, gxlo)
+    assert torch.equal(layer.bias.grad.to(dtype), low.bias.grad)
 
 
 def test_gradscaler_sees_inf():

@@ -72,11 +72,21 @@ def _autocast_on(dev: str) -> bool:
 
 
 def _autocast_cast(x: Tensor, weight: Tensor, bias: Optional[Tensor]):
+    """(x, weight, bias, autocast on, wdt) for a layer call: x and bias in autocast's dtype where it is on; the weight
+    as it is when the layer casts it itself (wdt: autocast's dtype, see :func:`_weight_cast`), else cast here."""
     dev = x.device.type
     if not _autocast_on(dev):
-        return x, weight, bias, False
+        return x, weight, bias, False, None
     dt = torch.get_autocast_dtype(dev)
-    return _cast(x, dt), _cast(weight, dt), _cast(bias, dt), True
+    wdt = _weight_cast(weight, dt)
+    return _cast(x, dt), weight if wdt is not None else _cast(weight, dt), _cast(bias, dt), True, wdt
+
+
+def _weight_cast(weight: Tensor, dt) -> Optional[Any]:
+    """dt when the layer's autograd.Function is to cast the weight to autocast's dtype dt itself (a weight of another
+    dtype the engine writes: its g_w then comes in the weight's own dtype, with no cast of g_w by autograd; ops.
+    _weight_in), else None (the weight has dtype dt already, or one the engine does not write: cast before)."""
+    return dt if weight.dtype != dt and weight.dtype in _FLOAT_DTYPES else None
 
 
 def _cast(t: Optional[Tensor], dt) -> Optional[Tensor]:
@@ -147,9 +157,13 @@ def _eager_operands(kind: str, x: Tensor, weight: Tensor, bias: Optional[Tensor]
         _check_inputs(kind, x, weight, bias, True)
     x_in = x
     reuse = ops.reuse_of(weight if param is None else param, config) if ops._REUSE is not None else None
+    wdt = None
     if ac:
         dt = torch.get_autocast_dtype(x.device.type)
-        x, weight, bias = _cast(x, dt), _cast(weight, dt), _cast(bias, dt)
+        wdt = _weight_cast(weight, dt)
+        x, bias = _cast(x, dt), _cast(bias, dt)
+        if wdt is None:
+            weight = _cast(weight, dt)
     _check_inputs(kind, x, weight, bias, ac)
     plan = _plan(config)
     seed = ops.draw_seed(x.device) if plan[0] else 0
@@ -158,14 +172,14 @@ def _eager_operands(kind: str, x: Tensor, weight: Tensor, bias: Optional[Tensor]
         keep = ops.KEEP_RAW  # its producer keeps it: no compressed copy now (the backward forms it)
     if layer is not None:  # what the layer keeps, for hot.torch.summary
         layer.__dict__["_hot_keeps_input"] = keep == ops.KEEP_RAW and not config.exact
-    return x, weight, bias, seed, keep, reuse
+    return x, weight, bias, seed, keep, reuse, wdt
 
 
 def _linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], config, ac: bool, layer=None,
                   param: Optional[Tensor] = None) -> Tensor:
     """hot_linear outside torch.compile once gradients are wanted (see :func:`_eager_operands`)."""
-    x, weight, bias, seed, keep, reuse = _eager_operands("Linear", x, weight, bias, config, ac, layer, param)
-    return ops.linear_eager(x, weight, bias, seed, keep, config, reuse)
+    x, weight, bias, seed, keep, reuse, wdt = _eager_operands("Linear", x, weight, bias, config, ac, layer, param)
+    return ops.linear_eager(x, weight, bias, seed, keep, config, reuse, wdt)
 
 
 def hot_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, config=None) -> Tensor:
@@ -180,9 +194,9 @@ def hot_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, config=
         return _linear_eager(x, weight, bias, config, _autocast_on(x.device.type))
     if x.device != weight.device:
         _check_inputs("Linear", x, weight, bias, True)
-    x, weight, bias, ac = _autocast_cast(x, weight, bias)
+    x, weight, bias, ac, wdt = _autocast_cast(x, weight, bias)
     _check_inputs("Linear", x, weight, bias, ac)
-    return ops.linear(x, weight, bias, _seed(config, x.device), _keep_mode(weight, config), config)
+    return ops.linear(x, weight, bias, _seed(config, x.device), _keep_mode(weight, config), config, wdt)
 
 
 def _pair(name: str, v) -> List[int]:
@@ -220,10 +234,10 @@ def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride=1, padd
     x, unbatched = _batched(x)
     if x.device != weight.device:
         _check_inputs("Conv2d", x, weight, bias, True)
-    x, weight, bias, ac = _autocast_cast(x, weight, bias)
+    x, weight, bias, ac, wdt = _autocast_cast(x, weight, bias)
     _check_inputs("Conv2d", x, weight, bias, ac)
     y = ops.conv2d(x, weight, bias, _seed(config, x.device), stride, padding, dilation, _keep_mode(weight, config),
-                   config)
+                   config, wdt=wdt)
     return y.squeeze(0) if unbatched else y
 
 
@@ -232,8 +246,8 @@ def _conv2d_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride, pad
     """hot_conv2d outside torch.compile once gradients are wanted (stride, padding, dilation: [h, w] lists; see
     :func:`_eager_operands`)."""
     x, unbatched = _batched(x)
-    x, weight, bias, seed, keep, reuse = _eager_operands("Conv2d", x, weight, bias, config, ac, layer, param)
-    y = ops.conv2d_eager(x, weight, bias, seed, stride, padding, dilation, keep, config, reuse)
+    x, weight, bias, seed, keep, reuse, wdt = _eager_operands("Conv2d", x, weight, bias, config, ac, layer, param)
+    y = ops.conv2d_eager(x, weight, bias, seed, stride, padding, dilation, keep, config, reuse, wdt)
     return y.squeeze(0) if unbatched else y
 
 

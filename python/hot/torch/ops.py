@@ -183,6 +183,9 @@ def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tens
     if need_gw:
         saved = x if x is not None else _api._wrap_saved(c, q, scale, L, I, cfg.rank, "backward_linear")
     wq = reuse[0]._get(c, w, cfg, reuse[1], reuse[2]) if reuse is not None and need_gx and not cfg.exact else None
+    if cfg.exact and gw_dtype is not None:  # the exact GEMMs write their operands' dtype: g_w cast after
+        gx, gw, gb = _api._backward_linear(c, g, w, saved, gx_shape, need_gx, need_gw, need_gb, cfg, seed, wq)
+        return gx, gw.to(getattr(torch, gw_dtype)) if gw is not None else None, gb
     return _api._backward_linear(c, g, w, saved, gx_shape, need_gx, need_gw, need_gb, cfg, seed, wq, gw_dtype)
 
 
@@ -281,11 +284,12 @@ def _linear_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], keep: int
 
 
 def _linear_backward_body(grad_y, weight, x, q, scale, seed, x_shape, cfg, need_gx, need_gw, need_gb,
-                          reuse=None):
-    """hot.backward_linear for the layer; (g_x, g_w, g_b) with None for what was not requested."""
+                          reuse=None, gw_dtype=None):
+    """hot.backward_linear for the layer; (g_x, g_w, g_b) with None for what was not requested; g_w in gw_dtype (a
+    torch dtype: the parameter's, which the layer cast for autocast) when given, else in grad_y's."""
     return _backward_linear(grad_y.contiguous(), weight.contiguous(),
                             x.contiguous() if need_gw and x is not None else None, q, scale, seed, cfg, need_gx,
-                            need_gw, need_gb, x_shape, reuse)
+                            need_gw, need_gb, x_shape, reuse, _dtype_name(gw_dtype))
 
 
 def _linear_fake(x, weight, bias, seed, keep, config):
@@ -303,23 +307,42 @@ linear_op = define_op(
     _linear_fake)
 
 
-def _linear_backward_op(grad_y, weight, x, q, scale, seed, x_shape, config, need_gx, need_gw, need_gb):
+def _linear_backward_op(grad_y, weight, x, q, scale, seed, x_shape, config, need_gx, need_gw, need_gb, 
+                        gw_dtype=None):
     gx, gw, gb = _linear_backward_body(grad_y, weight, x, q, scale, _seed_for(seed, grad_y), x_shape,
-                                       config_of(config), need_gx, need_gw, need_gb)
+                                       config_of(config), need_gx, need_gw, need_gb, None, gw_dtype)
     return _or_empty(gx, grad_y), _or_empty(gw, grad_y), _or_empty(gb, grad_y)
 
 
-def _linear_backward_fake(grad_y, weight, x, q, scale, seed, x_shape, config, need_gx, need_gw, need_gb):
+def _linear_backward_fake(grad_y, weight, x, q, scale, seed, x_shape, config, need_gx, need_gw, need_gb, 
+                          gw_dtype=None):
     gx = grad_y.new_empty(x_shape) if need_gx else grad_y.new_empty((0,))
-    gw = grad_y.new_empty(weight.shape) if need_gw else grad_y.new_empty((0,))
+    gw = grad_y.new_empty(weight.shape, dtype=gw_dtype or grad_y.dtype) if need_gw else grad_y.new_empty((0,))
     gb = grad_y.new_empty((weight.shape[0],)) if need_gb else grad_y.new_empty((0,))
     return gx, gw, gb
 
 
 linear_backward_op = define_op(
     "linear_backward(Tensor grad_y, Tensor weight, Tensor? x, Tensor q, Tensor scale, Tensor seed, SymInt[] x_shape, "
-    "int config, bool need_gx, bool need_gw, bool need_gb) -> (Tensor, Tensor, Tensor)",
+    "int config, bool need_gx, bool need_gw, bool need_gb, ScalarType? gw_dtype=None) -> (Tensor, Tensor, Tensor)",
     _linear_backward_op, _linear_backward_fake)
+
+
+def _weight_in(ctx, weight: Tensor, wdt) -> Tensor:
+    """The weight a layer's forward computes with: weight itself, or its cast to wdt (autocast's dtype) when the layer
+    casts it (SPEC §4, "g_w's dtype": under autocast the layer takes the parameter as it is and casts it inside, so
+    that its backward writes g_w in the parameter's dtype, rounded once from the engine's float32 result, and autograd
+    has no cast of g_w to run). Sets ctx.gw_dtype (the parameter's dtype, or None: g_w in g_y's dtype)."""
+    if wdt is None or weight.dtype == wdt:
+        ctx.gw_dtype = None
+        return weight
+    ctx.gw_dtype = weight.dtype
+    return weight.to(wdt)
+
+
+def _dtype_name(dt) -> Optional[str]:
+    """A torch float dtype's name for the engine ("float32"), None for None."""
+    return None if dt is None else str(dt).rpartition(".")[2]
 
 
 def _needs(ctx):
@@ -396,13 +419,14 @@ class _LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, args):
-        seed, keep, cfg, reuse = args
+        seed, keep, cfg, reuse, wdt = args
+        w = _weight_in(ctx, weight, wdt)
         if isinstance(cfg, int):
-            y, q, scale = linear_op(x, weight, bias, seed, keep, cfg)
+            y, q, scale = linear_op(x, w, bias, seed, keep, cfg)
         else:
-            y = F.linear(x, weight, bias)
+            y = F.linear(x, w, bias)
             q, scale = _compress(x, cfg) if keep == KEEP_COMPRESSED else (None, None)
-        _save(ctx, x, weight, bias, q, scale, seed, keep, cfg)
+        _save(ctx, x, w, bias, q, scale, seed, keep, cfg)
         ctx.reuse = reuse
         return y
 
@@ -410,32 +434,35 @@ class _LinearFunction(torch.autograd.Function):
     def backward(ctx, grad_y):
         if isinstance(ctx.cfg, int):
             return _layer_backward(ctx, grad_y, 1, "Linear", lambda x, w, q, s, seed, *needs: linear_backward_op(
-                grad_y, w, x, q, s, seed, ctx.x_shape, ctx.cfg, *needs))
+                grad_y, w, x, q, s, seed, ctx.x_shape, ctx.cfg, *needs, ctx.gw_dtype))
         return _layer_backward(ctx, grad_y, 1, "Linear", lambda x, w, q, s, seed, *needs: _linear_backward_body(
-            grad_y, w, x, q, s, seed, ctx.x_shape, ctx.cfg, *needs, reuse=ctx.reuse))
+            grad_y, w, x, q, s, seed, ctx.x_shape, ctx.cfg, *needs, reuse=ctx.reuse, gw_dtype=ctx.gw_dtype))
 
 
-def linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed, keep: int, cfg, reuse=None) -> Tensor:
+def linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed, keep: int, cfg, reuse=None,
+                 wdt=None) -> Tensor:
     """The eager route of :func:`linear` with the seed as a 0-d int64 tensor on x's device, or 0 without stochastic
     rounding (the layers' entry point; not for torch.compile);
-    reuse: :func:`reuse_of` the layer's parameter."""
-    return _LinearFunction.apply(x, weight, bias, (seed, keep, cfg, reuse))
+    reuse: :func:`reuse_of` the layer's parameter; wdt: see :func:`linear`."""
+    return _LinearFunction.apply(x, weight, bias, (seed, keep, cfg, reuse, wdt))
 
 
-def linear_ops(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep: int, code: int) -> Tensor:
+def linear_ops(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep: int, code: int,
+               wdt=None) -> Tensor:
     """The route of :func:`linear` under torch.compile (the torch.library ops hot::linear and hot::linear_backward,
     the configuration as its code); eager calls run it too."""
-    return _LinearFunction.apply(x, weight, bias, (_seed_for(seed, x), keep, code, None))
+    return _LinearFunction.apply(x, weight, bias, (_seed_for(seed, x), keep, code, None, wdt))
 
 
-def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep: int, config) -> Tensor:
+def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep: int, config, wdt=None) -> Tensor:
     """y = F.linear(x, weight, bias) with HOT's backward at ``config`` (a hot.Config): the torch.library ops under
     torch.compile, else the bodies directly (same results). keep is what the forward keeps (KEEP_COMPRESSED: the ABC
     buffer; KEEP_RAW: the raw x, for an exact g_w or one its producer keeps anyway; KEEP_NOTHING when no g_w is
-    wanted)."""
+    wanted). wdt: autocast's dtype when the weight (float32 or float16 under bfloat16 autocast, ...) is to be cast by
+    the layer itself, which then computes g_w in the weight's own dtype (:func:`_weight_in`), else None."""
     if torch.compiler.is_compiling():
-        return linear_ops(x, weight, bias, seed, keep, config.code)
-    return _LinearFunction.apply(x, weight, bias, (_seed_for(seed, x), keep, config, None))
+        return linear_ops(x, weight, bias, seed, keep, config.code, wdt)
+    return _LinearFunction.apply(x, weight, bias, (_seed_for(seed, x), keep, config, None, wdt))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -640,7 +667,9 @@ def _channels_last(t: Tensor) -> bool:
 
 
 def _conv2d_backward_body(grad_y, weight, x, q, scale, seed, x_shape, stride, padding, dilation, cfg, need_gx,
-                          need_gw, need_gb, reuse=None):
+                          need_gw, need_gb, reuse=None, gw_dtype=None):
+    """hot's conv backward for the layer; (g_x, g_w, g_b) with None for what was not requested; g_w in gw_dtype (a
+    torch dtype) when given, else in grad_y's (as :func:`_linear_backward_body`)."""
     N, C, H, W = x_shape
     O, _, kh, kw = weight.shape
     Ho, Wo = grad_y.shape[2], grad_y.shape[3]
@@ -654,7 +683,7 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed, x_shape, stride, pa
         if need_gw and x is not None:  # the raw x (exact mode, or kept by its producer: compressed by the core now)
             rows = _pixel_rows(x, stride, patches).contiguous()
         grows, gw, gb = _backward_linear(g, weight.reshape(O, C).contiguous(), rows, q, scale, seed, cfg, need_gx,
-                                         need_gw, need_gb, (N * P, C), reuse)
+                                         need_gw, need_gb, (N * P, C), reuse, _dtype_name(gw_dtype))
         gx = _pixel_unrows(grows, x_shape, stride, Ho, Wo, patches, _channels_last(grad_y)) if need_gx else None
         return gx, gw.reshape(weight.shape) if gw is not None else None, gb
     cols = cq = cs = None
@@ -671,23 +700,23 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed, x_shape, stride, pa
             cq, cs = _api._compress_columns(_call("compress_columns", qh), qh, (N, C, H, W), (kh, kw), tuple(stride),
                                             tuple(padding), tuple(dilation), patches, cfg.rank)
             map_scale = scale.detach()
-    gw_dtype = "float32" if map_scale is not None else None
+    engine_gw = "float32" if map_scale is not None else _dtype_name(gw_dtype)
     gx = None
     if cfg.exact or min(N * P, O, CKK) == 0:  # the exact backward (or empty operands): the columns' GEMMs, col2im
         gcols, gw, gb = _backward_linear(g, conv_weight_cols(weight), cols, cq, cs, seed, cfg, need_gx, need_gw,
-                                         need_gb, (N * P, CKK), reuse, gw_dtype)
+                                         need_gb, (N * P, CKK), reuse, engine_gw)
         if need_gx:
             gx = col2im(gcols, (N, C, H, W), (kh, kw), stride, padding, dilation, patches)
     else:  # the engine's conv backward: g_x as the transposed convolution of G~'s codes where it can (SPEC §8)
         gxr, gw, gb = _backward_conv2d(g, conv_weight_cols(weight), cq, cs, seed, cfg, (N, C, H, W), (kh, kw), stride,
-                                       padding, dilation, patches, need_gx, need_gw, need_gb, reuse, gw_dtype)
+                                       padding, dilation, patches, need_gx, need_gw, need_gb, reuse, engine_gw)
         if need_gx:
             gx = gxr.view(N, H, W, C).permute(0, 3, 1, 2)
     if need_gx and not _channels_last(grad_y):  # the engine's map is channels-last: kept so for a channels-last
         gx = _rows_nchw(gx.permute(0, 2, 3, 1), (N, C, H, W))  # network (its g_y is), else NCHW
     if gw is not None:
-        if map_scale is not None:  # g_w = s * (g_y^T X) in float32, rounded once to g_y's dtype, in the weight's layout
-            out = torch.empty(weight.shape, dtype=grad_y.dtype, device=gw.device)
+        if map_scale is not None:  # g_w = s * (g_y^T X) in float32, rounded once to its dtype, in the weight's layout
+            out = torch.empty(weight.shape, dtype=gw_dtype or grad_y.dtype, device=gw.device)
             torch.mul(gw.view(O, kh, kw, C).permute(0, 3, 1, 2), map_scale, out=out)
             gw = out
         else:
@@ -696,27 +725,27 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed, x_shape, stride, pa
 
 
 def _conv2d_backward_op(grad_y, weight, x, q, scale, seed, x_shape, stride, padding, dilation, config, need_gx,
-                        need_gw, need_gb):
+                        need_gw, need_gb, gw_dtype=None):
     gx, gw, gb = _conv2d_backward_body(grad_y, weight, x, q, scale, _seed_for(seed, grad_y), x_shape, stride, padding,
-                                       dilation, config_of(config), need_gx, need_gw, need_gb)
+                                       dilation, config_of(config), need_gx, need_gw, need_gb, None, gw_dtype)
     return _or_empty(gx, grad_y), _or_empty(gw, grad_y), _or_empty(gb, grad_y)
 
 
 def _conv2d_backward_fake(grad_y, weight, x, q, scale, seed, x_shape, stride, padding, dilation, config, need_gx,
-                          need_gw, need_gb):
+                          need_gw, need_gb, gw_dtype=None):
     # g_x is channels-last where g_y is (the body keeps the engine's channels-last map then), else contiguous
     fmt = torch.channels_last if _channels_last(grad_y) else torch.contiguous_format
     gx = torch.empty(x_shape, dtype=grad_y.dtype, device=grad_y.device, memory_format=fmt) if need_gx else \
         grad_y.new_empty((0,))
-    gw = grad_y.new_empty(weight.shape) if need_gw else grad_y.new_empty((0,))
+    gw = grad_y.new_empty(weight.shape, dtype=gw_dtype or grad_y.dtype) if need_gw else grad_y.new_empty((0,))
     gb = grad_y.new_empty((weight.shape[0],)) if need_gb else grad_y.new_empty((0,))
     return gx, gw, gb
 
 
 conv2d_backward_op = define_op(
     "conv2d_backward(Tensor grad_y, Tensor weight, Tensor? x, Tensor q, Tensor scale, Tensor seed, SymInt[] x_shape, "
-    "SymInt[] stride, SymInt[] padding, SymInt[] dilation, int config, bool need_gx, bool need_gw, bool need_gb) -> "
-    "(Tensor, Tensor, Tensor)",
+    "SymInt[] stride, SymInt[] padding, SymInt[] dilation, int config, bool need_gx, bool need_gw, bool need_gb, "
+    "ScalarType? gw_dtype=None) -> (Tensor, Tensor, Tensor)",
     _conv2d_backward_op, _conv2d_backward_fake)
 
 
@@ -727,14 +756,14 @@ class _Conv2dFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, args):
-        seed, stride, padding, dilation, keep, cfg, reuse = args
+        seed, stride, padding, dilation, keep, cfg, reuse, wdt = args
+        w = _weight_in(ctx, weight, wdt)
         if isinstance(cfg, int):
-            y, q, scale = conv2d_op(x, weight, bias, seed, stride, padding, dilation, keep, cfg)
+            y, q, scale = conv2d_op(x, w, bias, seed, stride, padding, dilation, keep, cfg)
         else:
-            y = F.conv2d(x, weight, bias, stride, padding, dilation)
-            q, scale = _conv_keep(x, weight, stride, padding, dilation, cfg) if keep == KEEP_COMPRESSED else \
-                (None, None)
-        _save(ctx, x, weight, bias, q, scale, seed, keep, cfg)
+            y = F.conv2d(x, w, bias, stride, padding, dilation)
+            q, scale = _conv_keep(x, w, stride, padding, dilation, cfg) if keep == KEEP_COMPRESSED else (None, None)
+        _save(ctx, x, w, bias, q, scale, seed, keep, cfg)
         ctx.geom = (stride, padding, dilation)
         ctx.reuse = reuse
         return y
@@ -743,32 +772,33 @@ class _Conv2dFunction(torch.autograd.Function):
     def backward(ctx, grad_y):
         if isinstance(ctx.cfg, int):
             return _layer_backward(ctx, grad_y, 1, "Conv2d", lambda x, w, q, s, seed, *needs: conv2d_backward_op(
-                grad_y, w, x, q, s, seed, ctx.x_shape, *ctx.geom, ctx.cfg, *needs))
+                grad_y, w, x, q, s, seed, ctx.x_shape, *ctx.geom, ctx.cfg, *needs, ctx.gw_dtype))
         return _layer_backward(ctx, grad_y, 1, "Conv2d", lambda x, w, q, s, seed, *needs: _conv2d_backward_body(
-            grad_y, w, x, q, s, seed, ctx.x_shape, *ctx.geom, ctx.cfg, *needs, reuse=ctx.reuse))
+            grad_y, w, x, q, s, seed, ctx.x_shape, *ctx.geom, ctx.cfg, *needs, reuse=ctx.reuse,
+            gw_dtype=ctx.gw_dtype))
 
 
 def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed, stride: List[int], padding: List[int],
-           dilation: List[int], keep: int, config, reuse=None) -> Tensor:
+           dilation: List[int], keep: int, config, reuse=None, wdt=None) -> Tensor:
     """y = F.conv2d(...) with HOT's backward at ``config`` (a hot.Config): the torch.library ops under torch.compile,
-    else the bodies directly (reuse: :func:`reuse_of` the layer's parameter). seed: a 0-d int64 tensor (an int in
-    eager mode, 0 without stochastic rounding)."""
+    else the bodies directly (reuse: :func:`reuse_of` the layer's parameter; wdt as in :func:`linear`). seed: a 0-d
+    int64 tensor (an int in eager mode, 0 without stochastic rounding)."""
     if torch.compiler.is_compiling():
-        return conv2d_ops(x, weight, bias, seed, stride, padding, dilation, keep, config.code)
+        return conv2d_ops(x, weight, bias, seed, stride, padding, dilation, keep, config.code, wdt)
     return conv2d_eager(x, weight, bias, _seed_for(seed, x), list(stride), list(padding), list(dilation), keep,
-                        config, reuse)
+                        config, reuse, wdt)
 
 
 def conv2d_ops(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, stride: List[int], padding: List[int],
-               dilation: List[int], keep: int, code: int) -> Tensor:
+               dilation: List[int], keep: int, code: int, wdt=None) -> Tensor:
     """The route of :func:`conv2d` under torch.compile (the torch.library ops hot::conv2d and hot::conv2d_backward, the
     configuration as its code); eager calls run it too."""
     return _Conv2dFunction.apply(x, weight, bias, (_seed_for(seed, x), list(stride), list(padding), list(dilation),
-                                                   keep, code, None))
+                                                   keep, code, None, wdt))
 
 
 def conv2d_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed, stride: List[int], padding: List[int],
-                 dilation: List[int], keep: int, cfg, reuse=None) -> Tensor:
+                 dilation: List[int], keep: int, cfg, reuse=None, wdt=None) -> Tensor:
     """The eager route of :func:`conv2d` with the seed as a 0-d int64 tensor on x's device, or 0 without stochastic
     rounding, and stride, padding, dilation as [h, w] lists (the layers' entry point; not for torch.compile)."""
-    return _Conv2dFunction.apply(x, weight, bias, (seed, stride, padding, dilation, keep, cfg, reuse))
+    return _Conv2dFunction.apply(x, weight, bias, (seed, stride, padding, dilation, keep, cfg, reuse, wdt))

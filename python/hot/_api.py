@@ -722,19 +722,20 @@ def _wrap_saved(c: _Call, q, scale, rows: int, cols: int, rank: int, op: str):
 
 
 def _backward_linear(c: _Call, gy, w, saved, gi_shape, need_gi: bool, need_gw: bool, bias: bool, config, seed,
-                     weight_q=None, gw_dtype=None):
+                     weight_q=None, gw_dtype=None, gi_dtype=None):
     """backward_linear of gy (..., O) and w (O x I): (g_x shaped gi_shape, g_w, g_b), None where not requested.
     saved: the g_w operand when need_gw: the core's SavedActivation (_compress, _wrap_saved) or the raw x (L x I
     elements), which the core compresses (or, in exact mode, uses in gy's dtype). weight_q: the core's QuantizedWeight
-    of w at config.gx_bits, or None (the core forms W~). The results come in gy's dtype; g_w in gw_dtype when given
-    (a dtype name, e.g. "float32"). seed: an integer, or a one-element int64 array on gy's device (hot::Seed)."""
+    of w at config.gx_bits, or None (the core forms W~). The results come in gy's dtype; g_w in gw_dtype and g_x in
+    gi_dtype when given (dtype names, e.g. "float32"). seed: an integer, or a one-element int64 array on gy's device
+    (hot::Seed)."""
     if config.exact:
         dt = c.fw.dtype_name(gy)
         w = _exact_operand(c, "backward_linear", "weight", w, dt)
         if need_gw and saved is not None and not isinstance(saved, _C.SavedActivation):
             saved = _exact_operand(c, "backward_linear", "saved", saved, dt)
     O, I = fws.shape(w)
-    gi = c.empty_as(gi_shape, gy) if need_gi else None  # the results in gy's dtype
+    gi = (c.empty(gi_shape, gi_dtype) if gi_dtype is not None else c.empty_as(gi_shape, gy)) if need_gi else None
     gw = (c.empty((O, I), gw_dtype) if gw_dtype is not None else c.empty_as((O, I), gy)) if need_gw else None
     gb = c.empty_as((O,), gy) if bias else None
     rx, rw, rb = c.call(_C.backward_linear, gy, w, saved if need_gw else None, gi, gw, gb, need_gi, need_gw, bias,

@@ -160,11 +160,12 @@ def test_autocast_dtypes(kind, dtype, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("kind", ["linear", "conv3x3", "conv1x1"])
-def test_autocast_gw_in_the_parameters_dtype(kind, dtype, device):
+def test_autocast_gradients_in_the_operands_dtypes(kind, dtype, device):
     # Under autocast a converted layer casts its fp32 weight itself and writes g_w in fp32, the engine's fp32 result
-    # rounded once (SPEC §4, "g_w's dtype"). The same layer with its parameters in the compute dtype gets g_w in that
-    # dtype: the same fp32 result rounded to it, so the fp32 g_w cast down is that g_w bit for bit; y, g_x and g_b
-    # are the same. Default configuration: stochastic rounding, the seeds drawn in the same order in both runs.
+    # rounded once (SPEC §4, "g_w's dtype"); a Linear does the same with an fp32 input's g_x (SPEC §3). The same
+    # layer with its parameters and input in the compute dtype gets g_w and g_x in that dtype: the same fp32 results
+    # rounded to it, so the fp32 gradients cast down are those bit for bit, and y and g_b are the same. Default
+    # configuration: stochastic rounding, the seeds drawn in the same order in both runs.
     torch.manual_seed(3)
     if kind == "linear":
         layer, x = ht.Linear(48, 40), torch.randn(2, 40, 48)
@@ -175,7 +176,7 @@ def test_autocast_gw_in_the_parameters_dtype(kind, dtype, device):
     layer, low, x = layer.to(device), low.to(device), x.to(device)
     gy = torch.randn(layer(x).shape, device=device)
 
-    def run(m):
+    def run(m, x):
         torch.manual_seed(7)
         xi = x.clone().requires_grad_()
         with torch.autocast(device, dtype=dtype):
@@ -183,12 +184,15 @@ def test_autocast_gw_in_the_parameters_dtype(kind, dtype, device):
         y.backward(gy.to(y.dtype))
         return y, xi.grad
 
-    y32, gx32 = run(layer)
-    ylo, gxlo = run(low)
+    y32, gx32 = run(layer, x)
+    ylo, gxlo = run(low, x.to(dtype))
+    assert torch.equal(y32, ylo)
     assert layer.weight.grad.dtype == torch.float32 and low.weight.grad.dtype == dtype
     assert torch.equal(layer.weight.grad.to(dtype), low.weight.grad)
     assert not torch.equal(layer.weight.grad, low.weight.grad.float())  # the fp32 result, not a cast of the other
-    assert torch.equal(y32, ylo) and torch.equal(gx32, gxlo)
+    assert gx32.dtype == torch.float32 and gxlo.dtype == dtype and torch.equal(gx32.to(dtype), gxlo)
+    # a Linear's g_x is the engine's fp32 result; a convolution's g_x is cast by autograd, as exact training's is
+    assert torch.equal(gx32, gxlo.float()) == (kind != "linear")
     assert torch.equal(layer.bias.grad.to(dtype), low.bias.grad)
 
 

@@ -71,22 +71,31 @@ def _autocast_on(dev: str) -> bool:
         return False
 
 
-def _autocast_cast(x: Tensor, weight: Tensor, bias: Optional[Tensor]):
-    """(x, weight, bias, autocast on, wdt) for a layer call: x and bias in autocast's dtype where it is on; the weight
-    as it is when the layer casts it itself (wdt: autocast's dtype, see :func:`_weight_cast`), else cast here."""
+def _autocast_cast(kind: str, x: Tensor, weight: Tensor, bias: Optional[Tensor]):
+    """(x, weight, bias, autocast on, its dtype or None) for a layer call under torch.compile: see
+    :func:`_autocast_operands`."""
     dev = x.device.type
     if not _autocast_on(dev):
         return x, weight, bias, False, None
     dt = torch.get_autocast_dtype(dev)
-    wdt = _weight_cast(weight, dt)
-    return _cast(x, dt), weight if wdt is not None else _cast(weight, dt), _cast(bias, dt), True, wdt
+    return (*_autocast_operands(kind, x, weight, bias, dt), True, dt)
 
 
-def _weight_cast(weight: Tensor, dt) -> Optional[Any]:
-    """dt when the layer's autograd.Function is to cast the weight to autocast's dtype dt itself (a weight of another
-    dtype the engine writes: its g_w then comes in the weight's own dtype, with no cast of g_w by autograd; ops.
-    _weight_in), else None (the weight has dtype dt already, or one the engine does not write: cast before)."""
-    return dt if weight.dtype != dt and weight.dtype in _FLOAT_DTYPES else None
+def _autocast_operands(kind: str, x: Tensor, weight: Tensor, bias: Optional[Tensor], dt):
+    """(x, weight, bias) of a layer call under autocast (dtype dt) as its autograd.Function takes them: the bias cast
+    to dt; the weight, and a Linear's x, as they are where the Function casts them itself (a float dtype the engine
+    writes, other than dt), so that the backward writes g_w, and a Linear's g_x, in their own dtypes with no cast by
+    autograd (SPEC §3, §4; ops._weight_in); anything else cast to dt here."""
+    if not _cast_inside(weight, dt):
+        weight = _cast(weight, dt)
+    if kind != "Linear" or not _cast_inside(x, dt):
+        x = _cast(x, dt)
+    return x, weight, _cast(bias, dt)
+
+
+def _cast_inside(t: Tensor, dt) -> bool:
+    """Whether a layer's autograd.Function casts t to autocast's dtype dt itself (see :func:`_autocast_operands`)."""
+    return t.dtype != dt and t.dtype in _FLOAT_DTYPES
 
 
 def _cast(t: Optional[Tensor], dt) -> Optional[Tensor]:
@@ -149,37 +158,35 @@ def _kept_by_producer(x: Tensor) -> bool:
 def _eager_operands(kind: str, x: Tensor, weight: Tensor, bias: Optional[Tensor], config, ac: bool, layer,
                     param: Optional[Tensor]):
     """What an eager layer call hands its autograd.Function, with the same checks, casts, seed draw and keep mode as the
-    compiled route (the per-config values of _plan): (x, weight, bias) in autocast's dtype where ac (autocast is on
-    for x's device type), the seed, the keep mode, and the weight_reuse record. An input its producer keeps anyway is
+    compiled route (the per-config values of _plan): (x, weight, bias) as :func:`_autocast_operands` gives them where ac
+    (autocast is on for x's device type), the seed, the keep mode, the weight_reuse record, and autocast's dtype (or
+    None) for the Function's own casts. An input its producer keeps anyway, and that the layer uses as it is, is
     kept as it is (_kept_by_producer), which the calling layer records. param: the parameter weight is a view of (a
     layer whose weight is stored I x O, a Conv1d), which weight_reuse keys its W~ on."""
     if x.device != weight.device:
         _check_inputs(kind, x, weight, bias, True)
     x_in = x
     reuse = ops.reuse_of(weight if param is None else param, config) if ops._REUSE is not None else None
-    wdt = None
+    dt = None
     if ac:
         dt = torch.get_autocast_dtype(x.device.type)
-        wdt = _weight_cast(weight, dt)
-        x, bias = _cast(x, dt), _cast(bias, dt)
-        if wdt is None:
-            weight = _cast(weight, dt)
+        x, weight, bias = _autocast_operands(kind, x, weight, bias, dt)
     _check_inputs(kind, x, weight, bias, ac)
     plan = _plan(config)
     seed = ops.draw_seed(x.device) if plan[0] else 0
     keep = plan[1] if weight.requires_grad else ops.KEEP_NOTHING
-    if keep == ops.KEEP_COMPRESSED and x is x_in and _kept_by_producer(x):
+    if keep == ops.KEEP_COMPRESSED and x is x_in and (dt is None or x.dtype == dt) and _kept_by_producer(x):
         keep = ops.KEEP_RAW  # its producer keeps it: no compressed copy now (the backward forms it)
     if layer is not None:  # what the layer keeps, for hot.torch.summary
         layer.__dict__["_hot_keeps_input"] = keep == ops.KEEP_RAW and not config.exact
-    return x, weight, bias, seed, keep, reuse, wdt
+    return x, weight, bias, seed, keep, reuse, dt
 
 
 def _linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], config, ac: bool, layer=None,
                   param: Optional[Tensor] = None) -> Tensor:
     """hot_linear outside torch.compile once gradients are wanted (see :func:`_eager_operands`)."""
-    x, weight, bias, seed, keep, reuse, wdt = _eager_operands("Linear", x, weight, bias, config, ac, layer, param)
-    return ops.linear_eager(x, weight, bias, seed, keep, config, reuse, wdt)
+    x, weight, bias, seed, keep, reuse, dt = _eager_operands("Linear", x, weight, bias, config, ac, layer, param)
+    return ops.linear_eager(x, weight, bias, seed, keep, config, reuse, dt)
 
 
 def hot_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, config=None) -> Tensor:
@@ -194,9 +201,9 @@ def hot_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, config=
         return _linear_eager(x, weight, bias, config, _autocast_on(x.device.type))
     if x.device != weight.device:
         _check_inputs("Linear", x, weight, bias, True)
-    x, weight, bias, ac, wdt = _autocast_cast(x, weight, bias)
+    x, weight, bias, ac, dt = _autocast_cast("Linear", x, weight, bias)
     _check_inputs("Linear", x, weight, bias, ac)
-    return ops.linear(x, weight, bias, _seed(config, x.device), _keep_mode(weight, config), config, wdt)
+    return ops.linear(x, weight, bias, _seed(config, x.device), _keep_mode(weight, config), config, dt)
 
 
 def _pair(name: str, v) -> List[int]:
@@ -234,10 +241,10 @@ def hot_conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride=1, padd
     x, unbatched = _batched(x)
     if x.device != weight.device:
         _check_inputs("Conv2d", x, weight, bias, True)
-    x, weight, bias, ac, wdt = _autocast_cast(x, weight, bias)
+    x, weight, bias, ac, dt = _autocast_cast("Conv2d", x, weight, bias)
     _check_inputs("Conv2d", x, weight, bias, ac)
     y = ops.conv2d(x, weight, bias, _seed(config, x.device), stride, padding, dilation, _keep_mode(weight, config),
-                   config, wdt=wdt)
+                   config, dt=dt)
     return y.squeeze(0) if unbatched else y
 
 
@@ -246,8 +253,8 @@ def _conv2d_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride, pad
     """hot_conv2d outside torch.compile once gradients are wanted (stride, padding, dilation: [h, w] lists; see
     :func:`_eager_operands`)."""
     x, unbatched = _batched(x)
-    x, weight, bias, seed, keep, reuse, wdt = _eager_operands("Conv2d", x, weight, bias, config, ac, layer, param)
-    y = ops.conv2d_eager(x, weight, bias, seed, stride, padding, dilation, keep, config, reuse, wdt)
+    x, weight, bias, seed, keep, reuse, dt = _eager_operands("Conv2d", x, weight, bias, config, ac, layer, param)
+    y = ops.conv2d_eager(x, weight, bias, seed, stride, padding, dilation, keep, config, reuse, dt)
     return y.squeeze(0) if unbatched else y
 
 

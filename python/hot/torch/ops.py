@@ -163,19 +163,21 @@ def _compress(x: Tensor, cfg) -> Tuple[Tensor, Tensor]:
 
 def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tensor], scale: Optional[Tensor],
                      seed, cfg, need_gx: bool, need_gw: bool, need_gb: bool, gx_shape, reuse=None,
-                     gw_dtype: Optional[str] = None):
+                     gw_dtype: Optional[str] = None, gx_dtype: Optional[str] = None):
     """``hot.backward_linear(g.reshape(-1, O), w, saved, bias=need_gb, config=cfg, seed=seed, ...)`` for a
     contiguous g (..., O) and w (O x I), where saved is the raw x (contiguous, L x I elements, given only when g_w
     is needed) or else the ABC buffer (q, scale) of L x I; g_x comes back shaped gx_shape (g's leading dims, I).
     reuse: (WeightReuse, parameter, its version at the forward) of a layer called inside weight_reuse, else None.
-    gw_dtype: g_w's dtype name when not g's. seed: an int, or the 0-d int64 seed tensor on g's device."""
+    gw_dtype, gx_dtype: g_w's and g_x's dtype names when not g's. seed: an int, or the 0-d int64 seed tensor on g's
+    device."""
     O = g.shape[-1]
     I = w.shape[1]
     L = math.prod(g.shape[:-1])
     if L == 0 or I == 0 or O == 0:  # empty operands (the engine refuses them): g_x and g_w are zeros
         gw_dt = g.dtype if gw_dtype is None else getattr(torch, gw_dtype)
-        return (g.new_zeros(gx_shape) if need_gx else None, g.new_zeros((O, I), dtype=gw_dt) if need_gw else None,
-                g.reshape(L, O).sum(0) if need_gb else None)
+        gx_dt = g.dtype if gx_dtype is None else getattr(torch, gx_dtype)
+        return (g.new_zeros(gx_shape, dtype=gx_dt) if need_gx else None,
+                g.new_zeros((O, I), dtype=gw_dt) if need_gw else None, g.reshape(L, O).sum(0) if need_gb else None)
     if not isinstance(seed, Tensor) and not 0 <= seed <= _UINT64_MAX:
         _api._seed("backward_linear", seed)  # raises, naming the seed
     c = _call("backward_linear", g)
@@ -183,10 +185,12 @@ def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tens
     if need_gw:
         saved = x if x is not None else _api._wrap_saved(c, q, scale, L, I, cfg.rank, "backward_linear")
     wq = reuse[0]._get(c, w, cfg, reuse[1], reuse[2]) if reuse is not None and need_gx and not cfg.exact else None
-    if cfg.exact and gw_dtype is not None:  # the exact GEMMs write their operands' dtype: g_w cast after
+    if cfg.exact and (gw_dtype is not None or gx_dtype is not None):  # the exact GEMMs write their operands' dtype:
         gx, gw, gb = _api._backward_linear(c, g, w, saved, gx_shape, need_gx, need_gw, need_gb, cfg, seed, wq)
-        return gx, gw.to(getattr(torch, gw_dtype)) if gw is not None else None, gb
-    return _api._backward_linear(c, g, w, saved, gx_shape, need_gx, need_gw, need_gb, cfg, seed, wq, gw_dtype)
+        return (gx if gx is None or gx_dtype is None else gx.to(getattr(torch, gx_dtype)),  # cast after
+                gw if gw is None or gw_dtype is None else gw.to(getattr(torch, gw_dtype)), gb)
+    return _api._backward_linear(c, g, w, saved, gx_shape, need_gx, need_gw, need_gb, cfg, seed, wq, gw_dtype,
+                                 gx_dtype)
 
 
 def _backward_conv2d(g: Tensor, w: Tensor, q: Optional[Tensor], scale: Optional[Tensor], seed, cfg, x_shape,
@@ -284,12 +288,13 @@ def _linear_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], keep: int
 
 
 def _linear_backward_body(grad_y, weight, x, q, scale, seed, x_shape, cfg, need_gx, need_gw, need_gb,
-                          reuse=None, gw_dtype=None):
-    """hot.backward_linear for the layer; (g_x, g_w, g_b) with None for what was not requested; g_w in gw_dtype (a
-    torch dtype: the parameter's, which the layer cast for autocast) when given, else in grad_y's."""
+                          reuse=None, gw_dtype=None, gx_dtype=None):
+    """hot.backward_linear for the layer; (g_x, g_w, g_b) with None for what was not requested; g_w in gw_dtype and
+    g_x in gx_dtype (torch dtypes: the parameter's and the input's, which the layer cast for autocast) when given,
+    else in grad_y's."""
     return _backward_linear(grad_y.contiguous(), weight.contiguous(),
                             x.contiguous() if need_gw and x is not None else None, q, scale, seed, cfg, need_gx,
-                            need_gw, need_gb, x_shape, reuse, _dtype_name(gw_dtype))
+                            need_gw, need_gb, x_shape, reuse, _dtype_name(gw_dtype), _dtype_name(gx_dtype))
 
 
 def _linear_fake(x, weight, bias, seed, keep, config):
@@ -307,16 +312,16 @@ linear_op = define_op(
     _linear_fake)
 
 
-def _linear_backward_op(grad_y, weight, x, q, scale, seed, x_shape, config, need_gx, need_gw, need_gb, 
-                        gw_dtype=None):
+def _linear_backward_op(grad_y, weight, x, q, scale, seed, x_shape, config, need_gx, need_gw, need_gb,
+                        gw_dtype=None, gx_dtype=None):
     gx, gw, gb = _linear_backward_body(grad_y, weight, x, q, scale, _seed_for(seed, grad_y), x_shape,
-                                       config_of(config), need_gx, need_gw, need_gb, None, gw_dtype)
+                                       config_of(config), need_gx, need_gw, need_gb, None, gw_dtype, gx_dtype)
     return _or_empty(gx, grad_y), _or_empty(gw, grad_y), _or_empty(gb, grad_y)
 
 
-def _linear_backward_fake(grad_y, weight, x, q, scale, seed, x_shape, config, need_gx, need_gw, need_gb, 
-                          gw_dtype=None):
-    gx = grad_y.new_empty(x_shape) if need_gx else grad_y.new_empty((0,))
+def _linear_backward_fake(grad_y, weight, x, q, scale, seed, x_shape, config, need_gx, need_gw, need_gb,
+                          gw_dtype=None, gx_dtype=None):
+    gx = grad_y.new_empty(x_shape, dtype=gx_dtype or grad_y.dtype) if need_gx else grad_y.new_empty((0,))
     gw = grad_y.new_empty(weight.shape, dtype=gw_dtype or grad_y.dtype) if need_gw else grad_y.new_empty((0,))
     gb = grad_y.new_empty((weight.shape[0],)) if need_gb else grad_y.new_empty((0,))
     return gx, gw, gb
@@ -324,20 +329,21 @@ def _linear_backward_fake(grad_y, weight, x, q, scale, seed, x_shape, config, ne
 
 linear_backward_op = define_op(
     "linear_backward(Tensor grad_y, Tensor weight, Tensor? x, Tensor q, Tensor scale, Tensor seed, SymInt[] x_shape, "
-    "int config, bool need_gx, bool need_gw, bool need_gb, ScalarType? gw_dtype=None) -> (Tensor, Tensor, Tensor)",
+    "int config, bool need_gx, bool need_gw, bool need_gb, ScalarType? gw_dtype=None, ScalarType? gx_dtype=None) -> "
+    "(Tensor, Tensor, Tensor)",
     _linear_backward_op, _linear_backward_fake)
 
 
-def _weight_in(ctx, weight: Tensor, wdt) -> Tensor:
-    """The weight a layer's forward computes with: weight itself, or its cast to wdt (autocast's dtype) when the layer
+def _weight_in(ctx, weight: Tensor, dt) -> Tensor:
+    """The weight a layer's forward computes with: weight itself, or its cast to dt (autocast's dtype) when the layer
     casts it (SPEC §4, "g_w's dtype": under autocast the layer takes the parameter as it is and casts it inside, so
     that its backward writes g_w in the parameter's dtype, rounded once from the engine's float32 result, and autograd
     has no cast of g_w to run). Sets ctx.gw_dtype (the parameter's dtype, or None: g_w in g_y's dtype)."""
-    if wdt is None or weight.dtype == wdt:
+    if dt is None or weight.dtype == dt:
         ctx.gw_dtype = None
         return weight
     ctx.gw_dtype = weight.dtype
-    return weight.to(wdt)
+    return weight.to(dt)
 
 
 def _dtype_name(dt) -> Optional[str]:
@@ -419,8 +425,11 @@ class _LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, args):
-        seed, keep, cfg, reuse, wdt = args
-        w = _weight_in(ctx, weight, wdt)
+        seed, keep, cfg, reuse, dt = args
+        w = _weight_in(ctx, weight, dt)
+        ctx.gx_dtype = None
+        if dt is not None and x.dtype != dt:  # x cast here as well: g_x comes in x's dtype (SPEC §3)
+            ctx.gx_dtype, x = x.dtype, x.to(dt)
         if isinstance(cfg, int):
             y, q, scale = linear_op(x, w, bias, seed, keep, cfg)
         else:
@@ -434,35 +443,36 @@ class _LinearFunction(torch.autograd.Function):
     def backward(ctx, grad_y):
         if isinstance(ctx.cfg, int):
             return _layer_backward(ctx, grad_y, 1, "Linear", lambda x, w, q, s, seed, *needs: linear_backward_op(
-                grad_y, w, x, q, s, seed, ctx.x_shape, ctx.cfg, *needs, ctx.gw_dtype))
+                grad_y, w, x, q, s, seed, ctx.x_shape, ctx.cfg, *needs, ctx.gw_dtype, ctx.gx_dtype))
         return _layer_backward(ctx, grad_y, 1, "Linear", lambda x, w, q, s, seed, *needs: _linear_backward_body(
-            grad_y, w, x, q, s, seed, ctx.x_shape, ctx.cfg, *needs, reuse=ctx.reuse, gw_dtype=ctx.gw_dtype))
+            grad_y, w, x, q, s, seed, ctx.x_shape, ctx.cfg, *needs, reuse=ctx.reuse, gw_dtype=ctx.gw_dtype,
+            gx_dtype=ctx.gx_dtype))
 
 
 def linear_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed, keep: int, cfg, reuse=None,
-                 wdt=None) -> Tensor:
+                 dt=None) -> Tensor:
     """The eager route of :func:`linear` with the seed as a 0-d int64 tensor on x's device, or 0 without stochastic
     rounding (the layers' entry point; not for torch.compile);
-    reuse: :func:`reuse_of` the layer's parameter; wdt: see :func:`linear`."""
-    return _LinearFunction.apply(x, weight, bias, (seed, keep, cfg, reuse, wdt))
+    reuse: :func:`reuse_of` the layer's parameter; dt: see :func:`linear`."""
+    return _LinearFunction.apply(x, weight, bias, (seed, keep, cfg, reuse, dt))
 
 
 def linear_ops(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep: int, code: int,
-               wdt=None) -> Tensor:
+               dt=None) -> Tensor:
     """The route of :func:`linear` under torch.compile (the torch.library ops hot::linear and hot::linear_backward,
     the configuration as its code); eager calls run it too."""
-    return _LinearFunction.apply(x, weight, bias, (_seed_for(seed, x), keep, code, None, wdt))
+    return _LinearFunction.apply(x, weight, bias, (_seed_for(seed, x), keep, code, None, dt))
 
 
-def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep: int, config, wdt=None) -> Tensor:
+def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, keep: int, config, dt=None) -> Tensor:
     """y = F.linear(x, weight, bias) with HOT's backward at ``config`` (a hot.Config): the torch.library ops under
     torch.compile, else the bodies directly (same results). keep is what the forward keeps (KEEP_COMPRESSED: the ABC
     buffer; KEEP_RAW: the raw x, for an exact g_w or one its producer keeps anyway; KEEP_NOTHING when no g_w is
-    wanted). wdt: autocast's dtype when the weight (float32 or float16 under bfloat16 autocast, ...) is to be cast by
-    the layer itself, which then computes g_w in the weight's own dtype (:func:`_weight_in`), else None."""
+    wanted). dt: autocast's dtype, to which the layer casts a weight (and an x) of another dtype itself, and then
+    writes g_w (and g_x) in their own dtypes (:func:`_weight_in`), else None."""
     if torch.compiler.is_compiling():
-        return linear_ops(x, weight, bias, seed, keep, config.code, wdt)
-    return _LinearFunction.apply(x, weight, bias, (_seed_for(seed, x), keep, config, None, wdt))
+        return linear_ops(x, weight, bias, seed, keep, config.code, dt)
+    return _LinearFunction.apply(x, weight, bias, (_seed_for(seed, x), keep, config, None, dt))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -756,8 +766,8 @@ class _Conv2dFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, args):
-        seed, stride, padding, dilation, keep, cfg, reuse, wdt = args
-        w = _weight_in(ctx, weight, wdt)
+        seed, stride, padding, dilation, keep, cfg, reuse, dt = args
+        w = _weight_in(ctx, weight, dt)
         if isinstance(cfg, int):
             y, q, scale = conv2d_op(x, w, bias, seed, stride, padding, dilation, keep, cfg)
         else:
@@ -779,26 +789,26 @@ class _Conv2dFunction(torch.autograd.Function):
 
 
 def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed, stride: List[int], padding: List[int],
-           dilation: List[int], keep: int, config, reuse=None, wdt=None) -> Tensor:
+           dilation: List[int], keep: int, config, reuse=None, dt=None) -> Tensor:
     """y = F.conv2d(...) with HOT's backward at ``config`` (a hot.Config): the torch.library ops under torch.compile,
-    else the bodies directly (reuse: :func:`reuse_of` the layer's parameter; wdt as in :func:`linear`). seed: a 0-d
+    else the bodies directly (reuse: :func:`reuse_of` the layer's parameter; dt as in :func:`linear`). seed: a 0-d
     int64 tensor (an int in eager mode, 0 without stochastic rounding)."""
     if torch.compiler.is_compiling():
-        return conv2d_ops(x, weight, bias, seed, stride, padding, dilation, keep, config.code, wdt)
+        return conv2d_ops(x, weight, bias, seed, stride, padding, dilation, keep, config.code, dt)
     return conv2d_eager(x, weight, bias, _seed_for(seed, x), list(stride), list(padding), list(dilation), keep,
-                        config, reuse, wdt)
+                        config, reuse, dt)
 
 
 def conv2d_ops(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed: Tensor, stride: List[int], padding: List[int],
-               dilation: List[int], keep: int, code: int, wdt=None) -> Tensor:
+               dilation: List[int], keep: int, code: int, dt=None) -> Tensor:
     """The route of :func:`conv2d` under torch.compile (the torch.library ops hot::conv2d and hot::conv2d_backward, the
     configuration as its code); eager calls run it too."""
     return _Conv2dFunction.apply(x, weight, bias, (_seed_for(seed, x), list(stride), list(padding), list(dilation),
-                                                   keep, code, None, wdt))
+                                                   keep, code, None, dt))
 
 
 def conv2d_eager(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed, stride: List[int], padding: List[int],
-                 dilation: List[int], keep: int, cfg, reuse=None, wdt=None) -> Tensor:
+                 dilation: List[int], keep: int, cfg, reuse=None, dt=None) -> Tensor:
     """The eager route of :func:`conv2d` with the seed as a 0-d int64 tensor on x's device, or 0 without stochastic
     rounding, and stride, padding, dilation as [h, w] lists (the layers' entry point; not for torch.compile)."""
-    return _Conv2dFunction.apply(x, weight, bias, (seed, stride, padding, dilation, keep, cfg, reuse, wdt))
+    return _Conv2dFunction.apply(x, weight, bias, (seed, stride, padding, dilation, keep, cfg, reuse, dt))

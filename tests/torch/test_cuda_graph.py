@@ -258,3 +258,42 @@ def test_recorded_training_step_equals_the_eager_steps(amp):
     for (n, a), b in zip(m_g.named_parameters(), m_e.parameters()):
         assert torch.equal(a, b), n
     assert not torch.equal(m_e[0].weight, build()[0][0].weight)  # the steps did train
+
+
+def test_a_static_input_read_by_two_layers_is_cast_and_compressed_by_each_replay():
+    # Two layers reading one input share its bf16 cast and ABC buffer (SPEC §2). The graph, recorded after eager
+    # warm-up steps on the same static input, must form them itself: after the caller refills the input, a replay
+    # gives the gradients of an eager step on the new values.
+    torch.manual_seed(0)
+    cfg = hot.Config(rounding="nearest")
+    a, b = ht.Linear(192, 96, config=cfg).cuda(), ht.Linear(192, 64, config=cfg).cuda()
+    x = torch.randn(256, 192, device="cuda")  # the static input, fp32: cast by the layers under autocast
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = a(x).float().square().sum() + b(x).float().sum()
+        loss.backward()
+
+    def clear():
+        a.weight.grad = a.bias.grad = b.weight.grad = b.bias.grad = None
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            clear()
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    clear()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    new = torch.randn(256, 192, device="cuda")
+    x.copy_(new)
+    g.replay()
+    replay = [p.grad.clone() for p in (a.weight, b.weight)]
+    clear()
+    step()
+    torch.cuda.synchronize()
+    for r, e in zip(replay, (a.weight.grad, b.weight.grad)):
+        assert torch.equal(r, e)

@@ -57,7 +57,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import List, Optional, Tuple
+import weakref
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -159,6 +160,47 @@ def _compress(x: Tensor, cfg) -> Tuple[Tensor, Tensor]:
         x = x.contiguous()
     q, scale, _ = _api._compress(_call("compress_activation", x), x, x.shape, cfg)
     return q, scale
+
+
+# What the eager linear layers that read one input tensor share: id(x) -> [weak reference to x, x's version when the
+# entry was made, made while a CUDA graph was being recorded, {dtype: x's cast}, {(dtype, rank): weak references to
+# the ABC buffer (q, scale)}] (:func:`_shared_input`).
+_SHARED: Dict[int, list] = {}
+
+
+def _drop_shared(key: int, ref) -> None:
+    e = _SHARED.get(key)
+    if e is not None and e[0] is ref:
+        del _SHARED[key]
+
+
+def _shared_input(x: Tensor, dt, cfg, compress: bool):
+    """(x cast to dt (x itself for None or x's dtype), its ABC buffer at cfg.rank or (None, None) unless compress),
+    shared by the eager linear layers that read the same tensor x (SPEC §2: the query, key and value projections of one
+    attention input, a gated MLP's gate and up projections): the first forms them, the others reuse them while x is
+    alive and unchanged (its version counter). Deterministic casts and compression of the same values, so the same
+    bits as forming them per layer, each formed once, and the buffer kept once (the layers save the same tensors).
+    The cast is held while x lives; the buffer only while some layer keeps it (a weak reference). What was formed
+    while a CUDA graph was being recorded serves only calls recorded with it, and the rest only calls outside of
+    recording: a recorded graph forms what it reads, as its caller may refill a static input before each replay."""
+    key = id(x)
+    capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+    e = _SHARED.get(key)
+    if e is None or e[0]() is not x or e[1] != x._version or e[2] != capturing:
+        e = _SHARED[key] = [weakref.ref(x, functools.partial(_drop_shared, key)), x._version, capturing, {}, {}]
+    xc = x
+    if dt is not None and x.dtype != dt:
+        xc = e[3].get(dt)
+        if xc is None:
+            xc = e[3][dt] = x.to(dt)
+    if not compress:
+        return xc, None, None
+    refs = e[4].get((xc.dtype, cfg.rank))
+    q, scale = (refs[0](), refs[1]()) if refs is not None else (None, None)
+    if q is None or scale is None:
+        q, scale = _compress(xc, cfg)
+        e[4][(xc.dtype, cfg.rank)] = (weakref.ref(q), weakref.ref(scale))
+    return xc, q, scale
 
 
 def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tensor], scale: Optional[Tensor],
@@ -427,14 +469,14 @@ class _LinearFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, args):
         seed, keep, cfg, reuse, dt = args
         w = _weight_in(ctx, weight, dt)
-        ctx.gx_dtype = None
-        if dt is not None and x.dtype != dt:  # x cast here as well: g_x comes in x's dtype (SPEC §3)
-            ctx.gx_dtype, x = x.dtype, x.to(dt)
+        # x of another dtype than autocast's is cast here as well: g_x comes in x's dtype (SPEC §4, "g_w's dtype")
+        ctx.gx_dtype = x.dtype if dt is not None and x.dtype != dt else None
         if isinstance(cfg, int):
+            x = x if ctx.gx_dtype is None else x.to(dt)
             y, q, scale = linear_op(x, w, bias, seed, keep, cfg)
-        else:
+        else:  # the cast and the ABC buffer shared with the other layers that read x
+            x, q, scale = _shared_input(x, dt, cfg, keep == KEEP_COMPRESSED)
             y = F.linear(x, w, bias)
-            q, scale = _compress(x, cfg) if keep == KEEP_COMPRESSED else (None, None)
         _save(ctx, x, w, bias, q, scale, seed, keep, cfg)
         ctx.reuse = reuse
         return y

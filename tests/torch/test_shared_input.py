@@ -1,0 +1,123 @@
+"""Converted linear layers that read one input tensor (query, key and value projections; a gated MLP's gate and up
+projections) share its cast to autocast's dtype and its ABC buffer (SPEC §2): formed once, kept once, the same bits
+as forming them per layer."""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import hot
+import hot.torch as ht
+from conftest import DEVICES
+
+
+def _layers(device, dtype=torch.float32):
+    torch.manual_seed(0)
+    return [ht.Linear(48, o).to(device=device, dtype=dtype) for o in (32, 16, 40)]
+
+
+def _run(layers, x, shared: bool, amp=None):
+    """Forward and backward of the layers on x (one tensor for all when shared, else a copy each); (grads of x and
+    of the layers' weights, the int8 tensors the layers saved for backward)."""
+    torch.manual_seed(7)
+    xs = x.detach().clone().requires_grad_()
+    h = xs * 1  # a non-leaf input, as a norm's output is
+    saved = []
+
+    def pack(t):
+        if t.dtype == torch.int8:
+            saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            torch.autocast(x.device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
+        ys = [m(h if shared else h.clone()) for m in layers]
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    loss = sum((y.float() * torch.randn(y.shape, generator=gen).to(y.device)).sum() for y in ys)
+    for m in layers:
+        m.weight.grad = None
+    loss.backward()
+    return [xs.grad] + [m.weight.grad for m in layers], saved
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("amp", [None, torch.bfloat16], ids=["fp32", "autocast_bf16"])
+def test_layers_reading_one_input_keep_one_buffer_and_give_the_same_bits(device, amp):
+    layers = _layers(device)
+    x = torch.randn(4, 40, 48, device=device)
+    got, saved = _run(layers, x, shared=True, amp=amp)
+    want, saved_apart = _run(layers, x, shared=False, amp=amp)
+    assert len(saved) == len(saved_apart) == 3
+    assert len({t.untyped_storage().data_ptr() for t in saved}) == 1  # one buffer, saved by the three layers
+    assert len({t.untyped_storage().data_ptr() for t in saved_apart}) == 3
+    for a, b in zip(got, want):  # default configuration: stochastic rounding, seeds drawn in the same order
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+class _Casts(TorchDispatchMode):
+    """Counts the casts (aten._to_copy) of tensors of a given shape."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.shape, self.n = tuple(shape), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._to_copy.default and tuple(args[0].shape) == self.shape:
+            self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_input_is_cast_once_under_autocast(device):
+    layers = _layers(device)
+    x = torch.randn(64, 48, device=device, requires_grad=True)
+    h = x * 1
+    counts = []
+    for shared in (True, False):
+        with _Casts(h.shape) as casts, torch.autocast(device, dtype=torch.bfloat16):
+            ys = [m(h if shared else h * 1) for m in layers]
+        assert all(y.dtype == torch.bfloat16 for y in ys)
+        counts.append(casts.n)
+    assert counts == [1, 3]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_input_changed_in_place_is_compressed_again(device):
+    # the second layer reads x after an in-place change: it must compress the new values (x's version counter), and
+    # its gradients are those of a fresh tensor holding them
+    cfg = hot.Config(rounding="nearest")
+    torch.manual_seed(0)
+    a, b = ht.Linear(48, 32, config=cfg).to(device), ht.Linear(48, 24, config=cfg).to(device)
+    x = torch.randn(64, 48, device=device)
+    gy = torch.randn(64, 24, device=device)
+
+    h = x.clone().requires_grad_() * 1
+    ya = a(h)  # alive: its graph keeps the buffer of the old values
+    h.mul_(-1.5)
+    b(h).backward(gy)
+    got = b.weight.grad.clone()
+    del ya
+
+    b.weight.grad = None
+    fresh = (x * -1.5).requires_grad_()
+    b(fresh).backward(gy)
+    assert torch.equal(got, b.weight.grad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_shared_buffers_go_with_the_graph(device):
+    # nothing of a step outlives it: once the layers' saved tensors are freed by the backward, the shared buffer is
+    # gone, and once the input dies its entry (and any cast held for it) goes too
+    from hot.torch import ops
+    layers = _layers(device)
+    x = torch.randn(64, 48, device=device, requires_grad=True)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        h = x * 1.0  # an fp32 input under autocast: the layers share its cast
+        ys = [m(h) for m in layers]
+    e = ops._SHARED[id(h)]
+    refs = list(e[4].values())
+    assert len(e[3]) == 1 and len(refs) == 1 and refs[0][0]() is not None
+    sum(y.float().sum() for y in ys).backward()
+    assert refs[0][0]() is None  # the buffer went with the saved tensors
+    key = id(h)
+    del h, ys
+    assert key not in ops._SHARED or ops._SHARED[key][0]() is not None

@@ -642,7 +642,9 @@ class SavedAttribution:
             others = [s for s in savers if s[2] == "op"]
             for name in {s[0] for s in cand}:
                 role = next(s[2] for s in cand if s[0] == name)
-                if role in per_layer[name]:
+                # a HOT buffer counts for the layer that formed it (the first to save it), not for the layers that
+                # read the same input and keep the same buffer (SPEC §2); an input counts for every layer keeping it
+                if role in per_layer[name] and (role != "hot" or name == cand[0][0]):
                     per_layer[name][role] += b
             is_input = ptr in self.layer_inputs or "input" in roles
             if is_input and others:
@@ -825,6 +827,7 @@ def run_config(task: Task, model, opt, cands: set, device, dtype: str, batch: in
                                          "in": m.in_features if isinstance(m, nn.Linear) else m.in_channels,
                                          "trainable": m.weight.requires_grad, "rank": m.hot_config.rank,
                                          "keeps_input": bool(m._hot_keeps_input),
+                                         "shares_buffer": bool(m._hot_shares_buffer),
                                          "pointwise": isinstance(m, nn.Conv2d)
                                          and ht.ops.pointwise(m.kernel_size, ht.layers.conv_padding(m))}
                          for n, m in hot_layers}

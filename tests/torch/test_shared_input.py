@@ -121,3 +121,16 @@ def test_shared_buffers_go_with_the_graph(device):
     key = id(h)
     del h, ys
     assert key not in ops._SHARED or ops._SHARED[key][0]() is not None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_summary_counts_a_shared_buffer_once(device):
+    from hot.torch.summary import kept_bytes
+    layers = _layers(device)
+    x = torch.randn(64, 48, device=device, requires_grad=True)
+    h = x * 1
+    ys = [m(h) for m in layers]  # noqa: F841 (the graphs keep the buffer)
+    first = 48 * hot.torch.ops.padded_k(64, 16) + 4  # the ABC buffer of 64 rows of 48 at rank 16 and its scale
+    assert [kept_bytes(m)[0] for m in layers] == [first, 0, 0]
+    ys = [m(h * 1) for m in layers]  # three inputs: three buffers
+    assert [kept_bytes(m)[0] for m in layers] == [first] * 3

@@ -179,6 +179,8 @@ def _eager_operands(kind: str, x: Tensor, weight: Tensor, bias: Optional[Tensor]
         keep = ops.KEEP_RAW  # its producer keeps it: no compressed copy now (the backward forms it)
     if layer is not None:  # what the layer keeps, for hot.torch.summary
         layer.__dict__["_hot_keeps_input"] = keep == ops.KEEP_RAW and not config.exact
+        layer.__dict__["_hot_shares_buffer"] = keep == ops.KEEP_COMPRESSED and kind == "Linear" and \
+            ops.shared_buffer_alive(x, dt, config)
     return x, weight, bias, seed, keep, reuse, dt
 
 
@@ -315,6 +317,7 @@ class _HotMixin:
         self.hot_warmup = None  # set by hot.torch.Warmup: {"left": steps, "target": the config after the warm-up}
         self._hot_seen = None  # (rows L, input shape, input dtype) of the last forward with gradients
         self._hot_keeps_input = False  # its last forward kept the input itself, which its producer keeps anyway
+        self._hot_shares_buffer = False  # its last forward reused the ABC buffer of another layer reading its input
         self._hot_capture = None  # list, set by calibrate() to collect (input, output) pairs
 
     def _hot_record(self, x: Tensor, rows: int) -> None:

@@ -203,6 +203,17 @@ def _shared_input(x: Tensor, dt, cfg, compress: bool):
     return xc, q, scale
 
 
+def shared_buffer_alive(x: Tensor, dt, cfg) -> bool:
+    """Whether a linear layer reading x now (autocast's dtype dt or None, cfg) would reuse another layer's ABC buffer
+    (:func:`_shared_input`), for what the layers record for hot.torch.summary."""
+    e = _SHARED.get(id(x))
+    if e is None or e[0]() is not x or e[1] != x._version or \
+            e[2] != (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return False
+    refs = e[4].get((dt if dt is not None else x.dtype, cfg.rank))
+    return refs is not None and refs[0]() is not None and refs[1]() is not None
+
+
 def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tensor], scale: Optional[Tensor],
                      seed, cfg, need_gx: bool, need_gw: bool, need_gb: bool, gx_shape, reuse=None,
                      gw_dtype: Optional[str] = None, gx_dtype: Optional[str] = None):

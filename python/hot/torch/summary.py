@@ -22,7 +22,8 @@ def kept_bytes(m: nn.Module):
     c = m.hot_config
     trainable = m.weight.requires_grad
     seen = m._hot_seen
-    shared = seen is not None and getattr(m, "_hot_keeps_input", False)  # it keeps the input its producer keeps
+    # it keeps the input its producer keeps, or another layer's ABC buffer of that input (SPEC §2): no bytes of its own
+    shared = seen is not None and (getattr(m, "_hot_keeps_input", False) or getattr(m, "_hot_shares_buffer", False))
     if isinstance(m, (Linear, TransposedLinear)):
         I = m.in_features
         if seen is None:

@@ -174,6 +174,23 @@ def _drop_shared(key: int, ref) -> None:
         del _SHARED[key]
 
 
+def _live_entry(x: Tensor) -> Optional[list]:
+    """x's entry of _SHARED if it was made for this tensor, at its current version, and in the same recording state
+    (see :func:`_shared_input`), else None."""
+    e = _SHARED.get(id(x))
+    if e is None or e[0]() is not x or e[1] != x._version or \
+            e[2] != (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return None
+    return e
+
+
+def _live_buffer(e: list, dtype, rank: int):
+    """The ABC buffer (q, scale) of an entry's x in dtype at rank while some layer keeps it, else None."""
+    refs = e[4].get((dtype, rank))
+    q, scale = (refs[0](), refs[1]()) if refs is not None else (None, None)
+    return None if q is None or scale is None else (q, scale)
+
+
 def _shared_input(x: Tensor, dt, cfg, compress: bool):
     """(x cast to dt (x itself for None or x's dtype), its ABC buffer at cfg.rank or (None, None) unless compress),
     shared by the eager linear layers that read the same tensor x (SPEC §2: the query, key and value projections of one
@@ -183,11 +200,11 @@ def _shared_input(x: Tensor, dt, cfg, compress: bool):
     The cast is held while x lives; the buffer only while some layer keeps it (a weak reference). What was formed
     while a CUDA graph was being recorded serves only calls recorded with it, and the rest only calls outside of
     recording: a recorded graph forms what it reads, as its caller may refill a static input before each replay."""
-    key = id(x)
-    capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
-    e = _SHARED.get(key)
-    if e is None or e[0]() is not x or e[1] != x._version or e[2] != capturing:
-        e = _SHARED[key] = [weakref.ref(x, functools.partial(_drop_shared, key)), x._version, capturing, {}, {}]
+    e = _live_entry(x)
+    if e is None:
+        key = id(x)
+        e = _SHARED[key] = [weakref.ref(x, functools.partial(_drop_shared, key)), x._version,
+                            x.is_cuda and torch.cuda.is_current_stream_capturing(), {}, {}]
     xc = x
     if dt is not None and x.dtype != dt:
         xc = e[3].get(dt)
@@ -195,23 +212,18 @@ def _shared_input(x: Tensor, dt, cfg, compress: bool):
             xc = e[3][dt] = x.to(dt)
     if not compress:
         return xc, None, None
-    refs = e[4].get((xc.dtype, cfg.rank))
-    q, scale = (refs[0](), refs[1]()) if refs is not None else (None, None)
-    if q is None or scale is None:
-        q, scale = _compress(xc, cfg)
-        e[4][(xc.dtype, cfg.rank)] = (weakref.ref(q), weakref.ref(scale))
-    return xc, q, scale
+    buf = _live_buffer(e, xc.dtype, cfg.rank)
+    if buf is None:
+        buf = _compress(xc, cfg)
+        e[4][(xc.dtype, cfg.rank)] = (weakref.ref(buf[0]), weakref.ref(buf[1]))
+    return (xc, *buf)
 
 
 def shared_buffer_alive(x: Tensor, dt, cfg) -> bool:
     """Whether a linear layer reading x now (autocast's dtype dt or None, cfg) would reuse another layer's ABC buffer
     (:func:`_shared_input`), for what the layers record for hot.torch.summary."""
-    e = _SHARED.get(id(x))
-    if e is None or e[0]() is not x or e[1] != x._version or \
-            e[2] != (x.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return False
-    refs = e[4].get((dt if dt is not None else x.dtype, cfg.rank))
-    return refs is not None and refs[0]() is not None and refs[1]() is not None
+    e = _live_entry(x)
+    return e is not None and _live_buffer(e, dt if dt is not None else x.dtype, cfg.rank) is not None
 
 
 def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tensor], scale: Optional[Tensor],
@@ -401,7 +413,7 @@ def _weight_in(ctx, weight: Tensor, dt) -> Tensor:
 
 def _dtype_name(dt) -> Optional[str]:
     """A torch float dtype's name for the engine ("float32"), None for None."""
-    return None if dt is None else str(dt).rpartition(".")[2]
+    return None if dt is None else _api._dtype_name("hot.torch", dt)
 
 
 def _needs(ctx):

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -167,11 +168,11 @@ __device__ __forceinline__ void store_f(T* p, float v) { FloatIO<T>::store(p, v)
 
 // The last step of a bias gradient (bias_grad and the fused g_y pass): out[c] = the sum of partial[k][c] over the
 // nchunks row chunks, in chunk order (deterministic, the CPU backend's order), cast to T.
-// The sum of one column is a chain of dependent adds, so what bounds the kernel is how many partials are in flight:
-// one CTA per kBiasFinalCols columns; its 8 warps stage kBiasFinalRows chunks of those columns into shared memory
-// (coalesced rows of 128 bytes, 16 independent loads per thread), then warp 0 adds them up, one column per lane.
-// (One thread per column reading its partials in sequence ran on ceil(O / 128) SMs: 24-48 us for the ViT-B layers on
-// an H100, for a few MB of partials.)
+// The sum of one column is a chain of dependent adds, so what bounds the kernel is keeping that chain fed: one CTA per
+// kBiasFinalCols columns; warp 0 adds up one round of kBiasFinalRows staged chunks (one column per lane, 8 shared-memory
+// loads issued ahead of their adds) while warps 1-7 stage the next round into the other buffer (coalesced rows of 128
+// bytes, all of a thread's loads in flight at once). (Staging and adding in turn ran ~10 us per ViT-B layer on an H100, for 394 chunks; one thread per column
+// reading its partials in sequence ran on ceil(O / 128) SMs: 24-48 us.)
 constexpr int kBiasFinalCols = 32, kBiasFinalRows = 128, kBiasFinalThreads = 256;
 inline dim3 bias_final_grid(int64_t cols) {
   return dim3(static_cast<unsigned>((cols + kBiasFinalCols - 1) / kBiasFinalCols));
@@ -179,18 +180,49 @@ inline dim3 bias_final_grid(int64_t cols) {
 template <typename T>
 __global__ void __launch_bounds__(kBiasFinalThreads) bias_final_kernel(const float* partial, int64_t nchunks,
                                                                         int64_t cols, T* out) {
-  __shared__ float stage[kBiasFinalRows][kBiasFinalCols + 1];
+  __shared__ float stage[2][kBiasFinalRows][kBiasFinalCols + 1];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t c = blockIdx.x * static_cast<int64_t>(kBiasFinalCols) + lane;
+  const int64_t rounds = (nchunks + kBiasFinalRows - 1) / kBiasFinalRows;
+  const auto rows_of = [&](int64_t k) {
+    return static_cast<int>(std::min<int64_t>(nchunks - k * kBiasFinalRows, kBiasFinalRows));
+  };
+  // Rows r0, r0 + STEP, ... of round k into buffer b: every load issued before the first store (a store to shared
+  // memory between them would keep the loads one at a time: `partial` might alias it, as far as the compiler knows).
+  const auto stage_round = [&](auto step_tag, int64_t k, int b, int r0) {
+    constexpr int STEP = decltype(step_tag)::value, N = (kBiasFinalRows + STEP - 1) / STEP;
+    const int n = rows_of(k);
+    float v[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int r = r0 + i * STEP;
+      v[i] = c < cols && r < n ? partial[(k * kBiasFinalRows + r) * cols + c] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      if (r0 + i * STEP < n) stage[b][r0 + i * STEP][lane] = v[i];
+  };
+  constexpr int kWarps = kBiasFinalThreads / 32;
+  if (rounds > 0) stage_round(std::integral_constant<int, kWarps>{}, 0, 0, warp);
+  __syncthreads();
   float s = 0.0f;
-  for (int64_t k0 = 0; k0 < nchunks; k0 += kBiasFinalRows) {
-    const int n = static_cast<int>(nchunks - k0 < kBiasFinalRows ? nchunks - k0 : kBiasFinalRows);
-    if (c < cols)
-      for (int r = warp; r < n; r += kBiasFinalThreads / 32) stage[r][lane] = partial[(k0 + r) * cols + c];
-    __syncthreads();
-    if (warp == 0)
-      for (int r = 0; r < n; ++r) s = __fadd_rn(s, stage[r][lane]);
-    __syncthreads();
+  for (int64_t k = 0; k < rounds; ++k) {
+    const int b = static_cast<int>(k & 1);
+    if (warp != 0) {
+      if (k + 1 < rounds) stage_round(std::integral_constant<int, kWarps - 1>{}, k + 1, b ^ 1, warp - 1);
+    } else {
+      const int n = rows_of(k);
+      int r = 0;
+      for (; r + 8 <= n; r += 8) {
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = stage[b][r + i][lane];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s = __fadd_rn(s, v[i]);
+      }
+      for (; r < n; ++r) s = __fadd_rn(s, stage[b][r][lane]);
+    }
+    __syncthreads();  // round k + 1 staged; buffer b free for round k + 2
   }
   if (warp == 0 && c < cols) store_f(out + c, s);
 }

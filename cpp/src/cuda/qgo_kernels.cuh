@@ -27,8 +27,9 @@
 // O % 8 == 0 every 8-element group is aligned and all in or all out of a row; a G~ unit (16 columns)
 // makes 2 calls, and for G^ the four lanes holding columns 8i .. 8i+7 of a row block each draw one of 4 rows and
 // exchange the words by 4 shuffles (gw_quant_sr8). Other O take the generic per-element path (quant_slow).
-// The per-tile work is split into gx_transform (G~), bias_partials, gw_projection (G^) and the staging of G^'s codes for
-// their transposed store (stage_clear, stage_unit, stage_copy_out); qgo_tile runs them in that order.
+// The per-tile work is split into gx_transform (G~), bias_partials (g_b without G^), gw_projection (G^; g_b's partials
+// from its row 0, bias_from_block_sums) and the staging of G^'s codes for their transposed store (stage_clear,
+// stage_unit, stage_copy_out); qgo_tile runs them in that order.
 // The HLA rank is a template parameter R of the kernels: 8 or 16 (compiled-in ranks: with R = 8 the G^ rows not kept
 // are dead code, so pass 2 fits 64 registers and 4 CTAs per SM; with R = 16 the rank loops and the staging layout are
 // constants) or 0 (any rank 1..16, read at run time).
@@ -326,7 +327,7 @@ __device__ __forceinline__ void gx_transform(const QgoParams& p, const Key& key,
   }
 }
 
-// The g_b partials (pass 1): column sums of the tile in row order, one column per thread.
+// The g_b partials (pass 1) of a call without G^: column sums of the tile in row order, one column per thread.
 template <class Tile>
 __device__ __forceinline__ void bias_partials(const QgoParams& p, const Tile& tile, int64_t t, int64_t c0) {
   const int tid = threadIdx.x;
@@ -454,14 +455,17 @@ __device__ __forceinline__ void gw_amax_or_quant(const QgoParams& p, const Key& 
 
 // The g_w projection of one G^ unit (row block jb, columns c2, c2 + 1): its amax (pass 1) or the codes of the kept
 // rows, packed[v][k / 4] byte k % 4 = code of row k, column c2 + v (pass 2; zeros outside L x O).
+// Also the unit's two column sums over its 16 rows (G^'s row 0, H_16's row of ones; the g_b partials of pass 1).
 template <int PASS, class Tile, class Key>
 __device__ __forceinline__ void gw_projection(const QgoParams& p, const Key& key, const Tile& tile, int rank, int64_t rt,
-                                              int64_t c0, int jb, int c2, uint32_t& amax_gw, uint32_t (&packed)[2][4]) {
+                                              int64_t c0, int jb, int c2, uint32_t& amax_gw, uint32_t (&packed)[2][4],
+                                              float (&block_sum)[2]) {
   const int64_t nb = (p.L + 15) / 16;
   const TileSpot at = tile_spot(p, rt, c0, c2);  // the 2 columns (and the quad's 8) share a segment
   const int64_t jglob = at.rt * kRowBlocks + jb;
   float hx[16][2];
   gw_load_transform(tile, jb, c2, hx);
+  block_sum[0] = hx[0][0], block_sum[1] = hx[0][1];
   const int64_t cg = at.c;
   const int nvalid = static_cast<int>(std::min<int64_t>(2, std::max<int64_t>(0, p.O - cg)));
   if (PASS == 2 && p.sr8) {
@@ -561,15 +565,35 @@ __device__ __forceinline__ void stage_copy_out(const QgoParams& p, int rank, int
   }
 }
 
+// The g_b partials (pass 1) of a call with G^: a tile column's sum is the sum, in row-block order, of its 4 row blocks'
+// sums that the G^ transform formed (block_sum[i][v]: unit i, column c2 + v; units jb0 and jb0 + 2), exchanged through
+// 4 KB of the block's shared memory at `xch_base` + 256 that no thread reads once the barrier is passed (not the first
+// 128 bytes, which the amax reduction borrows next). This saves a second walk of the tile: a load and an add an element.
+__device__ __forceinline__ void bias_from_block_sums(const QgoParams& p, int64_t t, int64_t c0, int jb0, int c2,
+                                                     const float (&block_sum)[2][2], unsigned char* xch_base) {
+  float(*xch)[kTileCols] = reinterpret_cast<float(*)[kTileCols]>(xch_base + 256);
+  __syncthreads();  // every thread is done with the tile
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int v = 0; v < 2; ++v) xch[jb0 + 2 * i][c2 + v] = block_sum[i][v];
+  __syncthreads();
+  const int tid = threadIdx.x;
+  const TileSpot at = tile_spot(p, t, c0, tid);
+  const float sum = __fadd_rn(__fadd_rn(__fadd_rn(xch[0][tid], xch[1][tid]), xch[2][tid]), xch[3][tid]);
+  if (at.c < p.O && at.rt * kTileRows < p.L) p.bias_partial[at.rt * p.O + at.c] = sum;
+}
+
 // The whole tile: G~ (amax in pass 1; quantised and stored in pass 2), the g_b column sums (pass 1) and G^ (amax;
-// quantised, staged in `stage` and stored transposed). amax_gx / amax_gw accumulate this thread's maxima.
+// quantised, staged in `stage` and stored transposed). amax_gx / amax_gw accumulate this thread's maxima. In pass 1
+// `stage` is the tile's own shared memory (the g_b exchange, once the tile is read).
 template <int PASS, int R, class Tile, class Key>
 __device__ __forceinline__ void qgo_tile(const QgoParams& p, const Key& key, const Tile& tile, int64_t rt, int64_t ct,
                                          unsigned char* stage, uint32_t& amax_gx, uint32_t& amax_gw) {
   const int rank = R > 0 ? R : p.rank;  // HLA rank: compile-time (R) or run-time (R == 0)
   const int64_t c0 = ct * kTileCols;
   if (p.gx) gx_transform<PASS>(p, key, tile, rt, c0, amax_gx);
-  if (PASS == 1 && p.bias) bias_partials(p, tile, rt, c0);
+  if (PASS == 1 && p.bias && !p.gw) bias_partials(p, tile, rt, c0);
   if (p.gw) {
     // G^: 512 units (row block jb, 2 columns c2) of the tile, 2 per thread: row blocks jb0 and jb0 + 2, columns c2.
     // Pass 2 stages a unit's codes as soon as they are formed where the staging has its own memory (TileRaw16: one
@@ -578,11 +602,13 @@ __device__ __forceinline__ void qgo_tile(const QgoParams& p, const Key& key, con
     constexpr bool kEarly = !Tile::kStageAliases;
     if (PASS == 2 && kEarly) stage_clear(p, rank, rt, stage);
     uint32_t packed[2][2][4] = {};  // pass 2: [unit][v][k / 4] bytes of q
+    float block_sum[2][2];          // pass 1: [unit][v] column sums of the unit's 16 rows
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      gw_projection<PASS>(p, key, tile, rank, rt, c0, jb0 + 2 * i, c2, amax_gw, packed[i]);
+      gw_projection<PASS>(p, key, tile, rank, rt, c0, jb0 + 2 * i, c2, amax_gw, packed[i], block_sum[i]);
       if (PASS == 2 && kEarly) stage_unit(packed[i], rank, jb0 + 2 * i, c2, stage);
     }
+    if (PASS == 1 && p.bias) bias_from_block_sums(p, rt, c0, jb0, c2, block_sum, stage);
     if (PASS == 2) {
       if (!kEarly) {
         __syncthreads();
@@ -749,7 +775,8 @@ __global__ void __launch_bounds__(kThreads, qgo16_min_ctas(PASS, R)) qgo16_kerne
     qgo_tile<PASS, R>(p, DeviceSeed{p.seed + *p.seed_ptr}, TileRaw16<T>{smem}, t, ct, smem + kRawTileBytes, amax_gx,
                       amax_gw);
   } else {
-    qgo_tile<PASS, R>(p, HostSeed{}, TileRaw16<T>{smem}, t, ct, smem + kRawTileBytes, amax_gx, amax_gw);
+    qgo_tile<PASS, R>(p, HostSeed{}, TileRaw16<T>{smem}, t, ct, PASS == 1 ? smem : smem + kRawTileBytes, amax_gx,
+                      amax_gw);
   }
 
   if (PASS == 1) qgo_publish_amax(p, amax_gx, amax_gw, smem);  // its first barrier: everyone is done with the tile

@@ -321,11 +321,13 @@ TEST(Emu_BiasGrad, MillionsOfRowsFitTheGrid) {
 // g_b: fixed 128-row chunks summed in chunk order; against float64 with the fp32 summation bound n u sum|g| plus
 // the output dtype's rounding, bit-identical between two runs (deterministic), and in fp32 equal to the sums taken in
 // that order here (rows in order within a chunk, then the chunks in order). 16645 rows = 131 chunks: more than the
-// final kernel stages at once (kBiasFinalRows), plus a partial chunk.
+// final kernel stages at once (kBiasFinalRows), plus a partial chunk; 40000 rows = 313 chunks: three rounds, so the
+// first staging buffer is refilled while the second is summed.
 TEST(Emu_BiasGrad, MatchesFloat64AndDeterministic) {
   uint64_t seed = 500;
   for (DType dt : kDtypes)
-    for (auto [L, O] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {129, 7}, {300, 130}, {16645, 40}}) {
+    for (auto [L, O] :
+         std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {129, 7}, {300, 130}, {16645, 40}, {40000, 33}}) {
       SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " L " << L << " O " << O);
       HostTensor gy = rand_float(dt, L, O, seed++, O + 1);
       HostTensor b1 = out1d(dt, O), b2 = b1;

@@ -3,12 +3,14 @@
 // accumulators (gemm_s8s8s32) or dequantises them in registers:
 //     D = cast<ElementD>(float(acc) * ((sa[m or 0] * sb[0]) * factor))
 // (fp32 multiplications in this order, round to nearest; the CPU backend uses the same order).
-// One kernel configuration: 128x256x128 tile, cooperative schedule with the stream-K tile scheduler, which splits K
+// The main configuration: 128x256x128 tile, cooperative schedule with the stream-K tile scheduler, which splits K
 // when there are too few output tiles to fill the GPU (the g_w GEMM: M = O, N = I, K = L/2), in clusters of 2x1
 // (a pair of M tiles shares B's loads through TMA multicast) or, where M fits one tile (M <= 128: a conv's g_w GEMM
 // with O = 64 or 128), of 1x1: a pair would leave one CTA of each cluster without an M tile. Integer partial sums are
 // exact in any order, so stream-K is bit-exact. Problems of very few output tiles take a split-K route instead
 // (split_k_slices; gemm_s32_sm90.cu): the K slices as a batch of GEMMs into s32 partials, then one summing pass.
+// Dequantising GEMMs of a short K over many tiles (a g_x GEMM of a layer with few output features) run a ping-pong
+// configuration instead (use_pingpong).
 // Included only by *_sm90.cu files, which CMake compiles only for sm_90a.
 #pragma once
 
@@ -38,12 +40,12 @@ constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
 
 // Dequantising epilogue tree: acc * ((sa[m] * sb) * factor), cast to ElementD (the CPU backend forms
 // alpha = (sa * sb) * factor per row and multiplies the converted accumulator by it).
-template <typename ElementD>
+template <typename ElementD, typename Tile = TileShape>
 using DequantEVT = fu::Sm90EVT<
     fu::Sm90Compute<cutlass::multiplies, ElementD, float, kRound>, fu::Sm90AccFetch,
     fu::Sm90EVT<fu::Sm90Compute<cutlass::multiplies, float, float, kRound>,
                 fu::Sm90EVT<fu::Sm90Compute<cutlass::multiplies, float, float, kRound>,
-                            fu::Sm90ColBroadcast<0, TileShape, float, float, cute::Stride<bool, _0, int64_t>>,
+                            fu::Sm90ColBroadcast<0, Tile, float, float, cute::Stride<bool, _0, int64_t>>,
                             fu::Sm90ScalarBroadcast<float>>,
                 fu::Sm90ScalarBroadcast<float>>>;
 
@@ -71,6 +73,32 @@ struct GemmConfig {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
+// The second configuration, for short contractions with many output tiles (use_pingpong): ping-pong 64 x 256 tiles, the
+// persistent scheduler, 2x1 clusters. Its two consumer warpgroups work on different output tiles, so one's epilogue runs
+// under the other's main loop; with K <= 1024 (8 k-tiles or fewer) the cooperative kernel's epilogue, which both of its
+// warpgroups wait for, is a large share of each tile. Same integer sums and the same epilogue arithmetic, so the same
+// bits (H100, 2026-11-27: ViT-B fc2's g_x GEMM, 25216 x 3072 x 768, 119.5 -> 101.6 us; with K >= 2304 no better, and
+// 8192^3 25 % slower: benchmarks/NOTES.md).
+using TileShapePP = cute::Shape<_64, _256, _128>;
+template <typename ElementD, typename EVT, int kClusterM>
+struct GemmConfigPP {
+  using ClusterShape = cute::Shape<cute::Int<kClusterM>, _1, _1>;
+  static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShapePP, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, void, cutlass::layout::RowMajor, kAlignD,
+      ElementD, cutlass::layout::RowMajor, kAlignD, cutlass::epilogue::TmaWarpSpecialized, EVT>::CollectiveOp;
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, int8_t, cutlass::layout::RowMajor, 16, int8_t,
+      cutlass::layout::ColumnMajor, 16, int32_t, TileShapePP, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
+                                                      CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // Output tiles of an M x N problem.
@@ -78,6 +106,18 @@ inline int64_t gemm_tiles(int64_t M, int64_t N) {
   constexpr int64_t tm = size<0>(TileShape{}), tn = size<1>(TileShape{});
   return ((M + tm - 1) / tm) * ((N + tn - 1) / tn);
 }
+
+// Whether a dequantising GEMM runs the ping-pong configuration: a short contraction over at least two waves of
+// 128 x 256 tiles (fewer take stream-K, which the cooperative kernel's scheduler provides).
+inline bool use_pingpong(int64_t M, int64_t N, int64_t K, int sm_count) {
+  return K <= 1024 && M > 128 && gemm_tiles(M, N) >= 2 * static_cast<int64_t>(sm_count);
+}
+
+// Whether a tile scheduler's arguments choose a decomposition (stream-K's do; the persistent scheduler's do not).
+template <typename T, typename = void>
+struct has_decomposition : std::false_type {};
+template <typename T>
+struct has_decomposition<T, std::void_t<decltype(std::declval<T&>().decomposition_mode)>> : std::true_type {};
 
 // The K slices of the split-K route for an M x N x K problem on sm_count SMs, or 1 (no split), or 0 (K needs slices
 // and none fit). When the output has so few tiles that stream-K would give each tile 8 or more peers (a conv's g_w
@@ -155,10 +195,12 @@ bool run_gemm(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, void* 
   typename Gemm::GemmKernel::TileSchedulerArguments sched{};
   const int64_t tiles = gemm_tiles(M, N) * batches;
   const int64_t k_tiles = (K + size<2>(TileShape{}) - 1) / size<2>(TileShape{});
-  if (2 * tiles <= hw.sm_count && k_tiles >= 16) {
-    sched.decomposition_mode = decltype(sched.decomposition_mode)::StreamK;
-    // int32 partial sums are exact in any order: no need to serialise the fix-up of the K slices.
-    sched.reduction_mode = decltype(sched.reduction_mode)::Nondeterministic;
+  if constexpr (has_decomposition<decltype(sched)>::value) {
+    if (2 * tiles <= hw.sm_count && k_tiles >= 16) {
+      sched.decomposition_mode = decltype(sched.decomposition_mode)::StreamK;
+      // int32 partial sums are exact in any order: no need to serialise the fix-up of the K slices.
+      sched.reduction_mode = decltype(sched.reduction_mode)::Nondeterministic;
+    }
   }
   typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
                                 {M, N, K, batches},
@@ -200,7 +242,8 @@ template <typename ElementD>
 bool dequant_gemm(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, ElementD* d, int64_t ldd, int M, int N,
                   int K, const float* sa, bool sa_per_row, const float* sb, float factor, int device,
                   cudaStream_t stream) {
-  typename DequantEVT<ElementD>::Arguments fusion{
+  const auto args = [&](auto evt) {
+    typename decltype(evt)::Arguments fusion{
       {},                                                // acc
       {                                                  // alpha = (sa * sb) * factor
        {                                                 // sa * sb
@@ -210,7 +253,13 @@ bool dequant_gemm(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, El
        {{factor}, {nullptr}},                            // factor (host scalar)
        {}},                                              // multiplies
       {}};                                               // acc * alpha, cast
-  return run_gemm_for_m<ElementD, DequantEVT<ElementD>>(a, lda, b, ldb, d, ldd, M, N, K, fusion, device, stream);
+    return fusion;
+  };
+  if (use_pingpong(M, N, K, sm_count(device)))
+    return run_gemm<GemmConfigPP<ElementD, DequantEVT<ElementD, TileShapePP>, 2>>(
+        a, lda, b, ldb, d, ldd, M, N, K, args(DequantEVT<ElementD, TileShapePP>{}), device, stream);
+  return run_gemm_for_m<ElementD, DequantEVT<ElementD>>(a, lda, b, ldb, d, ldd, M, N, K, args(DequantEVT<ElementD>{}),
+                                                        device, stream);
 }
 
 bool store_gemm(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, int32_t* d, int64_t ldd, int M, int N,

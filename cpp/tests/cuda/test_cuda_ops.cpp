@@ -472,6 +472,31 @@ TEST_F(Cuda_GemmDequant, BitExactVsCpu) {
         }
 }
 
+// The ping-pong configuration of the sm90 path (gemm_sm90.cuh use_pingpong: K <= 1024 over at least two waves of
+// 128 x 256 tiles; 97 x 5 = 485 tiles is two waves on any GPU of up to 242 SMs), with M, N and K tails.
+TEST_F(Cuda_GemmDequant, ShortKManyTilesBitExactVsCpu) {
+  uint64_t seed = 740;
+  for (DType dt : kFloatTypes)
+    for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{12304, 1032, 272}, {16384, 768, 1024}})
+      for (bool per_row : {false, true}) {
+        SCOPED_TRACE(testing::Message() << dt_name(dt) << " M " << M << " N " << N << " K " << K << " per_row "
+                                        << per_row);
+        HostTensor a = rand_int(DType::s8, M, K, -127, 127, seed++);
+        HostTensor b = rand_int(DType::s8, N, K, -127, 127, seed++);
+        HostTensor sa = HostTensor::make1d(DType::f32, per_row ? M : 1);
+        std::vector<float> r = hot_test::randn(static_cast<size_t>(sa.cols()), seed++);
+        for (int64_t i = 0; i < sa.cols(); ++i) sa.setf(i, 1e-3f * (1.0f + std::fabs(r[i])));
+        HostTensor sb = HostTensor::make1d(DType::f32, 1);
+        sb.setf(0, 0.0123f);
+        HostTensor oc = out2d(dt, M, N), og = oc;
+        DevTensor da(a), db(b), dsa(sa), dsb(sb), dout(og);
+        hot::cpu::gemm_s8_dequant(a, b, sa, sb, 1.0f / 16, 8, oc, {});
+        hot::cuda::gemm_s8_dequant(da, db, dsa, dsb, 1.0f / 16, 8, dout, st());
+        sync();
+        EXPECT_TRUE(all_bytes_equal(oc, dout.to_host()));
+      }
+}
+
 // The split-K route of the sm90 path (few output tiles, a long K: 48 and 32 equal slices summed by one pass into the
 // dequantised output; K / 16 prime: stream-K; N = 147: the transposed product, 66 slices), against the CPU's one
 // dequantisation of the whole sum.

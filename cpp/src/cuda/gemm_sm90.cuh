@@ -53,25 +53,33 @@ using DequantEVT = fu::Sm90EVT<
 using StoreEVT = fu::Sm90EVT<fu::Sm90Compute<cutlass::epilogue::thread::Identity, int32_t, int32_t, kRound>,
                              fu::Sm90AccFetch>;
 
-template <typename ElementD, typename EVT, int kClusterM>
-struct GemmConfig {
+// A kernel configuration: the tile, the main loop's and the epilogue's schedules and the tile scheduler, around the
+// s8 x s8 -> s32 wgmma main loop and the epilogue tree EVT writing ElementD.
+template <typename ElementD, typename EVT, int kClusterM, typename Tile, typename MainloopSchedule,
+          typename EpilogueSchedule, typename TileScheduler>
+struct GemmKernelConfig {
   using ClusterShape = cute::Shape<cute::Int<kClusterM>, _1, _1>;
   static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, void, cutlass::layout::RowMajor, kAlignD,
-      ElementD, cutlass::layout::RowMajor, kAlignD, cutlass::epilogue::TmaWarpSpecializedCooperative,
-      EVT>::CollectiveOp;
+      ElementD, cutlass::layout::RowMajor, kAlignD, EpilogueSchedule, EVT>::CollectiveOp;
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, int8_t, cutlass::layout::RowMajor, 16, int8_t,
-      cutlass::layout::ColumnMajor, 16, int32_t, TileShape, ClusterShape,
+      cutlass::layout::ColumnMajor, 16, int32_t, Tile, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+      MainloopSchedule>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
-                                                      CollectiveEpilogue, cutlass::gemm::StreamKScheduler>;
+                                                      CollectiveEpilogue, TileScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
+
+// The main configuration (see the top of this file).
+template <typename ElementD, typename EVT, int kClusterM>
+using GemmConfig =
+    GemmKernelConfig<ElementD, EVT, kClusterM, TileShape, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                     cutlass::epilogue::TmaWarpSpecializedCooperative, cutlass::gemm::StreamKScheduler>;
 
 // The second configuration, for short contractions with many output tiles (use_pingpong): ping-pong 64 x 256 tiles, the
 // persistent scheduler, 2x1 clusters. Its two consumer warpgroups work on different output tiles, so one's epilogue runs
@@ -81,23 +89,9 @@ struct GemmConfig {
 // 8192^3 25 % slower: benchmarks/NOTES.md).
 using TileShapePP = cute::Shape<_64, _256, _128>;
 template <typename ElementD, typename EVT, int kClusterM>
-struct GemmConfigPP {
-  using ClusterShape = cute::Shape<cute::Int<kClusterM>, _1, _1>;
-  static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
-  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShapePP, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, void, cutlass::layout::RowMajor, kAlignD,
-      ElementD, cutlass::layout::RowMajor, kAlignD, cutlass::epilogue::TmaWarpSpecialized, EVT>::CollectiveOp;
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, int8_t, cutlass::layout::RowMajor, 16, int8_t,
-      cutlass::layout::ColumnMajor, 16, int32_t, TileShapePP, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
-                                                      CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-};
+using GemmConfigPP =
+    GemmKernelConfig<ElementD, EVT, kClusterM, TileShapePP, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                     cutlass::epilogue::TmaWarpSpecialized, cutlass::gemm::PersistentScheduler>;
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 

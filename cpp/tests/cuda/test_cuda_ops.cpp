@@ -444,32 +444,38 @@ TEST_F(Cuda_GemmS4, BitExactVsCpu) {
   }
 }
 
-class Cuda_GemmDequant : public CudaTest {};
+class Cuda_GemmDequant : public CudaTest {
+ protected:
+  // One M x N x K dequantising GEMM of random codes in [-qmax, qmax] (bits 4 or 8), per-row or per-tensor sa, into an
+  // output of row stride ldd, on the CPU and on the GPU: the same bytes. Draws three seeds.
+  void expect_bit_exact(DType dt, int64_t M, int64_t N, int64_t K, bool per_row, int bits, int64_t ldd,
+                        uint64_t& seed) {
+    SCOPED_TRACE(testing::Message() << dt_name(dt) << " M " << M << " N " << N << " K " << K << " per_row " << per_row
+                                    << " bits " << bits << " ldd " << ldd);
+    const int qmax = bits == 4 ? 7 : 127;
+    HostTensor a = rand_int(DType::s8, M, K, -qmax, qmax, seed++);
+    HostTensor b = rand_int(DType::s8, N, K, -qmax, qmax, seed++);
+    HostTensor sa = HostTensor::make1d(DType::f32, per_row ? M : 1);
+    std::vector<float> r = hot_test::randn(static_cast<size_t>(sa.cols()), seed++);
+    for (int64_t i = 0; i < sa.cols(); ++i) sa.setf(i, 1e-3f * (1.0f + std::fabs(r[i])));
+    HostTensor sb = HostTensor::make1d(DType::f32, 1);
+    sb.setf(0, 0.0123f);
+    HostTensor oc = out2d(dt, M, N, ldd), og = oc;
+    DevTensor da(a), db(b), dsa(sa), dsb(sb), dout(og);
+    hot::cpu::gemm_s8_dequant(a, b, sa, sb, 1.0f / 16, bits, oc, {});
+    hot::cuda::gemm_s8_dequant(da, db, dsa, dsb, 1.0f / 16, bits, dout, st());
+    sync();
+    EXPECT_TRUE(all_bytes_equal(oc, dout.to_host()));
+  }
+};
+
 TEST_F(Cuda_GemmDequant, BitExactVsCpu) {
   uint64_t seed = 700;
   for (DType dt : kFloatTypes)
     for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
              {1, 1, 16}, {37, 77, 48}, {200, 768, 2304}, {513, 40, 1008}, {100, 33, 30}, {2048, 512, 512}})
       for (bool per_row : {false, true})
-        for (int bits : {4, 8}) {
-          SCOPED_TRACE(testing::Message() << dt_name(dt) << " M " << M << " N " << N << " K " << K << " per_row "
-                                          << per_row << " bits " << bits);
-          const int qmax = bits == 4 ? 7 : 127;
-          HostTensor a = rand_int(DType::s8, M, K, -qmax, qmax, seed++);
-          HostTensor b = rand_int(DType::s8, N, K, -qmax, qmax, seed++);
-          HostTensor sa = HostTensor::make1d(DType::f32, per_row ? M : 1);
-          std::vector<float> r = hot_test::randn(static_cast<size_t>(sa.cols()), seed++);
-          for (int64_t i = 0; i < sa.cols(); ++i) sa.setf(i, 1e-3f * (1.0f + std::fabs(r[i])));
-          HostTensor sb = HostTensor::make1d(DType::f32, 1);
-          sb.setf(0, 0.0123f);
-          const float factor = bits == 4 ? 1.0f / 16 : 1.0f / 16;
-          HostTensor oc = out2d(dt, M, N), og = oc;
-          DevTensor da(a), db(b), dsa(sa), dsb(sb), dout(og);
-          hot::cpu::gemm_s8_dequant(a, b, sa, sb, factor, bits, oc, {});
-          hot::cuda::gemm_s8_dequant(da, db, dsa, dsb, factor, bits, dout, st());
-          sync();
-          EXPECT_TRUE(all_bytes_equal(oc, dout.to_host()));
-        }
+        for (int bits : {4, 8}) expect_bit_exact(dt, M, N, K, per_row, bits, N, seed);
 }
 
 // The ping-pong configuration of the sm90 path (gemm_sm90.cuh use_pingpong: K <= 1024 over at least two waves of
@@ -478,50 +484,18 @@ TEST_F(Cuda_GemmDequant, ShortKManyTilesBitExactVsCpu) {
   uint64_t seed = 740;
   for (DType dt : kFloatTypes)
     for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{12304, 1032, 272}, {16384, 768, 1024}})
-      for (bool per_row : {false, true}) {
-        SCOPED_TRACE(testing::Message() << dt_name(dt) << " M " << M << " N " << N << " K " << K << " per_row "
-                                        << per_row);
-        HostTensor a = rand_int(DType::s8, M, K, -127, 127, seed++);
-        HostTensor b = rand_int(DType::s8, N, K, -127, 127, seed++);
-        HostTensor sa = HostTensor::make1d(DType::f32, per_row ? M : 1);
-        std::vector<float> r = hot_test::randn(static_cast<size_t>(sa.cols()), seed++);
-        for (int64_t i = 0; i < sa.cols(); ++i) sa.setf(i, 1e-3f * (1.0f + std::fabs(r[i])));
-        HostTensor sb = HostTensor::make1d(DType::f32, 1);
-        sb.setf(0, 0.0123f);
-        HostTensor oc = out2d(dt, M, N), og = oc;
-        DevTensor da(a), db(b), dsa(sa), dsb(sb), dout(og);
-        hot::cpu::gemm_s8_dequant(a, b, sa, sb, 1.0f / 16, 8, oc, {});
-        hot::cuda::gemm_s8_dequant(da, db, dsa, dsb, 1.0f / 16, 8, dout, st());
-        sync();
-        EXPECT_TRUE(all_bytes_equal(oc, dout.to_host()));
-      }
+      for (bool per_row : {false, true}) expect_bit_exact(dt, M, N, K, per_row, 8, N, seed);
 }
 
 // The split-K route of the sm90 path (few output tiles, a long K: 48 and 32 equal slices summed by one pass into the
 // dequantised output; K / 16 prime: stream-K; N = 147: the transposed product, 66 slices), against the CPU's one
-// dequantisation of the whole sum.
+// dequantisation of the whole sum. The output's row stride N + 3 is one its TMA store could not take.
 TEST_F(Cuda_GemmDequant, SplitKBitExactVsCpu) {
   uint64_t seed = 750;
   for (DType dt : kFloatTypes)
     for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
              {200, 256, 24576}, {300, 96, 16384}, {64, 256, 16 * 4099}, {64, 147, 16 * 2112}})
-      for (bool per_row : {false, true}) {
-        SCOPED_TRACE(testing::Message() << dt_name(dt) << " M " << M << " N " << N << " K " << K << " per_row "
-                                        << per_row);
-        HostTensor a = rand_int(DType::s8, M, K, -127, 127, seed++);
-        HostTensor b = rand_int(DType::s8, N, K, -127, 127, seed++);
-        HostTensor sa = HostTensor::make1d(DType::f32, per_row ? M : 1);
-        std::vector<float> r = hot_test::randn(static_cast<size_t>(sa.cols()), seed++);
-        for (int64_t i = 0; i < sa.cols(); ++i) sa.setf(i, 1e-3f * (1.0f + std::fabs(r[i])));
-        HostTensor sb = HostTensor::make1d(DType::f32, 1);
-        sb.setf(0, 0.0123f);
-        HostTensor oc = out2d(dt, M, N, N + 3), og = oc;  // a row stride the output's TMA store could not take
-        DevTensor da(a), db(b), dsa(sa), dsb(sb), dout(og);
-        hot::cpu::gemm_s8_dequant(a, b, sa, sb, 1.0f / 16, 8, oc, {});
-        hot::cuda::gemm_s8_dequant(da, db, dsa, dsb, 1.0f / 16, 8, dout, st());
-        sync();
-        EXPECT_TRUE(all_bytes_equal(oc, dout.to_host()));
-      }
+      for (bool per_row : {false, true}) expect_bit_exact(dt, M, N, K, per_row, 8, N + 3, seed);
 }
 
 // A K past kMaxInt32K (SPEC §4): few output tiles (the split-K route with slices of at most kMaxInt32K, summed in

@@ -120,7 +120,7 @@ def test_compile_traces_hot_ops():
     f = torch.compile(lambda x: layer(x).sum(), backend=backend, fullgraph=True)
     f(torch.randn(4, 16, requires_grad=True)).backward()
     fw, bw = "\n".join(graphs["fw"]), "\n".join(graphs["bw"])
-    assert "hot.linear" in fw and "hot.linear_backward" in bw
+    assert "hot.linear" in fw and "hot.compress_activation" in fw and "hot.linear_backward" in bw
 
 
 @pytest.mark.parametrize("device", DEVICES)

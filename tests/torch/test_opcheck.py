@@ -61,6 +61,8 @@ def test_linear_ops(device, shape):
         args = (x, w, b, seed, keep, CFG.code)
         _check(torch.ops.hot.linear.default, args)
         y, q, s = torch.ops.hot.linear(*args)
+        if keep == ops.KEEP_COMPRESSED:
+            _check(torch.ops.hot.compress_activation.default, (x, CFG.code))
         gy = torch.randn(y.shape, generator=g).to(device)
         xr = x if keep == ops.KEEP_RAW else None
         _check(torch.ops.hot.linear_backward.default,

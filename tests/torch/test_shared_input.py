@@ -135,3 +135,47 @@ def test_summary_counts_a_shared_buffer_once(device):
     ys2 = [m(h * 1) for m in layers]  # three inputs: three buffers
     assert [kept_bytes(m)[0] for m in layers] == [first] * 3
     del ys, ys2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("amp", [None, torch.bfloat16], ids=["fp32", "autocast_bf16"])
+def test_a_compiled_graph_compresses_a_shared_input_once(device, amp, monkeypatch):
+    """Under torch.compile the layers reach the ABC buffer through the functional op hot::compress_activation, which
+    AOTAutograd's common-subexpression elimination merges: three layers reading one input run one compression per
+    step (the engine's compress called once), and the gradients are the eager ones bit for bit (aot_eager keeps
+    torch's random ops, so the layers' seeds are the eager draws)."""
+    import torch._dynamo as dynamo
+    from hot.torch import ops
+
+    calls = []
+    compress = ops._compress
+
+    def counting(x, cfg):
+        calls.append(tuple(x.shape))
+        return compress(x, cfg)
+
+    monkeypatch.setattr(ops, "_compress", counting)
+    layers = _layers(device)
+    model = torch.nn.ModuleList(layers)
+    x = torch.randn(6, 10, 48, device=device)
+
+    def step(h):
+        with torch.autocast(device, dtype=amp or torch.bfloat16, enabled=amp is not None):
+            ys = [m(h) for m in model]
+        return sum((y.float() * (i + 1)).sum() for i, y in enumerate(ys))
+
+    grads = []
+    for compiled in (False, True):
+        dynamo.reset()
+        f = torch.compile(step, fullgraph=True, backend="aot_eager") if compiled else step
+        for m in layers:
+            m.weight.grad = None
+        torch.manual_seed(3)
+        xs = x.clone().requires_grad_()
+        calls.clear()
+        f(xs * 1).backward()
+        if compiled:
+            assert len(calls) == 1, calls
+        grads.append([xs.grad] + [m.weight.grad for m in layers])
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)

@@ -13,7 +13,11 @@ Ops (namespace ``hot``):
     ``I x K_pad`` + one f32 scale), 2 the raw x (``Config.exact``). The seed is not read here: as an input of the
     forward op it keeps the seed's draw in the compiled forward graph, where eager code draws it (a draw that fed only
     the backward op would be moved into the backward graph by the partitioner, the layers' seeds then drawn in
-    another order).
+    another order). The compiled layers call it with keep 0 and form the buffer by the next op.
+``hot::compress_activation(x, config) -> (q, scale)``
+    The ABC buffer of x (int8 ``I x K_pad`` + one f32 scale). A function of x and the configuration alone, so that a
+    compiled graph forms it once for all the layers that read x (AOTAutograd merges identical calls of a functional
+    op), as eager layers share it through :func:`_shared_input`.
 ``hot::linear_backward(...) -> (g_x, g_w, g_b)``
     ``hot.backward_linear`` on the tensors' device; results not requested are empty tensors.
 ``hot::conv2d(x, weight, bias, seed, stride, padding, dilation, keep, config) -> (y, q, scale)``
@@ -377,6 +381,16 @@ linear_op = define_op(
     _linear_fake)
 
 
+def _compress_fake(x, config):
+    rows = math.prod(x.shape[:-1])
+    return (x.new_empty((x.shape[-1], padded_k(rows, config_of(config).rank)), dtype=torch.int8),
+            x.new_empty((1,), dtype=torch.float32))
+
+
+compress_op = define_op("compress_activation(Tensor x, int config) -> (Tensor, Tensor)",
+                        lambda x, config: _compress(x, config_of(config)), _compress_fake)
+
+
 def _linear_backward_op(grad_y, weight, x, q, scale, seed, x_shape, config, need_gx, need_gw, need_gb,
                         gw_dtype=None, gx_dtype=None):
     gx, gw, gb = _linear_backward_body(grad_y, weight, x, q, scale, _seed_for(seed, grad_y), x_shape,
@@ -495,8 +509,13 @@ class _LinearFunction(torch.autograd.Function):
         # x of another dtype than autocast's is cast here as well: g_x comes in x's dtype (SPEC §4, "g_w's dtype")
         ctx.gx_dtype = x.dtype if dt is not None and x.dtype != dt else None
         if isinstance(cfg, int):
+            # The ABC buffer by its own op, which has no other input than x and the configuration, so that the
+            # compiled graph forms it once for all the layers that read x (AOTAutograd's common-subexpression
+            # elimination merges identical calls of a functional op, as it merges their casts of x).
             x = x if ctx.gx_dtype is None else x.to(dt)
-            y, q, scale = linear_op(x, w, bias, seed, keep, cfg)
+            y, q, scale = linear_op(x, w, bias, seed, KEEP_NOTHING if keep == KEEP_COMPRESSED else keep, cfg)
+            if keep == KEEP_COMPRESSED:
+                q, scale = compress_op(x, cfg)
         else:  # the cast and the ABC buffer shared with the other layers that read x
             x, q, scale = _shared_input(x, dt, cfg, keep == KEEP_COMPRESSED)
             y = F.linear(x, w, bias)

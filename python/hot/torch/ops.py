@@ -7,17 +7,16 @@ dynamo traces those Functions, so a compiled graph calls the ops without any Pyt
 
 Ops (namespace ``hot``):
 
-``hot::linear(x, weight, bias, seed, keep, config) -> (y, q, scale)``
-    ``y = F.linear(x, weight, bias)`` in the framework's precision; what is kept for the backward pass depends on
-    ``keep``: 0 nothing (frozen weight: the g_x path needs only W), 1 the ABC buffer ``compress_activation(x)`` (int8
-    ``I x K_pad`` + one f32 scale), 2 the raw x (``Config.exact``). The seed is not read here: as an input of the
+``hot::linear(x, weight, bias, seed) -> y``
+    ``y = F.linear(x, weight, bias)`` in the framework's precision. The seed is not read here: as an input of the
     forward op it keeps the seed's draw in the compiled forward graph, where eager code draws it (a draw that fed only
     the backward op would be moved into the backward graph by the partitioner, the layers' seeds then drawn in
-    another order). The compiled layers call it with keep 0 and form the buffer by the next op.
+    another order).
 ``hot::compress_activation(x, config) -> (q, scale)``
-    The ABC buffer of x (int8 ``I x K_pad`` + one f32 scale). A function of x and the configuration alone, so that a
-    compiled graph forms it once for all the layers that read x (AOTAutograd merges identical calls of a functional
-    op), as eager layers share it through :func:`_shared_input`.
+    The ABC buffer of x (int8 ``I x K_pad`` + one f32 scale) that a layer keeps for its backward (``keep`` 1; with
+    0 nothing is kept, a frozen weight's g_x needing only W, and with 2 the raw x, ``Config.exact``). A function of x
+    and the configuration alone, so that a compiled graph forms it once for all the layers that read x (AOTAutograd
+    merges identical calls of a functional op), as eager layers share it through :func:`_shared_input`.
 ``hot::linear_backward(...) -> (g_x, g_w, g_b)``
     ``hot.backward_linear`` on the tensors' device; results not requested are empty tensors.
 ``hot::conv2d(x, weight, bias, seed, stride, padding, dilation, keep, config) -> (y, q, scale)``
@@ -347,15 +346,6 @@ def reuse_of(param: Tensor, config):
 # ------------------------------------------------------------------------------------------------
 # linear
 # ------------------------------------------------------------------------------------------------
-def _linear_forward(x: Tensor, weight: Tensor, bias: Optional[Tensor], keep: int, cfg):
-    """y and what the backward keeps (q, scale; empty unless keep == KEEP_COMPRESSED)."""
-    y = F.linear(x, weight, bias)
-    if keep == KEEP_COMPRESSED:
-        q, scale = _compress(x, cfg)
-        return y, q, scale
-    return y, _empty(x, torch.int8), _empty(x, torch.float32)
-
-
 def _linear_backward_body(grad_y, weight, x, q, scale, seed, x_shape, cfg, need_gx, need_gw, need_gb,
                           reuse=None, gw_dtype=None, gx_dtype=None):
     """hot.backward_linear for the layer; (g_x, g_w, g_b) with None for what was not requested; g_w in gw_dtype and
@@ -366,19 +356,12 @@ def _linear_backward_body(grad_y, weight, x, q, scale, seed, x_shape, cfg, need_
                             need_gw, need_gb, x_shape, reuse, _dtype_name(gw_dtype), _dtype_name(gx_dtype))
 
 
-def _linear_fake(x, weight, bias, seed, keep, config):
-    y = x.new_empty((*x.shape[:-1], weight.shape[0]))
-    if keep == KEEP_COMPRESSED:
-        rows = math.prod(x.shape[:-1])
-        return (y, x.new_empty((x.shape[-1], padded_k(rows, config_of(config).rank)), dtype=torch.int8),
-                x.new_empty((1,), dtype=torch.float32))
-    return y, x.new_empty((0,), dtype=torch.int8), x.new_empty((0,), dtype=torch.float32)
+def _linear_fake(x, weight, bias, seed):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-linear_op = define_op(
-    "linear(Tensor x, Tensor weight, Tensor? bias, Tensor seed, int keep, int config) -> (Tensor, Tensor, Tensor)",
-    lambda x, weight, bias, seed, keep, config: _linear_forward(x, weight, bias, keep, config_of(config)),
-    _linear_fake)
+linear_op = define_op("linear(Tensor x, Tensor weight, Tensor? bias, Tensor seed) -> Tensor",
+                      lambda x, weight, bias, seed: F.linear(x, weight, bias), _linear_fake)
 
 
 def _compress_fake(x, config):
@@ -513,9 +496,9 @@ class _LinearFunction(torch.autograd.Function):
             # compiled graph forms it once for all the layers that read x (AOTAutograd's common-subexpression
             # elimination merges identical calls of a functional op, as it merges their casts of x).
             x = x if ctx.gx_dtype is None else x.to(dt)
-            y, q, scale = linear_op(x, w, bias, seed, KEEP_NOTHING if keep == KEEP_COMPRESSED else keep, cfg)
-            if keep == KEEP_COMPRESSED:
-                q, scale = compress_op(x, cfg)
+            y = linear_op(x, w, bias, seed)
+            q, scale = compress_op(x, cfg) if keep == KEEP_COMPRESSED else (_empty(x, torch.int8),
+                                                                             _empty(x, torch.float32))
         else:  # the cast and the ABC buffer shared with the other layers that read x
             x, q, scale = _shared_input(x, dt, cfg, keep == KEEP_COMPRESSED)
             y = F.linear(x, w, bias)

@@ -168,11 +168,12 @@ __device__ __forceinline__ void store_f(T* p, float v) { FloatIO<T>::store(p, v)
 
 // The last step of a bias gradient (bias_grad and the fused g_y pass): out[c] = the sum of partial[k][c] over the
 // nchunks row chunks, in chunk order (deterministic, the CPU backend's order), cast to T.
-// The sum of one column is a chain of dependent adds, so what bounds the kernel is keeping that chain fed: one CTA per
-// kBiasFinalCols columns; warp 0 adds up one round of kBiasFinalRows staged chunks (one column per lane, 8 shared-memory
-// loads issued ahead of their adds) while warps 1-7 stage the next round into the other buffer (coalesced rows of 128
-// bytes, all of a thread's loads in flight at once). (Staging and adding in turn ran ~10 us per ViT-B layer on an H100, for 394 chunks; one thread per column
-// reading its partials in sequence ran on ceil(O / 128) SMs: 24-48 us.)
+// The sum of one column is a chain of dependent adds, so what bounds the kernel is keeping that chain fed: one CTA
+// per kBiasFinalCols columns; warp 0 adds up one round of kBiasFinalRows staged chunks (one column per lane, 8
+// shared-memory loads issued ahead of their adds) while warps 1-7 stage the next round into the other buffer
+// (coalesced rows of 128 bytes, all of a thread's loads in flight at once). (Staging and adding in turn ran ~10 us per
+// ViT-B layer on an H100, for 394 chunks; one thread per column reading its partials in sequence ran on ceil(O / 128)
+// SMs: 24-48 us.)
 constexpr int kBiasFinalCols = 32, kBiasFinalRows = 128, kBiasFinalThreads = 256;
 inline dim3 bias_final_grid(int64_t cols) {
   return dim3(static_cast<unsigned>((cols + kBiasFinalCols - 1) / kBiasFinalCols));

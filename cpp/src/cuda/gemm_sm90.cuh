@@ -81,12 +81,12 @@ using GemmConfig =
     GemmKernelConfig<ElementD, EVT, kClusterM, TileShape, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
                      cutlass::epilogue::TmaWarpSpecializedCooperative, cutlass::gemm::StreamKScheduler>;
 
-// The second configuration, for short contractions with many output tiles (use_pingpong): ping-pong 64 x 256 tiles, the
-// persistent scheduler, 2x1 clusters. Its two consumer warpgroups work on different output tiles, so one's epilogue runs
-// under the other's main loop; with K <= 1024 (8 k-tiles or fewer) the cooperative kernel's epilogue, which both of its
-// warpgroups wait for, is a large share of each tile. Same integer sums and the same epilogue arithmetic, so the same
-// bits (H100, 2026-11-27: ViT-B fc2's g_x GEMM, 25216 x 3072 x 768, 119.5 -> 101.6 us; with K >= 2304 no better, and
-// 8192^3 25 % slower: benchmarks/NOTES.md).
+// The second configuration, for short contractions with many output tiles (use_pingpong): ping-pong 64 x 256 tiles,
+// the persistent scheduler, 2x1 clusters. Its two consumer warpgroups work on different output tiles, so one's epilogue
+// runs under the other's main loop; with K <= 1024 (8 k-tiles or fewer) the cooperative kernel's epilogue, which both
+// of its warpgroups wait for, is a large share of each tile. Same integer sums and the same epilogue arithmetic, so the
+// same bits (H100, 2026-11-27: ViT-B fc2's g_x GEMM, 25216 x 3072 x 768, 119.5 -> 101.6 us; with K >= 2304 no better,
+// and 8192^3 25 % slower: benchmarks/NOTES.md).
 using TileShapePP = cute::Shape<_64, _256, _128>;
 template <typename ElementD, typename EVT, int kClusterM>
 using GemmConfigPP =
@@ -102,7 +102,8 @@ inline int64_t gemm_tiles(int64_t M, int64_t N) {
 }
 
 // Whether a dequantising GEMM runs the ping-pong configuration: a short contraction over at least two waves of
-// 128 x 256 tiles (fewer take stream-K, which the cooperative kernel's scheduler provides).
+// 128 x 256 tiles (fewer take stream-K, which the cooperative kernel's scheduler provides), M past one tile (its 2x1
+// clusters pair M tiles).
 inline bool use_pingpong(int64_t M, int64_t N, int64_t K, int sm_count) {
   return K <= 1024 && M > 128 && gemm_tiles(M, N) >= 2 * static_cast<int64_t>(sm_count);
 }

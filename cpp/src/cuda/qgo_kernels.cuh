@@ -568,7 +568,8 @@ __device__ __forceinline__ void stage_copy_out(const QgoParams& p, int rank, int
 // The g_b partials (pass 1) of a call with G^: a tile column's sum is the sum, in row-block order, of its 4 row blocks'
 // sums that the G^ transform formed (block_sum[i][v]: unit i, column c2 + v; units jb0 and jb0 + 2), exchanged through
 // 4 KB of the block's shared memory at `xch_base` + 256 that no thread reads once the barrier is passed (not the first
-// 128 bytes, which the amax reduction borrows next). This saves a second walk of the tile: a load and an add an element.
+// 128 bytes, which the amax reduction borrows next). This saves a second walk of the tile: a load and an add an
+// element.
 __device__ __forceinline__ void bias_from_block_sums(const QgoParams& p, int64_t t, int64_t c0, int jb0, int c2,
                                                      const float (&block_sum)[2][2], unsigned char* xch_base) {
   float(*xch)[kTileCols] = reinterpret_cast<float(*)[kTileCols]>(xch_base + 256);

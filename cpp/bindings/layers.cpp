@@ -93,7 +93,7 @@ void register_layers(py::module_& m) {
   m.def(
       "compress_activation",
       [](py::handle x, const hot::Config& config, int64_t stream, const std::string& op_name,
-         const std::string& arg_name, py::handle q, py::handle scale) {
+         const std::string& arg_name, py::handle q, py::handle scale, py::handle x_cast) {
         const char* op = op_name.c_str();
         const char* name = arg_name.c_str();
         const int rank = config.rank;
@@ -101,6 +101,7 @@ void register_layers(py::module_& m) {
         hot::TensorView xv = nonempty(ctx.input(x, name, hotpy::kFloat), op, name);
         auto s = std::make_shared<hot::SavedActivation>();
         if (q.is_none() != scale.is_none()) HOT_FAIL(value, op, ": give both q and scale outputs, or neither");
+        if (!x_cast.is_none() && q.is_none()) HOT_FAIL(value, op, ": x_cast needs the q and scale outputs as well");
         if (q.is_none()) {
           py::gil_scoped_release nogil;
           *s = hot::compress_activation(xv, rank, ctx.stream());
@@ -114,6 +115,12 @@ void register_layers(py::module_& m) {
         s->q = hot::Tensor::wrap(qv, ctx.release_last());
         hot::TensorView sv = ctx.output(scale, "scale", hotpy::kF32, -2);
         s->scale = hot::Tensor::wrap(sv, ctx.release_last());
+        if (!x_cast.is_none()) {
+          const hot::TensorView cv = ctx.output(x_cast, "x_cast", hotpy::kFloat);
+          py::gil_scoped_release nogil;
+          hot::compress_activation_cast(xv, cv, qv, sv, rank, ctx.stream());
+          return PySaved{s, stream};
+        }
         {
           py::gil_scoped_release nogil;
           hot::compress_activation(xv, qv, sv, rank, ctx.stream());
@@ -122,7 +129,10 @@ void register_layers(py::module_& m) {
       },
       py::arg("x"), py::arg("config"), py::arg("stream"), py::arg("op") = "compress_activation",
       py::arg("name") = "x", py::arg("q") = py::none(), py::arg("scale") = py::none(),
-      "compress_activation(x, config.rank): the ABC buffer of x (a SavedActivation), into q and scale when given.");
+      py::arg("x_cast") = py::none(),
+      "compress_activation(x, config.rank): the ABC buffer of x (a SavedActivation), into q and scale when given; "
+      "with x_cast (an array of x's shape), x rounded to x_cast's dtype goes there and the buffer is x_cast's "
+      "(compress_activation_cast).");
 
   py::class_<PyQuantizedWeight>(m, "QuantizedWeight",
                                  "The core's W~ of the g_x path (q_wt: I x padded_k(O) int8, s_w: [1] float32).")

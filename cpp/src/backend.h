@@ -61,6 +61,9 @@ struct GradOutputQuant {
   /* ABC: q_t is I x K_pad s8 (zero past K), scale [1] f32 */                                              \
   void compress_activation(const TensorView& x, const TensorView& q_t, const TensorView& scale, int rank,   \
                            Stream s);                                                                      \
+  /* x rounded to x_cast's dtype into x_cast, and the ABC buffer of x_cast */                               \
+  void compress_activation_cast(const TensorView& x, const TensorView& x_cast, const TensorView& q_t,       \
+                                const TensorView& scale, int rank, Stream s);                              \
   void compress_columns(const TensorView& map, const ConvGeometry& g, const TensorView& q_t,                \
                         const TensorView& scale, int rank, Stream s);                                      \
   void quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out,   \

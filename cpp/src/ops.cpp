@@ -393,6 +393,31 @@ void compress_activation(const TensorView& x, const TensorView& q_t, const Tenso
   HOT_DISPATCH(x.device, compress_activation, x, q_t, scale, rank, stream);
 }
 
+void compress_activation_cast(const TensorView& x, const TensorView& x_cast, const TensorView& q_t,
+                              const TensorView& scale, int rank, Stream stream) {
+  const char* op = "compress_activation_cast";
+  check_rank(op, rank);
+  check_float_matrix(op, "x", x);
+  check_float_matrix(op, "x_cast", x_cast);
+  HOT_CHECK_SHAPE(op, "x_cast", x_cast, x.shape);
+  const int64_t L = x.shape[0], I = x.shape[1];
+  check_typed_matrix(op, "q", q_t, DType::s8);
+  check_out_shape(op, "q", q_t, I, padded_k(hla_rows(L, rank)));
+  check_vector(op, "scale", scale, 1, false, DType::f32);
+  HOT_CHECK_SAME_DEVICE(op, "x", x, "x_cast", x_cast);
+  HOT_CHECK_SAME_DEVICE(op, "x", x, "q", q_t);
+  HOT_CHECK_SAME_DEVICE(op, "x", x, "scale", scale);
+  // the byte ranges of the two row-major views (ends exclusive) must be disjoint
+  const auto span = [L, I](const TensorView& t) {
+    const auto* b = static_cast<const char*>(t.data);
+    return std::pair<const char*, const char*>{b, b + ((L - 1) * t.strides[0] + I) * (dtype_bits(t.dtype) / 8)};
+  };
+  const auto [xb, xe] = span(x);
+  const auto [cb, ce] = span(x_cast);
+  HOT_CHECK_VALUE(xe <= cb || ce <= xb, op, ": x_cast must not overlap x");
+  HOT_DISPATCH(x.device, compress_activation_cast, x, x_cast, q_t, scale, rank, stream);
+}
+
 void compress_columns(const TensorView& map, const ConvGeometry& g, const TensorView& q_t, const TensorView& scale,
                       int rank, Stream stream) {
   const char* op = "compress_columns";

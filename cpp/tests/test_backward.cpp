@@ -83,6 +83,49 @@ TEST(Cpu_Compress, ZeroAndNonFiniteInputs) {
   EXPECT_TRUE(std::isnan(tensor_scalar(n.scale)));
 }
 
+// compress_activation_cast: x_cast is x rounded to its dtype (to nearest, ties to even; the test's own rounding) and
+// the buffer is compress_activation of x_cast, byte for byte; a padded row stride of x_cast keeps its padding.
+TEST(Cpu_Compress, CastIsRoundingThenCompression) {
+  const int64_t L = 37, I = 24;
+  for (DType src : {DType::f32, DType::f16})
+    for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+      std::vector<float> x = rounded(randn(static_cast<size_t>(L * I), 11, 3.0f), src);
+      if (src == DType::f32) {
+        x[0] = 1.0f + std::ldexp(1.0f, -8);       // a bf16 tie: to 1 (even)
+        x[1] = 1.0f + 3 * std::ldexp(1.0f, -8);   // a bf16 tie: to 1 + 2^-6 (even)
+        x[2] = 1.0f + std::ldexp(1.0f, -11);      // an fp16 tie: to 1
+        x[3] = 1.0e5f;                             // past fp16's range: inf
+      }
+      const HostTensor xt = host_from(src, L, I, x, I + 5);
+      HostTensor xc = HostTensor::make2d(dt, L, I, I + 3);
+      for (int64_t r = 0; r < L; ++r)
+        for (int64_t c = I; c < I + 3; ++c) xc.setf(r, c, 7.0f);  // padding, left alone
+      const int64_t Kp = hot::padded_k(hot::hla_rows(L, 8));
+      HostTensor q = HostTensor::make2d(DType::s8, I, Kp), sc = HostTensor::make1d(DType::f32, 1);
+      hot::compress_activation_cast(xt, xc, q, sc, 8);
+      for (int64_t r = 0; r < L; ++r) {
+        for (int64_t c = 0; c < I; ++c) {
+          const float v = x[r * I + c], want = round_to(dt, v);
+          ASSERT_EQ(f32_bits(xc.getf(r, c)), f32_bits(want)) << hot::dtype_name(src) << " -> " << hot::dtype_name(dt)
+                                                            << " (" << r << ", " << c << ") of " << v;
+          if (std::isfinite(want)) EXPECT_LE(std::fabs(want - v), unit_roundoff(dt) * std::fabs(v));
+        }
+        for (int64_t c = I; c < I + 3; ++c) ASSERT_EQ(xc.getf(r, c), 7.0f);
+      }
+      if (src == DType::f32 && dt == DType::bf16) {
+        EXPECT_EQ(xc.getf(0, 0), 1.0f);
+        EXPECT_EQ(xc.getf(0, 1), 1.0f + std::ldexp(1.0f, -6));
+      }
+      if (src == DType::f32 && dt == DType::f16) {
+        EXPECT_EQ(xc.getf(0, 2), 1.0f);
+        EXPECT_TRUE(std::isinf(xc.getf(0, 3)));
+      }
+      const hot::SavedActivation s = hot::compress_activation(xc, 8);
+      EXPECT_EQ(tensor_ints(s.q), tensor_ints(hot::Tensor::wrap(q.view(), nullptr)));
+      EXPECT_EQ(f32_bits(tensor_scalar(s.scale)), f32_bits(sc.getf(0)));
+    }
+}
+
 TEST(Cpu_Compress, DefaultRankIsOneEighthOfFp32) {
   const int64_t L = 1024, I = 64;
   const hot::SavedActivation s = hot::compress_activation(host_from(DType::f32, L, I, randn(L * I, 4)), 8);

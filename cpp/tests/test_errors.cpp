@@ -175,6 +175,23 @@ TEST(Cpu_Errors, CompressActivation) {
   EXPECT_HOT_ERROR(hot::compress_activation(f32(0, 4), 8), value, "x", "empty");
 }
 
+TEST(Cpu_Errors, CompressActivationCast) {
+  const char* op = "compress_activation_cast";
+  const HostTensor x = f32(16, 8), xc = HostTensor::make2d(DType::bf16, 16, 8);
+  HostTensor q = HostTensor::make2d(DType::s8, 8, 16), sc = HostTensor::make1d(DType::f32, 1);
+  EXPECT_NO_THROW(hot::compress_activation_cast(x, xc, q, sc, 8));
+  EXPECT_HOT_ERROR(hot::compress_activation_cast(x, HostTensor::make2d(DType::s8, 16, 8), q, sc, 8), type, op,
+                   "x_cast");
+  EXPECT_HOT_ERROR(hot::compress_activation_cast(x, HostTensor::make2d(DType::bf16, 16, 9), q, sc, 8), value, op,
+                   "x_cast", hot::shape_str({16, 8}));
+  EXPECT_HOT_ERROR(hot::compress_activation_cast(x, xc, HostTensor::make2d(DType::s8, 8, 32), sc, 8), value, op, "q");
+  EXPECT_HOT_ERROR(hot::compress_activation_cast(x, xc, q, sc, 0), value, op, "rank");
+  // x_cast over x's own memory: refused, not written
+  TensorView over = xc.view();
+  over.data = x.view().data;
+  EXPECT_HOT_ERROR(hot::compress_activation_cast(x, over, q, sc, 8), value, op, "x_cast", "overlap");
+}
+
 TEST(Cpu_Errors, ConfigValidate) {
   hot::Config c;
   EXPECT_NO_THROW(c.validate());

@@ -613,12 +613,14 @@ def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: O
 # dtypes, devices and shapes again, and runs the operation whole.
 
 
-def _compress(c: _Call, x, xs, config):
+def _compress(c: _Call, x, xs, config, x_cast=None):
     """compress_activation of x (shape xs, (..., I), non-empty): (q, scale, the core's SavedActivation), q and
-    scale arrays of c's framework (hot's own, imported, where it cannot allocate)."""
+    scale arrays of c's framework (hot's own, imported, where it cannot allocate). With x_cast (an array of c's
+    framework, x's shape, another float dtype; only where c can allocate): x rounded to x_cast's dtype is written
+    there and the buffer is x_cast's (the core's compress_activation_cast: one pass over x on the GPU)."""
     q = c.empty((xs[-1], _C.padded_k(_C.hla_rows(fws.prod(xs[:-1]), config.rank))), "int8")
     scale = c.empty((1,), "float32") if q is not None else None
-    core = c.call(_C.compress_activation, x, config, c.stream, c.op, "x", q, scale)
+    core = c.call(_C.compress_activation, x, config, c.stream, c.op, "x", q, scale, x_cast)
     if q is None:  # hot allocated them: the caller's framework imports them
         q, scale = c.result(None, core.q), c.result(None, core.scale)
     return q, scale, core

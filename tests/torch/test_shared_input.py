@@ -67,17 +67,54 @@ class _Casts(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_an_input_is_cast_once_under_autocast(device):
-    layers = _layers(device)
+def test_an_input_is_cast_once_under_autocast(device, monkeypatch):
+    """Under autocast the first layer casts x and compresses the cast by one engine call (compress_activation_cast);
+    the others reuse both. Layers that keep x uncompressed (exact mode) cast it once, by torch."""
+    calls = []
+    real = hot._api._compress
+    monkeypatch.setattr(hot._api, "_compress", lambda *a, **k: calls.append("x_cast" in k) or real(*a, **k))
     x = torch.randn(64, 48, device=device, requires_grad=True)
-    h = x * 1
-    counts = []
-    for shared in (True, False):
-        with _Casts(h.shape) as casts, torch.autocast(device, dtype=torch.bfloat16):
-            ys = [m(h if shared else h * 1) for m in layers]
-        assert all(y.dtype == torch.bfloat16 for y in ys)
-        counts.append(casts.n)
-    assert counts == [1, 3]
+    for exact in (False, True):
+        h = x * 1
+        layers = _layers(device)
+        if exact:
+            layers = [ht.Linear(48, o, config=hot.Config(exact=True)).to(device) for o in (32, 16, 40)]
+        counts = []
+        for shared in (True, False):
+            calls.clear()
+            with _Casts(h.shape) as casts, torch.autocast(device, dtype=torch.bfloat16):
+                ys = [m(h if shared else h * 1) for m in layers]
+            assert all(y.dtype == torch.bfloat16 for y in ys)
+            counts.append((casts.n, list(calls)))
+        assert counts == ([(1, []), (3, [])] if exact else [(0, [True]), (0, [True] * 3)])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("layout", ["rows", "padded_rows", "odd_width", "transposed"])
+def test_cast_and_buffer_by_one_call_are_torchs_cast_and_its_buffer(device, dt, layout):
+    """hot.torch.ops._compress_cast: the cast is torch's .to(dt) bit for bit (ties to even, subnormals, values past
+    fp16's range, infinities; a NaN stays a NaN) and the buffer is that of the cast, for inputs the GPU reads in one pass
+    (rows of 8-element multiples) and those it casts first (a padded row stride, an odd width, a transposed view)."""
+    from hot.torch import ops
+    cfg = hot.Config()
+    torch.manual_seed(3)
+    width = 77 if layout == "odd_width" else 264
+    base = torch.randn(300, width + (8 if layout == "padded_rows" else 0), device=device) * 3
+    edge = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, 1 + 2 ** -11, 1e5, -7e4, 2 ** -130, 3e-8, float("inf"),
+                         -float("inf")], device=device)
+    base[5, :len(edge)] = edge
+    base[17, 3] = float("nan")
+    x = {"padded_rows": base[:, :width], "transposed": base.t()}.get(layout, base)
+    nan_at = (3, 17) if layout == "transposed" else (17, 3)
+    xc, q, scale = ops._compress_cast(x, dt, cfg)
+    want = x.to(dt)
+    assert xc.dtype == dt and xc.shape == x.shape
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(xc), nan) and bool(nan[nan_at])
+    assert torch.equal(xc.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
+    q_want, s_want = ops._compress(want, cfg)
+    assert torch.equal(q, q_want) and torch.equal(scale.view(torch.int32), s_want.view(torch.int32))
 
 
 @pytest.mark.parametrize("device", DEVICES)

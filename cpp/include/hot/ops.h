@@ -129,6 +129,12 @@ SavedActivation compress_activation(const TensorView& x, int rank, Stream stream
 // The same into caller-allocated buffers (e.g. a framework's allocator): q_t s8 I x K_pad, scale f32 [1].
 void compress_activation(const TensorView& x, const TensorView& q_t, const TensorView& scale, int rank,
                          Stream stream = {});
+// The same for an input that the layer reads in another float dtype (autocast's cast of a float32 LayerNorm output to
+// bfloat16): x_cast (float, L x I, row-major, not overlapping x) receives x rounded to x_cast's dtype (to nearest
+// even), and q_t / scale are the ABC buffer of x_cast, bit for bit compress_activation(x_cast) after the cast. The CUDA
+// backend forms both in one pass over x where the rows allow 16-byte loads (SPEC §2).
+void compress_activation_cast(const TensorView& x, const TensorView& x_cast, const TensorView& q_t,
+                              const TensorView& scale, int rank, Stream stream = {});
 
 // The ABC buffer of a convolution's im2col columns, formed from its int8 feature map without the columns (SPEC §8):
 // map s8 (N*H*W x C, channels-last: the integers Q of the layer's kept input; any row stride >= C); q_t s8

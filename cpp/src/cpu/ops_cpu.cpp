@@ -418,6 +418,19 @@ void compress_activation(const TensorView& x, const TensorView& q_t, const Tenso
   quantize_transposed(m, 127, Rounding::nearest, 0, 0, q_t, scale.ptr<float>());
 }
 
+void compress_activation_cast(const TensorView& x, const TensorView& x_cast, const TensorView& q_t,
+                              const TensorView& scale, int rank, Stream st) {
+  const int64_t L = x.shape[0], I = x.shape[1];
+  parallel_for(L, row_grain(I), [&](int64_t r0, int64_t r1) {
+    std::vector<float> row(static_cast<size_t>(I));
+    for (int64_t r = r0; r < r1; ++r) {
+      load_row(x, r, row.data());
+      store_row(x_cast, r, row.data());
+    }
+  });
+  cpu::compress_activation(x_cast, q_t, scale, rank, st);
+}
+
 // The HLA of the im2col columns one 16-row block at a time, gathered from the int8 map (the block's 16 rows of columns
 // as im2col would write them, as floats), then the same transform, row selection and quantisation as
 // compress_activation: the same bits as compress_activation(im2col(Q)), without the L x kh*kw*C columns.

@@ -165,6 +165,18 @@ __device__ __forceinline__ float f16bits_to_f(unsigned short u) {
 }
 template <typename T>
 __device__ __forceinline__ void store_f(T* p, float v) { FloatIO<T>::store(p, v); }
+// The bits of a and b rounded to the 16-bit float type T (to nearest even, as a cast does), a in the low half.
+template <typename T>
+__device__ __forceinline__ uint32_t f16x2_bits(float a, float b) {
+  static_assert(sizeof(T) == 2, "16-bit float types only");
+  uint32_t lo, hi;
+  if constexpr (std::is_same_v<T, __half>) {
+    lo = __half_as_ushort(__float2half_rn(a)), hi = __half_as_ushort(__float2half_rn(b));
+  } else {
+    lo = __bfloat16_as_ushort(__float2bfloat16_rn(a)), hi = __bfloat16_as_ushort(__float2bfloat16_rn(b));
+  }
+  return lo | (hi << 16);
+}
 
 // The last step of a bias gradient (bias_grad and the fused g_y pass): out[c] = the sum of partial[k][c] over the
 // nchunks row chunks, in chunk order (deterministic, the CPU backend's order), cast to T.

@@ -29,6 +29,9 @@ struct QgoKernels {
     if constexpr (sizeof(T) == 2) {
       HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo16_kernel<T, 1, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(qgo16_smem_bytes(1))));
+      HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo16_kernel<T, 1, R, false, float>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(qgo16_smem_bytes(1))));
       HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo16_kernel<T, 2, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(qgo16_smem_bytes(2))));
       HOT_CUDA_CHECK(cudaFuncSetAttribute(qgo16_kernel<T, 2, R, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -45,14 +48,17 @@ struct QgoKernels {
   }
 };
 
-// The shared implementation of quantize_grad_output and compress_activation.
-void run_qgo(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out, Stream st) {
+// The shared implementation of quantize_grad_output, compress_activation and (with cast_from, the float input gy is
+// the cast of) compress_activation_cast.
+void run_qgo(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out, Stream st,
+             const TensorView* cast_from = nullptr) {
   const int dev = gy.device.index;
   DeviceGuard dg(dev);
   QgoSetup su = qgo_setup(gy, plan, out, smem_per_block_optin(dev));
   Scratch scratch(su.scratch_bytes(), dev, st);
   su.bind_scratch(scratch.get());
   const StreamLaunch launch{to_cuda(st)};
+  const float* cast_src = cast_from != nullptr ? qgo_cast_or_bind(su, *cast_from, gy, launch) : nullptr;
   dispatch_float(gy.dtype, "quantize_grad_output", [&](auto t) {
     using T = decltype(t);
     // Only the instantiation this call launches is set up.
@@ -63,7 +69,7 @@ void run_qgo(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQ
     } else {
       QgoKernels<T, 0>::ensure(dev);
     }
-    qgo_launch<T>(su, plan, out, static_cast<const T*>(gy.data), launch);
+    qgo_launch<T>(su, plan, out, static_cast<const T*>(gy.data), launch, cast_src);
   });
 }
 
@@ -80,6 +86,14 @@ void compress_activation(const TensorView& x, const TensorView& q_t, const Tenso
   out.q_gh_t = q_t;
   out.s_gh = scale;
   run_qgo(x, abc_plan(rank), out, st);
+}
+
+void compress_activation_cast(const TensorView& x, const TensorView& x_cast, const TensorView& q_t,
+                              const TensorView& scale, int rank, Stream st) {
+  GradOutputQuant out;
+  out.q_gh_t = q_t;
+  out.s_gh = scale;
+  run_qgo(x_cast, abc_plan(rank), out, st, &x);
 }
 
 void quantize_weight(const TensorView& w, const TensorView& q_wt, const TensorView& s_w, int bits, int block,

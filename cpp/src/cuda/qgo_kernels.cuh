@@ -30,6 +30,9 @@
 // The per-tile work is split into gx_transform (G~), bias_partials (g_b without G^), gw_projection (G^; g_b's partials
 // from its row 0, bias_from_block_sums) and the staging of G^'s codes for their transposed store (stage_clear,
 // stage_unit, stage_copy_out); qgo_tile runs them in that order.
+// compress_activation_cast (a float32 x that the layer reads as bf16/fp16): pass 1 is qgo16_kernel with a float32
+// source, which rounds each chunk to the 16-bit type as it fills the tile and writes the rounded copy; pass 2 reads
+// the copy as any 16-bit input (qgo_cast_or_bind; other layouts cast first with cast_kernel).
 // The HLA rank is a template parameter R of the kernels: 8 or 16 (compiled-in ranks: with R = 8 the G^ rows not kept
 // are dead code, so pass 2 fits 64 registers and 4 CTAs per SM; with R = 16 the rank loops and the staging layout are
 // constants) or 0 (any rank 1..16, read at run time).
@@ -105,6 +108,10 @@ struct QgoParams {
   // (seg = 256 / pack = 1 << seg_shift), so that every thread has columns to work on.
   int pack;
   int seg_shift;
+  // compress_activation_cast's pass 1 (qgo16_kernel with a float32 source S): the 16-bit copy of the input it writes
+  // (row stride ld_in; pass 2 reads it as its input) and the float32 source's row stride.
+  void* cast_out = nullptr;
+  int64_t ld_src = 0;
 };
 
 // Generic (slow, out of line) quantisation of n <= 4 consecutive logical elements e0 .. e0+n-1: any
@@ -734,9 +741,12 @@ struct TileRaw16 {
   }
 };
 
-template <typename T, int PASS, int R, bool DS = false>
-__global__ void __launch_bounds__(kThreads, qgo16_min_ctas(PASS, R)) qgo16_kernel(const T* __restrict__ gy, QgoParams p) {
+// S: the type read, T, or float32 for pass 1 of compress_activation_cast, which rounds what it reads to T (the tile
+// holds what a T input would) and writes it to p.cast_out as well.
+template <typename T, int PASS, int R, bool DS = false, typename S = T>
+__global__ void __launch_bounds__(kThreads, qgo16_min_ctas(PASS, R)) qgo16_kernel(const S* __restrict__ gy, QgoParams p) {
   static_assert(sizeof(T) == 2, "16-bit inputs only");
+  static_assert(std::is_same_v<S, T> || (std::is_same_v<S, float> && PASS == 1), "a cast is read by pass 1 only");
   HOT_DYNAMIC_SMEM(smem);
   const int tid = threadIdx.x;
   const int64_t n_ct = (std::max<int64_t>(p.O_pad, p.O) + kTileCols - 1) / kTileCols;
@@ -758,17 +768,51 @@ __global__ void __launch_bounds__(kThreads, qgo16_min_ctas(PASS, R)) qgo16_kerne
     const int64_t c = at.c, r0 = at.rt * kTileRows;
     const bool col_in = c < p.O;  // O % 8 == 0: a chunk is all in or all out
     const int rows_left = static_cast<int>(std::min<int64_t>(p.L - (r0 + row0), kTileRows));
-    const T* src = gy + (r0 + row0) * p.ld_in + c;
-    const int64_t step = kRowStep * p.ld_in;
     unsigned char* dst = smem + TileRaw16<T>::off(row0, 8 * ch);
+    if constexpr (std::is_same_v<S, T>) {
+      const T* src = gy + (r0 + row0) * p.ld_in + c;
+      const int64_t step = kRowStep * p.ld_in;
 #pragma unroll
-    for (int k = 0; k < kTileRows / kRowStep; ++k, src += step) {
-      const bool in = col_in && k * kRowStep < rows_left;
-      cp_async16(dst + k * kRowStep * kRawRowBytes, in ? static_cast<const void*>(src) : gy, in);
+      for (int k = 0; k < kTileRows / kRowStep; ++k, src += step) {
+        const bool in = col_in && k * kRowStep < rows_left;
+        cp_async16(dst + k * kRowStep * kRawRowBytes, in ? static_cast<const void*>(src) : gy, in);
+      }
+    } else {
+      // A chunk is 8 floats (two 16-byte loads), rounded to T as a cast does and stored whole to the tile and to
+      // the copy. Rows in batches of 4, each batch's loads issued before its stores (32 floats in flight a thread).
+      constexpr int kBatch = 4;
+      const int64_t src_step = kRowStep * p.ld_src, out_step = kRowStep * p.ld_in;
+      const float* src = gy + (r0 + row0) * p.ld_src + c;
+      T* out = static_cast<T*>(p.cast_out) + (r0 + row0) * p.ld_in + c;
+#pragma unroll
+      for (int k0 = 0; k0 < kTileRows / kRowStep; k0 += kBatch) {
+        float4 v[kBatch][2];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const int k = k0 + j;
+          if (col_in && k * kRowStep < rows_left) {
+            const float4* s4 = reinterpret_cast<const float4*>(src + k * src_step);
+            v[j][0] = __ldg(s4);
+            v[j][1] = __ldg(s4 + 1);
+          } else {
+            v[j][0] = v[j][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const int k = k0 + j;
+          const uint4 w = make_uint4(f16x2_bits<T>(v[j][0].x, v[j][0].y), f16x2_bits<T>(v[j][0].z, v[j][0].w),
+                                     f16x2_bits<T>(v[j][1].x, v[j][1].y), f16x2_bits<T>(v[j][1].z, v[j][1].w));
+          *reinterpret_cast<uint4*>(dst + k * kRowStep * kRawRowBytes) = w;
+          if (col_in && k * kRowStep < rows_left) *reinterpret_cast<uint4*>(out + k * out_step) = w;
+        }
+      }
     }
   }
-  cp_async_commit();
-  cp_async_wait<0>();
+  if constexpr (std::is_same_v<S, T>) {
+    cp_async_commit();
+    cp_async_wait<0>();
+  }
   __syncthreads();
 
   uint32_t amax_gx = 0, amax_gw = 0;
@@ -781,6 +825,18 @@ __global__ void __launch_bounds__(kThreads, qgo16_min_ctas(PASS, R)) qgo16_kerne
   }
 
   if (PASS == 1) qgo_publish_amax(p, amax_gx, amax_gw, smem);  // its first barrier: everyone is done with the tile
+}
+
+// compress_activation_cast where pass 1 cannot read the float32 input itself: the input rounded to the copy's dtype
+// first (a cast, as the framework's own; then the copy is compressed as any 16-bit input).
+template <typename S, typename T>
+__global__ void cast_kernel(Mat<const S> in, Mat<T> out) {
+  const int64_t n = in.rows * in.cols;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / in.cols, c = e % in.cols;
+    store_f(out.p + r * out.ld + c, load_f(in.p + r * in.ld + c));
+  }
 }
 
 __global__ void qgo_finalize_kernel(const unsigned* key_gx, int64_t n_gx, int gx_qmax, float* s_g, float* inv_gx,
@@ -897,13 +953,35 @@ QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradO
   return su;
 }
 
+// compress_activation_cast of x into x_cast (the input of the call set up in su, after bind_scratch): where the
+// 16-bit copy takes the 16-bit kernels (su.raw16) and x is float32 with 16-byte-aligned rows, pass 1 reads x itself
+// and writes the copy (the parameters are pointed at both; returns x's data, qgo_launch's cast_src); otherwise x is
+// cast into x_cast now and null is returned (the copy is then compressed as any input). The same bits either way.
+template <class Launch>
+const float* qgo_cast_or_bind(QgoSetup& su, const TensorView& x, const TensorView& x_cast, Launch&& launch) {
+  if (su.raw16 && x.dtype == DType::f32 && x.strides[0] % 4 == 0 && aligned(x.data, 16)) {
+    su.p.cast_out = x_cast.data;
+    su.p.ld_src = x.strides[0];
+    return static_cast<const float*>(x.data);
+  }
+  dispatch_float(x.dtype, "compress_activation_cast", [&](auto s) {
+    using S = decltype(s);
+    dispatch_float(x_cast.dtype, "compress_activation_cast", [&](auto t) {
+      using T = decltype(t);
+      launch(cast_kernel<S, T>, dim3(grid_1d(x.shape[0] * x.shape[1], 256)), 256, 0, mat<const S>(x), mat<T>(x_cast));
+    });
+  });
+  return nullptr;
+}
+
 // The launch sequence of one call, after bind_scratch: zero the amax keys, pass 1 (statistics, g_b
 // partials), the scales, pass 2 (quantisation), g_b. `launch(kernel, grid, threads, smem_bytes, args...)`
 // runs a kernel and `launch.zero(ptr, bytes)` clears memory, both in stream order (the CUDA backend's
 // launcher, or the emulation's).
+// cast_src: compress_activation_cast's float32 input, read by pass 1 (qgo_cast_or_bind), or null.
 template <typename T, class Launch>
 void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutputQuant& out, const T* src,
-                Launch&& launch) {
+                Launch&& launch, const float* cast_src = nullptr) {
   const QgoParams& p = su.p;
   const dim3 grid(static_cast<unsigned>(su.n_ct * su.n_t));  // one CTA per tile
   launch.zero(p.key_gx, su.keys_bytes);
@@ -914,6 +992,12 @@ void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutput
       const auto go = [&](auto ds_tag) {
         constexpr bool DS = decltype(ds_tag)::value;
         if constexpr (sizeof(T) == 2) {
+          if constexpr (P == 1 && !DS) {
+            if (cast_src != nullptr) {
+              launch(qgo16_kernel<T, 1, R, false, float>, grid, kThreads, qgo16_smem_bytes(1), cast_src, pp);
+              return;
+            }
+          }
           if (su.raw16) {
             launch(qgo16_kernel<T, P, R, DS>, grid, kThreads, qgo16_smem_bytes(P), src, pp);
             return;

@@ -50,6 +50,9 @@ void unpack_int4(const TensorView&, const TensorView&, Stream) { missing(); }
 void gemm_s8s8s32(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
 void gemm_s4s4s32(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
 void compress_activation(const TensorView&, const TensorView&, const TensorView&, int, Stream) { missing(); }
+void compress_activation_cast(const TensorView&, const TensorView&, const TensorView&, const TensorView&, int, Stream) {
+  missing();
+}
 void quantize_grad_output(const TensorView&, const GradOutputPlan&, const GradOutputQuant&, Stream) { missing(); }
 void quantize_weight(const TensorView&, const TensorView&, const TensorView&, int, int, Stream) { missing(); }
 void gemm_s8_dequant(const TensorView&, const TensorView&, const TensorView&, const TensorView&, float, int,

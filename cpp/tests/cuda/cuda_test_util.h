@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -150,6 +151,22 @@ inline ::testing::AssertionResult all_bytes_equal(const HostTensor& a, const Hos
                                            << e % a.ld() << " of " << a.rows() << " x " << a.cols() << ", ld "
                                            << a.ld() << "): cpu " << int(a.bytes()[i]) << " kernel "
                                            << int(b.bytes()[i]);
+    }
+  return ::testing::AssertionSuccess();
+}
+
+// Equal elements of two float tensors of one shape and dtype, a NaN equal to any NaN (the CPU backend keeps a NaN's
+// payload where the CUDA conversions write the canonical NaN); a: the CPU backend's result.
+inline ::testing::AssertionResult same_floats(const HostTensor& a, const HostTensor& b) {
+  if (a.dtype() != b.dtype() || a.rows() != b.rows() || a.cols() != b.cols())
+    return ::testing::AssertionFailure() << "dtype or shape differs";
+  const int eb = hot::dtype_bits(a.dtype()) / 8;
+  for (int64_t r = 0; r < a.rows(); ++r)
+    for (int64_t c = 0; c < a.cols(); ++c) {
+      const float x = a.getf(r, c), y = b.getf(r, c);
+      if (std::isnan(x) && std::isnan(y)) continue;
+      if (std::memcmp(a.bytes() + (r * a.ld() + c) * eb, b.bytes() + (r * b.ld() + c) * eb, eb) != 0)
+        return ::testing::AssertionFailure() << "element (" << r << ", " << c << ") differs: cpu " << x << " kernel " << y;
     }
   return ::testing::AssertionSuccess();
 }

@@ -550,6 +550,35 @@ TEST_F(Cuda_CompressActivation, BitExactVsCpu) {
         }
 }
 
+// compress_activation_cast: the copy (a NaN as any NaN) and the buffer against the CPU backend's cast and buffer; rows
+// the GPU reads in one pass (float32 rows of 16-byte multiples, the copy's of 8 elements) and rows it casts first.
+TEST_F(Cuda_CompressActivation, CastBitExactVsCpu) {
+  uint64_t seed = 900;
+  for (DType dt : {DType::bf16, DType::f16})
+    for (int64_t L : {1, 130, 20011})
+      for (int64_t I : {64, 77, 768})
+        for (int64_t pad : {0, 4, 1}) {
+          if (L == 20011 && (pad != 0 || small_run())) continue;
+          SCOPED_TRACE(testing::Message() << dt_name(dt) << " L " << L << " I " << I << " pad " << pad);
+          HostTensor x = rand_float(DType::f32, L, I, seed++, I + pad, 3.0f);
+          if (pad == 4) {
+            x.setf(L / 2, I / 3, std::nanf(""));
+            x.setf(L - 1, I - 1, INFINITY);
+            x.setf(0, 0, 1.0e5f);
+          }
+          const int64_t Kp = hot::padded_k(hot::hla_rows(L, 16));
+          HostTensor cc = out2d(dt, L, I, I + 2 * pad), cg = cc;
+          HostTensor qc = out2d(DType::s8, I, Kp), qg = qc, sc = out1d(DType::f32, 1), sg = sc;
+          DevTensor dx(x), dc(cg), dq(qg), ds(sg);
+          hot::cpu::compress_activation_cast(x, cc, qc, sc, 16, {});
+          hot::cuda::compress_activation_cast(dx, dc, dq, ds, 16, st());
+          sync();
+          EXPECT_TRUE(same_floats(cc, dc.to_host()));
+          EXPECT_TRUE(all_bytes_equal(qc, dq.to_host()));
+          EXPECT_TRUE(all_bytes_equal(sc, ds.to_host()));
+        }
+}
+
 class Cuda_QuantizeWeight : public CudaTest {};
 TEST_F(Cuda_QuantizeWeight, BitExactVsCpu) {
   uint64_t seed = 900;

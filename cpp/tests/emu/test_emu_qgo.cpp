@@ -257,6 +257,64 @@ TEST_P(Emu_CompressActivation, BitExactVsCpu) {
         for (int rank : kRanks) run_abc_case(dt, L, I, I + 3 * (L % 2), rank, seed++);
 }
 
+// compress_activation_cast of an L x I float input (row stride ld) into a 16-bit copy (row stride ld_cast): the emulated
+// launch sequence of hot::cuda::compress_activation_cast (pass 1 reading the float32 input itself where its rows
+// allow, `fused`; else the cast kernel first) against the CPU backend: the copy (a NaN as any NaN) and the buffer bit
+// for bit. `special`: a NaN, an infinity and a value past fp16's range in x.
+void run_abc_cast_case(DType src, DType dt, int64_t L, int64_t I, int64_t ld, int64_t ld_cast, int rank,
+                       uint64_t seed, bool fused, bool special = false) {
+  SCOPED_TRACE(testing::Message() << hot::dtype_name(src) << " -> " << hot::dtype_name(dt) << " L " << L << " I " << I
+                                  << " ld " << ld << " ld_cast " << ld_cast << " rank " << rank << " special "
+                                  << special);
+  HostTensor x = rand_float(src, L, I, seed, ld, 3.0f);
+  if (special) {
+    x.setf(L / 2, I / 3, std::nanf(""));
+    x.setf(L - 1, I - 1, -INFINITY);
+    x.setf(0, 0, 1.0e5f);
+  }
+  const int64_t Kp = hot::padded_k(hot::hla_rows(L, rank));
+  HostTensor cc = out2d(dt, L, I, ld_cast), ce = cc;
+  HostTensor qc = out2d(DType::s8, I, Kp), qe = qc, sc = out1d(DType::f32, 1), se = sc;
+  hot::cpu::compress_activation_cast(x, cc, qc, sc, rank, {});
+  GradOutputQuant out;
+  out.q_gh_t = qe;
+  out.s_gh = se;
+  const GradOutputPlan plan = hot::cuda::abc_plan(rank);
+  hot::cuda::QgoSetup su = hot::cuda::qgo_setup(ce, plan, out);
+  std::vector<uint32_t> scratch(su.scratch_bytes() / 4 + 1, 0xdeadbeefu);
+  su.bind_scratch(scratch.data());
+  const float* cast_src = hot::cuda::qgo_cast_or_bind(su, x, ce, hot_emu::Launch{});
+  EXPECT_EQ(cast_src != nullptr, fused);
+  hot::cuda::dispatch_float(dt, "emu", [&](auto t) {
+    using T = decltype(t);
+    hot::cuda::qgo_launch<T>(su, plan, out, static_cast<const T*>(ce.view().data), hot_emu::Launch{}, cast_src);
+  });
+  EXPECT_TRUE(hot_cuda_test::same_floats(cc, ce));
+  EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qc, qe));
+  EXPECT_TRUE(hot_cuda_test::all_bytes_equal(sc, se));
+}
+
+// Fused: float32 rows of 16-byte multiples, the copy's rows of 8 elements (L past one tile and not a multiple of 64,
+// widths packing 4, 2 and 1 row tiles, padded row strides, non-finite values); unfused: an odd float32 row stride,
+// a width not a multiple of 8, a 16-bit source.
+TEST_P(Emu_CompressActivation, CastBitExactVsCpu) {
+  uint64_t seed = 9100;
+#if defined(HOT_EMU_RACE)
+  const std::vector<int64_t> Ls = {130}, Is = {64, 264};
+#else
+  const std::vector<int64_t> Ls = {1, 130, 600}, Is = {8, 64, 128, 264, 776};
+#endif
+  for (const DType dt : {DType::bf16, DType::f16})
+    for (const int64_t L : Ls)
+      for (const int64_t I : Is) {
+        run_abc_cast_case(DType::f32, dt, L, I, I, I, 16, seed++, true);
+        run_abc_cast_case(DType::f32, dt, L, I, I + 4, I + 8, 8, seed++, true, true);
+      }
+  run_abc_cast_case(DType::f32, DType::bf16, 130, 64, 67, 64, 16, seed++, false);
+  run_abc_cast_case(DType::f32, DType::bf16, 130, 77, 77, 77, 16, seed++, false, true);
+  run_abc_cast_case(DType::f16, DType::bf16, 130, 64, 64, 64, 3, seed++, false);
+}
+
 // Inputs with millions of rows (a convolution's L = batch x H x W): every launch of the pass fits the GPU's grid
 // limits, for g_y and for ABC, 16-bit (qgo16_kernel) and fp32 (qgo_kernel). The launches are recorded, not run (the
 // data is never touched).

@@ -165,6 +165,18 @@ def _compress(x: Tensor, cfg) -> Tuple[Tensor, Tensor]:
     return q, scale
 
 
+def _compress_cast(x: Tensor, dt, cfg) -> Tuple[Tensor, Tensor, Tensor]:
+    """(x.to(dt), and the ABC buffer (q, scale) of that cast) by one engine call (compress_activation_cast, which on
+    the GPU reads x once for both where its rows allow 16-byte loads): the same bits as ``_compress(x.to(dt), cfg)``.
+    An empty or non-contiguous x takes the two steps."""
+    if x.numel() == 0 or not x.is_contiguous():
+        xc = x.to(dt)
+        return (xc, *_compress(xc, cfg))
+    xc = torch.empty(x.shape, dtype=dt, device=x.device)
+    q, scale, _ = _api._compress(_call("compress_activation", x), x, x.shape, cfg, x_cast=xc)
+    return xc, q, scale
+
+
 # What the eager linear layers that read one input tensor share: id(x) -> [weak reference to x, x's version when the
 # entry was made, made while a CUDA graph was being recorded, {dtype: x's cast}, {(dtype, rank): weak references to
 # the ABC buffer (q, scale)}] (:func:`_shared_input`).
@@ -200,7 +212,7 @@ def _shared_input(x: Tensor, dt, cfg, compress: bool):
     attention input, a gated MLP's gate and up projections): the first forms them, the others reuse them while x is
     alive and unchanged (its version counter). Deterministic casts and compression of the same values, so the same
     bits as forming them per layer, each formed once, and the buffer kept once (the layers save the same tensors).
-    The cast is held while x lives; the buffer only while some layer keeps it (a weak reference). What was formed
+    Where x must be cast and compressed, one engine call forms both (:func:`_compress_cast`). The cast is held while x lives; the buffer only while some layer keeps it (a weak reference). What was formed
     while a CUDA graph was being recorded serves only calls recorded with it, and the rest only calls outside of
     recording: a recorded graph forms what it reads, as its caller may refill a static input before each replay."""
     e = _live_entry(x)
@@ -208,17 +220,22 @@ def _shared_input(x: Tensor, dt, cfg, compress: bool):
         key = id(x)
         e = _SHARED[key] = [weakref.ref(x, functools.partial(_drop_shared, key)), x._version,
                             x.is_cuda and torch.cuda.is_current_stream_capturing(), {}, {}]
-    xc = x
-    if dt is not None and x.dtype != dt:
-        xc = e[3].get(dt)
+    cast = dt is not None and x.dtype != dt
+    xc = e[3].get(dt) if cast else x
+    if not compress:
         if xc is None:
             xc = e[3][dt] = x.to(dt)
-    if not compress:
         return xc, None, None
-    buf = _live_buffer(e, xc.dtype, cfg.rank)
+    buf = _live_buffer(e, dt if cast else x.dtype, cfg.rank)
     if buf is None:
-        buf = _compress(xc, cfg)
+        if xc is None:  # the cast and its buffer by one engine call
+            xc, *buf = _compress_cast(x, dt, cfg)
+            e[3][dt] = xc
+        else:
+            buf = _compress(xc, cfg)
         e[4][(xc.dtype, cfg.rank)] = (weakref.ref(buf[0]), weakref.ref(buf[1]))
+    elif xc is None:
+        xc = e[3][dt] = x.to(dt)
     return (xc, *buf)
 
 

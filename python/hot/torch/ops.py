@@ -165,11 +165,14 @@ def _compress(x: Tensor, cfg) -> Tuple[Tensor, Tensor]:
     return q, scale
 
 
+_ENGINE_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def _compress_cast(x: Tensor, dt, cfg) -> Tuple[Tensor, Tensor, Tensor]:
     """(x.to(dt), and the ABC buffer (q, scale) of that cast) by one engine call (compress_activation_cast, which on
     the GPU reads x once for both where its rows allow 16-byte loads): the same bits as ``_compress(x.to(dt), cfg)``.
-    An empty or non-contiguous x takes the two steps."""
-    if x.numel() == 0 or not x.is_contiguous():
+    An empty or non-contiguous x, or one of a dtype the engine does not read (float64), takes the two steps."""
+    if x.numel() == 0 or not x.is_contiguous() or x.dtype not in _ENGINE_FLOATS:
         xc = x.to(dt)
         return (xc, *_compress(xc, cfg))
     xc = torch.empty(x.shape, dtype=dt, device=x.device)

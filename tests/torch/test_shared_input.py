@@ -94,9 +94,9 @@ def test_an_input_is_cast_once_under_autocast(device, monkeypatch):
 @pytest.mark.parametrize("layout", ["rows", "padded_rows", "odd_width", "transposed", "float64"])
 def test_cast_and_buffer_by_one_call_are_torchs_cast_and_its_buffer(device, dt, layout):
     """hot.torch.ops._compress_cast: the cast is torch's .to(dt) bit for bit (ties to even, subnormals, values past
-    fp16's range, infinities; a NaN stays a NaN) and the buffer is that of the cast, for inputs the GPU reads in one pass
-    (rows of 8-element multiples) and those it casts first (a padded row stride, an odd width, a transposed view; a
-    float64 x, which the engine does not read, is cast by torch)."""
+    fp16's range, infinities; a NaN stays a NaN) and the buffer is that of the cast, for inputs the GPU reads in one
+    pass (rows of 8-element multiples) and those it casts first (a padded row stride, an odd width, a transposed view;
+    a float64 x, which the engine does not read, is cast by torch)."""
     from hot.torch import ops
     cfg = hot.Config()
     torch.manual_seed(3)

@@ -166,7 +166,8 @@ inline ::testing::AssertionResult same_floats(const HostTensor& a, const HostTen
       const float x = a.getf(r, c), y = b.getf(r, c);
       if (std::isnan(x) && std::isnan(y)) continue;
       if (std::memcmp(a.bytes() + (r * a.ld() + c) * eb, b.bytes() + (r * b.ld() + c) * eb, eb) != 0)
-        return ::testing::AssertionFailure() << "element (" << r << ", " << c << ") differs: cpu " << x << " kernel " << y;
+        return ::testing::AssertionFailure() << "element (" << r << ", " << c << ") differs: cpu " << x << " kernel "
+                                             << y;
     }
   return ::testing::AssertionSuccess();
 }

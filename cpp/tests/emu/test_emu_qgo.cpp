@@ -257,10 +257,10 @@ TEST_P(Emu_CompressActivation, BitExactVsCpu) {
         for (int rank : kRanks) run_abc_case(dt, L, I, I + 3 * (L % 2), rank, seed++);
 }
 
-// compress_activation_cast of an L x I float input (row stride ld) into a 16-bit copy (row stride ld_cast): the emulated
-// launch sequence of hot::cuda::compress_activation_cast (pass 1 reading the float32 input itself where its rows
-// allow, `fused`; else the cast kernel first) against the CPU backend: the copy (a NaN as any NaN) and the buffer bit
-// for bit. `special`: a NaN, an infinity and a value past fp16's range in x.
+// compress_activation_cast of an L x I float input (row stride ld) into a 16-bit copy (row stride ld_cast): the
+// emulated launch sequence of hot::cuda::compress_activation_cast (pass 1 reading the float32 input itself where its
+// rows allow, `fused`; else the cast kernel first) against the CPU backend: the copy (a NaN as any NaN) and the buffer
+// bit for bit. `special`: a NaN, an infinity and a value past fp16's range in x.
 void run_abc_cast_case(DType src, DType dt, int64_t L, int64_t I, int64_t ld, int64_t ld_cast, int rank,
                        uint64_t seed, bool fused, bool special = false) {
   SCOPED_TRACE(testing::Message() << hot::dtype_name(src) << " -> " << hot::dtype_name(dt) << " L " << L << " I " << I

@@ -213,11 +213,12 @@ def _shared_input(x: Tensor, dt, cfg, compress: bool):
     """(x cast to dt (x itself for None or x's dtype), its ABC buffer at cfg.rank or (None, None) unless compress),
     shared by the eager linear layers that read the same tensor x (SPEC §2: the query, key and value projections of one
     attention input, a gated MLP's gate and up projections): the first forms them, the others reuse them while x is
-    alive and unchanged (its version counter). Deterministic casts and compression of the same values, so the same
-    bits as forming them per layer, each formed once, and the buffer kept once (the layers save the same tensors).
-    Where x must be cast and compressed, one engine call forms both (:func:`_compress_cast`). The cast is held while x lives; the buffer only while some layer keeps it (a weak reference). What was formed
-    while a CUDA graph was being recorded serves only calls recorded with it, and the rest only calls outside of
-    recording: a recorded graph forms what it reads, as its caller may refill a static input before each replay."""
+    alive and unchanged (its version counter). Deterministic casts and compression of the same values, so the same bits
+    as forming them per layer, each formed once, and the buffer kept once (the layers save the same tensors). Where x
+    must be cast and compressed, one engine call forms both (:func:`_compress_cast`). The cast is held while x lives;
+    the buffer only while some layer keeps it (a weak reference). What was formed while a CUDA graph was being recorded
+    serves only calls recorded with it, and the rest only calls outside of recording: a recorded graph forms what it
+    reads, as its caller may refill a static input before each replay."""
     e = _live_entry(x)
     if e is None:
         key = id(x)

@@ -16,6 +16,14 @@ namespace {
 
 bool requested(const TensorView& v) { return v.data != nullptr; }
 
+// The bytes a non-empty view with non-negative strides spans: [first byte, one past its last element).
+std::pair<const char*, const char*> byte_span(const TensorView& t) {
+  int64_t last = 0;
+  for (size_t i = 0; i < t.shape.size(); ++i) last += (t.shape[i] - 1) * t.strides[i];
+  const auto* b = static_cast<const char*>(t.data);
+  return {b, b + (last + 1) * (dtype_bits(t.dtype) / 8)};
+}
+
 // CUDA tensors need a usable CUDA backend: compiled in and a device present.
 void require_cuda() {
   if (!cuda::available())
@@ -223,11 +231,9 @@ void check_elementwise(const char* op, const char* xname, const TensorView& x, c
   check_vector(op, yname, y, x.shape[0], true, DType::f32);
   HOT_CHECK_DTYPE(op, yname, y, y.dtype == x.dtype, dtype_name(x.dtype));
   HOT_CHECK_SAME_DEVICE(op, xname, x, yname, y);
-  const auto* xb = static_cast<const char*>(x.data);
-  const auto* yb = static_cast<const char*>(y.data);
-  const int64_t bytes = x.shape[0] * dtype_bits(x.dtype) / 8;
-  HOT_CHECK_VALUE(xb == yb || xb + bytes <= yb || yb + bytes <= xb, op, ": ", yname, " must be ", xname,
-                  " itself or not overlap it");
+  const auto [xb, xe] = byte_span(x);
+  const auto [yb, ye] = byte_span(y);
+  HOT_CHECK_VALUE(xb == yb || xe <= yb || ye <= xb, op, ": ", yname, " must be ", xname, " itself or not overlap it");
 }
 
 void check_mask_bits(const char* op, const TensorView& bits, const char* xname, const TensorView& x) {
@@ -254,14 +260,8 @@ void transpose(const TensorView& in, const TensorView& out, Stream stream) {
                     shape_str(t->strides));
   }
   if (in.numel() == 0) return;
-  // the byte ranges each view spans (ends exclusive) must be disjoint
-  const auto span = [](const TensorView& t) {
-    const int64_t last = (t.shape[0] - 1) * t.strides[0] + (t.shape[1] - 1) * t.strides[1] + t.shape[2];
-    const auto* b = static_cast<const char*>(t.data);
-    return std::pair<const char*, const char*>{b, b + last * dtype_bits(t.dtype) / 8};
-  };
-  const auto [ib, ie] = span(in);
-  const auto [ob, oe] = span(out);
+  const auto [ib, ie] = byte_span(in);
+  const auto [ob, oe] = byte_span(out);
   HOT_CHECK_VALUE(ie <= ob || oe <= ib, op, ": out must not overlap in");
   HOT_DISPATCH(in.device, transpose, in, out, stream);
 }
@@ -378,42 +378,34 @@ void gemm_s4s4s32(const TensorView& a, const TensorView& b, const TensorView& c,
   HOT_DISPATCH(a.device, gemm_s4s4s32, a, b, c, stream);
 }
 
-void compress_activation(const TensorView& x, const TensorView& q_t, const TensorView& scale, int rank,
-                         Stream stream) {
-  const char* op = "compress_activation";
+namespace {
+// The arguments of an ABC buffer of x: q_t s8 I x K_pad, scale f32 [1], on x's device.
+void check_compress(const char* op, const TensorView& x, const TensorView& q_t, const TensorView& scale, int rank) {
   check_rank(op, rank);
   check_float_matrix(op, "x", x);
-  const int64_t L = x.shape[0], I = x.shape[1];
-  const int64_t K = hla_rows(L, rank);
   check_typed_matrix(op, "q", q_t, DType::s8);
-  check_out_shape(op, "q", q_t, I, padded_k(K));
+  check_out_shape(op, "q", q_t, x.shape[1], padded_k(hla_rows(x.shape[0], rank)));
   check_vector(op, "scale", scale, 1, false, DType::f32);
   HOT_CHECK_SAME_DEVICE(op, "x", x, "q", q_t);
   HOT_CHECK_SAME_DEVICE(op, "x", x, "scale", scale);
+}
+}  // namespace
+
+void compress_activation(const TensorView& x, const TensorView& q_t, const TensorView& scale, int rank,
+                         Stream stream) {
+  check_compress("compress_activation", x, q_t, scale, rank);
   HOT_DISPATCH(x.device, compress_activation, x, q_t, scale, rank, stream);
 }
 
 void compress_activation_cast(const TensorView& x, const TensorView& x_cast, const TensorView& q_t,
                               const TensorView& scale, int rank, Stream stream) {
   const char* op = "compress_activation_cast";
-  check_rank(op, rank);
-  check_float_matrix(op, "x", x);
+  check_compress(op, x, q_t, scale, rank);
   check_float_matrix(op, "x_cast", x_cast);
   HOT_CHECK_SHAPE(op, "x_cast", x_cast, x.shape);
-  const int64_t L = x.shape[0], I = x.shape[1];
-  check_typed_matrix(op, "q", q_t, DType::s8);
-  check_out_shape(op, "q", q_t, I, padded_k(hla_rows(L, rank)));
-  check_vector(op, "scale", scale, 1, false, DType::f32);
   HOT_CHECK_SAME_DEVICE(op, "x", x, "x_cast", x_cast);
-  HOT_CHECK_SAME_DEVICE(op, "x", x, "q", q_t);
-  HOT_CHECK_SAME_DEVICE(op, "x", x, "scale", scale);
-  // the byte ranges of the two row-major views (ends exclusive) must be disjoint
-  const auto span = [L, I](const TensorView& t) {
-    const auto* b = static_cast<const char*>(t.data);
-    return std::pair<const char*, const char*>{b, b + ((L - 1) * t.strides[0] + I) * (dtype_bits(t.dtype) / 8)};
-  };
-  const auto [xb, xe] = span(x);
-  const auto [cb, ce] = span(x_cast);
+  const auto [xb, xe] = byte_span(x);
+  const auto [cb, ce] = byte_span(x_cast);
   HOT_CHECK_VALUE(xe <= cb || ce <= xb, op, ": x_cast must not overlap x");
   HOT_DISPATCH(x.device, compress_activation_cast, x, x_cast, q_t, scale, rank, stream);
 }

@@ -76,9 +76,8 @@ def test_an_input_is_cast_once_under_autocast(device, monkeypatch):
     x = torch.randn(64, 48, device=device, requires_grad=True)
     for exact in (False, True):
         h = x * 1
-        layers = _layers(device)
-        if exact:
-            layers = [ht.Linear(48, o, config=hot.Config(exact=True)).to(device) for o in (32, 16, 40)]
+        layers = ([ht.Linear(48, o, config=hot.Config(exact=True)).to(device) for o in (32, 16, 40)] if exact
+                  else _layers(device))
         counts = []
         for shared in (True, False):
             calls.clear()

@@ -33,15 +33,20 @@ using hot_cuda_test::out2d;
 using hot_cuda_test::rand_float;
 using hot_test::HostTensor;
 
-// What hot::cuda::quantize_grad_output does, with host memory and the emulated kernels.
-void emu_quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out) {
+// What hot::cuda::quantize_grad_output does, with host memory and the emulated kernels; with cast_from, what
+// compress_activation_cast does (gy the copy of *cast_from): returns whether pass 1 read *cast_from itself.
+bool emu_quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQuant& out,
+                              const TensorView* cast_from = nullptr) {
   hot::cuda::QgoSetup su = hot::cuda::qgo_setup(gy, plan, out);
   std::vector<uint32_t> scratch(su.scratch_bytes() / 4 + 1, 0xdeadbeefu);
   su.bind_scratch(scratch.data());
+  const float* cast_src =
+      cast_from != nullptr ? hot::cuda::qgo_cast_or_bind(su, *cast_from, gy, hot_emu::Launch{}) : nullptr;
   hot::cuda::dispatch_float(gy.dtype, "emu", [&](auto t) {
     using T = decltype(t);
-    hot::cuda::qgo_launch<T>(su, plan, out, static_cast<const T*>(gy.data), hot_emu::Launch{});
+    hot::cuda::qgo_launch<T>(su, plan, out, static_cast<const T*>(gy.data), hot_emu::Launch{}, cast_src);
   });
+  return cast_src != nullptr;
 }
 
 using Case = hot_cuda_test::QgoCase;
@@ -279,16 +284,8 @@ void run_abc_cast_case(DType src, DType dt, int64_t L, int64_t I, int64_t ld, in
   GradOutputQuant out;
   out.q_gh_t = qe;
   out.s_gh = se;
-  const GradOutputPlan plan = hot::cuda::abc_plan(rank);
-  hot::cuda::QgoSetup su = hot::cuda::qgo_setup(ce, plan, out);
-  std::vector<uint32_t> scratch(su.scratch_bytes() / 4 + 1, 0xdeadbeefu);
-  su.bind_scratch(scratch.data());
-  const float* cast_src = hot::cuda::qgo_cast_or_bind(su, x, ce, hot_emu::Launch{});
-  EXPECT_EQ(cast_src != nullptr, fused);
-  hot::cuda::dispatch_float(dt, "emu", [&](auto t) {
-    using T = decltype(t);
-    hot::cuda::qgo_launch<T>(su, plan, out, static_cast<const T*>(ce.view().data), hot_emu::Launch{}, cast_src);
-  });
+  const TensorView xv = x;
+  EXPECT_EQ(emu_quantize_grad_output(ce, hot::cuda::abc_plan(rank), out, &xv), fused);
   EXPECT_TRUE(hot_cuda_test::same_floats(cc, ce));
   EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qc, qe));
   EXPECT_TRUE(hot_cuda_test::all_bytes_equal(sc, se));

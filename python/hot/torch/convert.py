@@ -37,6 +37,7 @@ import hot
 from .layers import (Conv1d, Conv2d, HOT_LAYERS, Linear, MultiheadAttention, TransposedLinear, attach_in_proj,
                      conv_padding, transposed_class)
 from .lean import MaxPool2d, ReLU
+from .ops import ENGINE_FLOATS
 
 Matcher = Union[None, str, Iterable[str], Callable[[str, nn.Module], bool]]
 
@@ -124,7 +125,7 @@ def _params_problem(params) -> Optional[str]:
     if len(devs) > 1:
         return f"parameters on several devices {sorted(str(d) for d in devs)}"
     dt = params[0].dtype
-    if dt not in (torch.float32, torch.float16, torch.bfloat16):
+    if dt not in ENGINE_FLOATS:
         return f"dtype {dt} is not supported by the hot engine (float32, float16, bfloat16)"
     if params[0].device.type == "meta":
         return "parameters on the meta device"

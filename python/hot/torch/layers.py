@@ -33,7 +33,6 @@ from hot._api import _DEFAULT_CONFIG, _is_int
 
 from . import ops
 
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _EXTRA_STATE_VERSION = 2
 
 
@@ -59,7 +58,7 @@ def _check_inputs(kind: str, x: Tensor, weight: Tensor, bias: Optional[Tensor], 
                         f"cast the input, or run under torch.autocast")
     if bias is not None and bias.dtype != weight.dtype:
         raise TypeError(f"hot.torch.{kind}: bias dtype {bias.dtype} differs from weight dtype {weight.dtype}")
-    if weight.dtype not in _FLOAT_DTYPES:
+    if weight.dtype not in ops.ENGINE_FLOATS:
         raise TypeError(f"hot.torch.{kind}: weight dtype {weight.dtype} is not supported by the hot engine, "
                         f"expected float32, float16 or bfloat16")
 
@@ -95,7 +94,7 @@ def _autocast_operands(kind: str, x: Tensor, weight: Tensor, bias: Optional[Tens
 
 def _cast_inside(t: Tensor, dt) -> bool:
     """Whether a layer's autograd.Function casts t to autocast's dtype dt itself (see :func:`_autocast_operands`)."""
-    return t.dtype != dt and t.dtype in _FLOAT_DTYPES
+    return t.dtype != dt and t.dtype in ops.ENGINE_FLOATS
 
 
 def _cast(t: Optional[Tensor], dt) -> Optional[Tensor]:

@@ -31,9 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hot import _api
-from hot.torch.ops import _call, define_op
+from hot.torch.ops import ENGINE_FLOATS, _call, define_op
 
-_MASKED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Traced by torch.compile, the in-place masked ReLU (an autograd.Function that writes its input) got a wrong gradient
 # from torch 2.11 (g_y passed unmasked) when the compiled function returned both its output and its input; right on
 # 2.13, the oldest release checked since. Before 2.13 a compiled in-place ReLU is torch's own (it keeps its output).
@@ -150,7 +149,7 @@ def relu(x: Tensor, inplace: bool = False) -> Tensor:
     plain ReLU where no gradient is recorded (grad mode off, x not requiring grad), for an empty x, for dtypes other
     than float32, float16 and bfloat16, and on devices other than the CPU and CUDA GPUs; in place under torch.compile
     with torch older than 2.13 (see ``_TRACES_INPLACE``)."""
-    if not (torch.is_grad_enabled() and x.requires_grad) or x.dtype not in _MASKED_DTYPES or x.numel() == 0 \
+    if not (torch.is_grad_enabled() and x.requires_grad) or x.dtype not in ENGINE_FLOATS or x.numel() == 0 \
             or x.device.type not in ("cpu", "cuda"):
         return F.relu(x, inplace=inplace)
     if inplace and torch.compiler.is_compiling() and not _TRACES_INPLACE:
@@ -263,7 +262,7 @@ def max_pool2d(x: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_
     s = k if stride is None or (not isinstance(stride, int) and len(stride) == 0) else _pair(stride)
     p, d = _pair(padding), _pair(dilation)
     if not (torch.is_grad_enabled() and x.requires_grad) or k[0] * k[1] > 128 or x.dim() not in (3, 4) \
-            or x.dtype not in _MASKED_DTYPES or x.device.type not in ("cpu", "cuda") or x.numel() == 0 \
+            or x.dtype not in ENGINE_FLOATS or x.device.type not in ("cpu", "cuda") or x.numel() == 0 \
             or min(s) < 1 or min(d) < 1 or p[0] > k[0] // 2 or p[1] > k[1] // 2 \
             or min(_pool_out(x.shape[-2], k[0], s[0], p[0], d[0], ceil_mode),
                    _pool_out(x.shape[-1], k[1], s[1], p[1], d[1], ceil_mode)) < 1:

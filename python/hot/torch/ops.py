@@ -77,6 +77,9 @@ KEEP_NOTHING = 0
 KEEP_COMPRESSED = 1
 KEEP_RAW = 2
 
+#: The float dtypes the engine reads and writes.
+ENGINE_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
 _SEED_HIGH = 2**62
 
 
@@ -165,14 +168,11 @@ def _compress(x: Tensor, cfg) -> Tuple[Tensor, Tensor]:
     return q, scale
 
 
-_ENGINE_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-
-
 def _compress_cast(x: Tensor, dt, cfg) -> Tuple[Tensor, Tensor, Tensor]:
     """(x.to(dt), and the ABC buffer (q, scale) of that cast) by one engine call (compress_activation_cast, which on
     the GPU reads x once for both where its rows allow 16-byte loads): the same bits as ``_compress(x.to(dt), cfg)``.
     An empty or non-contiguous x, or one of a dtype the engine does not read (float64), takes the two steps."""
-    if x.numel() == 0 or not x.is_contiguous() or x.dtype not in _ENGINE_FLOATS:
+    if x.numel() == 0 or not x.is_contiguous() or x.dtype not in ENGINE_FLOATS:
         xc = x.to(dt)
         return (xc, *_compress(xc, cfg))
     xc = torch.empty(x.shape, dtype=dt, device=x.device)
@@ -627,7 +627,7 @@ def _pixel_rows(t: Tensor, stride, patches: bool) -> Tensor:
     if tuple(stride) == (1, 1) and not patches:
         return _nchw_rows(t)
     if tuple(stride) != (1, 1):
-        if _channels_last(t) and t.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        if _channels_last(t) and t.dtype in ENGINE_FLOATS:
             return im2col(t, (1, 1), stride, (0, 0), (1, 1), patches)
         t = t[:, :, ::stride[0], ::stride[1]]
     r = t.permute(0, 2, 3, 1)

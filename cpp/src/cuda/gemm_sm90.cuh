@@ -101,6 +101,20 @@ inline int64_t gemm_tiles(int64_t M, int64_t N) {
   return ((M + tm - 1) / tm) * ((N + tn - 1) / tn);
 }
 
+// Whether the stream-K schedule is forced on a problem of `tiles` output tiles (over `batches` problems) of k_tiles
+// k-tiles each: with at most half a wave of tiles every tile gets the K shares of two or more SMs; with more, where the
+// SMs a data-parallel schedule leaves idle in its last wave hold at least 48 k-tiles' worth of time. Stream-K's
+// fix-up of the shared tiles cost about 30 k-tiles' time on an H100 (ViT-B fc1's g_w GEMM, 72 tiles of 197 k-tiles:
+// 123 -> 86 us; ResNet-50 layer4.conv2's at batch 64, 72 tiles of 25: 25 -> 28 us; benchmarks/NOTES.md). CUTLASS's
+// own heuristic keeps a last wave that is half full or more data-parallel. A batch (the split-K route) sized its
+// slices to one wave already.
+inline bool force_stream_k(int64_t tiles, int64_t k_tiles, int sm_count, int batches) {
+  if (k_tiles < 16) return false;
+  if (2 * tiles <= sm_count) return true;
+  const int64_t slots = (tiles + sm_count - 1) / sm_count * sm_count;  // CTA slots of the data-parallel waves
+  return batches == 1 && (slots - tiles) * k_tiles >= 48 * slots;
+}
+
 // Whether a dequantising GEMM runs the ping-pong configuration: a short contraction over at least two waves of
 // 128 x 256 tiles (fewer take stream-K, which the cooperative kernel's scheduler provides), M past one tile (its 2x1
 // clusters pair M tiles).
@@ -184,14 +198,13 @@ bool run_gemm(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, void* 
   hw.device_id = device;
   hw.sm_count = sm_count(device);
 
-  // Few output tiles (the g_w GEMM: M = O, N = I, K = L/2): force stream-K so that every SM takes a
-  // share of K (the heuristic was seen to leave such problems data-parallel on a handful of SMs). Fewer still
-  // (split_k_slices > 1) take the split-K route before they get here.
+  // Few output tiles for the SMs, with a long K (the g_w GEMM: M = O, N = I, K = L): stream-K, so that every SM takes
+  // a share of K (force_stream_k). Fewer tiles still (split_k_slices > 1) take the split-K route before they get here.
   typename Gemm::GemmKernel::TileSchedulerArguments sched{};
   const int64_t tiles = gemm_tiles(M, N) * batches;
   const int64_t k_tiles = (K + size<2>(TileShape{}) - 1) / size<2>(TileShape{});
   if constexpr (has_decomposition<decltype(sched)>::value) {
-    if (2 * tiles <= hw.sm_count && k_tiles >= 16) {
+    if (force_stream_k(tiles, k_tiles, hw.sm_count, batches)) {
       sched.decomposition_mode = decltype(sched.decomposition_mode)::StreamK;
       // int32 partial sums are exact in any order: no need to serialise the fix-up of the K slices.
       sched.reduction_mode = decltype(sched.reduction_mode)::Nondeterministic;

@@ -487,6 +487,16 @@ TEST_F(Cuda_GemmDequant, ShortKManyTilesBitExactVsCpu) {
       for (bool per_row : {false, true}) expect_bit_exact(dt, M, N, K, per_row, 8, N, seed);
 }
 
+// Output tiles that fill more than half of one wave, with the long K for which gemm_sm90.cuh's force_stream_k picks
+// stream-K on GPUs of 103 to 144 SMs (72 tiles of 128 x 256, 160 k-tiles; M and N tails), whose K shares of one tile
+// are summed in int32 before the one dequantisation; and one of 72 short tiles that stays data-parallel.
+TEST_F(Cuda_GemmDequant, PartWaveBitExactVsCpu) {
+  uint64_t seed = 760;
+  expect_bit_exact(DType::bf16, 1052, 1848, 20480, false, 8, 1848, seed);
+  expect_bit_exact(DType::f32, 1052, 1848, 20480, true, 8, 1848, seed);
+  expect_bit_exact(DType::bf16, 3072, 768, 3136, true, 8, 768, seed);
+}
+
 // The split-K route of the sm90 path (few output tiles, a long K: 48 and 32 equal slices summed by one pass into the
 // dequantised output; K / 16 prime: stream-K; N = 147: the transposed product, 66 slices), against the CPU's one
 // dequantisation of the whole sum. The output's row stride N + 3 is one its TMA store could not take.
@@ -910,7 +920,7 @@ TEST_F(Cuda_Sm90_GemmS8, WgmmaPathSelectedAndExact) {
   EXPECT_NE(info.find("sm90a CUTLASS 3.x wgmma"), std::string::npos) << info;
   // Large, tile-unaligned M and N, stream-K friendly (small M N, long K) and wide shapes.
   for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
-           {25216, 768, 2304}, {2304, 768, 12608}, {333, 4096, 1024}, {129, 130, 16}}) {
+           {25216, 768, 2304}, {2304, 768, 12608}, {3072, 768, 25216}, {333, 4096, 1024}, {129, 130, 16}}) {
     if (M * N * K > (int64_t(1) << 32) && small_run()) continue;
     HostTensor a = rand_int(DType::s8, M, K, -127, 127, M);
     HostTensor b = rand_int(DType::s8, N, K, -127, 127, N);

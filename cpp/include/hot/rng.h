@@ -121,4 +121,20 @@ HOT_HD float sr_uniform(uint64_t seed, uint32_t stream, int64_t R, int64_t C, in
   return sr_pair_uniform(a, b, c);
 }
 
+// The uniforms of consecutive elements of an R x C operand, each Philox call drawn once for the elements it serves
+// (the generic paths; the same values as sr_uniform).
+struct SrWalk {
+  uint64_t seed;
+  uint32_t stream;
+  int64_t R, C;
+  uint64_t row_call = ~uint64_t(0), column_call = ~uint64_t(0);
+  Philox4 a{}, b{};
+  HOT_HD float uniform(int64_t r, int64_t c) {
+    const uint64_t rc = sr_row_call_index(R, r, c), cc = sr_column_call_index(C, r, c);
+    if (rc != row_call) a = sr_call(seed, stream, kSrRowCall, row_call = rc);
+    if (cc != column_call) b = sr_call(seed, stream, kSrColumnCall, column_call = cc);
+    return sr_pair_uniform(a.v[r & 3], b.v[(c >> 1) & 3], c);
+  }
+};
+
 }  // namespace hot

@@ -56,13 +56,8 @@ void quantize_row(const float* v, int64_t n, QuantScale s, int qmax, Rounding ro
     for (int64_t c = 0; c < n; ++c) dst[c * dst_stride] = quantize_nearest(v[c], s, qmax);
     return;
   }
-  uint32_t a = 0;
-  for (int64_t c0 = 0; c0 < n; c0 += kSrGroup) {
-    if (c0 % 256 == 0) a = sr_call(seed, stream, kSrRowCall, sr_row_call_index(R, r, c0)).v[r & 3];
-    const Philox4 b = sr_call(seed, stream, kSrColumnCall, sr_column_call_index(n, r, c0));
-    for (int64_t c = c0; c < std::min(n, c0 + kSrGroup); ++c)
-      dst[c * dst_stride] = quantize_stochastic(v[c], s, qmax, sr_pair_uniform(a, b.v[(c >> 1) & 3], c));
-  }
+  SrWalk walk{seed, stream, R, n};
+  for (int64_t c = 0; c < n; ++c) dst[c * dst_stride] = quantize_stochastic(v[c], s, qmax, walk.uniform(r, c));
 }
 
 // Dense (L rounded up to 16) HLA projection of a float view into out (hla_rows x cols), fp32.

@@ -125,15 +125,16 @@ __global__ void amax_flat_kernel(const T* __restrict__ in, int64_t n, unsigned* 
   if (threadIdx.x == 0) atomicMax(key, m);
 }
 
+// The flat kernel: the operand's rows (cols elements each) are one contiguous array of n elements.
 template <typename T>
-__global__ void quantize_flat_kernel(const T* __restrict__ in, int8_t* __restrict__ q, int64_t n, const float* inv,
-                                     const float* pre, int qmax, bool stochastic, uint64_t seed, uint32_t rng) {
+__global__ void quantize_flat_kernel(const T* __restrict__ in, int8_t* __restrict__ q, int64_t n, int64_t cols,
+                                     const float* inv, const float* pre, int qmax, bool stochastic, uint64_t seed,
+                                     uint32_t rng) {
   const QuantScale qs{inv[0], 0.0f, pre[0]};
   const int64_t ngroups = (n + kSrGroup - 1) / kSrGroup;
+  SrWalk walk{seed, rng, n / cols, cols};
   for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < ngroups;
        g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    Philox4 bits{};
-    if (stochastic) bits = sr_group_bits(seed, rng, static_cast<uint64_t>(g));
     const int64_t e0 = g * kSrGroup;
     if (e0 + kSrGroup <= n) {
       float v[8];
@@ -141,15 +142,16 @@ __global__ void quantize_flat_kernel(const T* __restrict__ in, int8_t* __restric
       uint32_t w[2] = {0u, 0u};
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const float u = stochastic ? sr_group_uniform(bits, static_cast<unsigned>(j)) : 0.0f;
-        const int8_t c = stochastic ? quantize_stochastic(v[j], qs, qmax, u) : quantize_nearest(v[j], qs, qmax);
+        const int64_t e = e0 + j;
+        const int8_t c = stochastic ? quantize_stochastic(v[j], qs, qmax, walk.uniform(e / cols, e % cols))
+                                    : quantize_nearest(v[j], qs, qmax);
         w[j >> 2] |= static_cast<uint32_t>(static_cast<uint8_t>(c)) << (8 * (j & 3));
       }
       *reinterpret_cast<uint2*>(q + e0) = make_uint2(w[0], w[1]);
     } else {
       for (int64_t e = e0; e < n; ++e) {
         const float v = load_f(in + e);
-        q[e] = stochastic ? quantize_stochastic(v, qs, qmax, sr_group_uniform(bits, static_cast<unsigned>(e - e0)))
+        q[e] = stochastic ? quantize_stochastic(v, qs, qmax, walk.uniform(e / cols, e % cols))
                           : quantize_nearest(v, qs, qmax);
       }
     }
@@ -170,16 +172,15 @@ __global__ void finalize_scales_kernel(const unsigned* keys, int64_t n, int qmax
   store_scales_from_keys(keys, n, qmax, scale, inv, pre);
 }
 
-// One thread per group of 8 logical elements (one Philox call per group, 16-bit uniforms: rng.h).
+// One thread per group of 8 logical elements (row-major); stochastic rounding's uniforms by SrWalk (rng.h).
 template <typename T>
 __global__ void quantize_kernel(Mat<const T> in, Mat<int8_t> q, const float* inv, const float* pre, bool per_row, int qmax,
                                 bool stochastic, uint64_t seed, uint32_t rng) {
   const int64_t n = in.rows * in.cols;
   const int64_t ngroups = (n + kSrGroup - 1) / kSrGroup;
+  SrWalk walk{seed, rng, in.rows, in.cols};
   for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < ngroups;
        g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    Philox4 bits{};
-    if (stochastic) bits = sr_group_bits(seed, rng, static_cast<uint64_t>(g));
 #pragma unroll
     for (int j = 0; j < kSrGroup; ++j) {
       const int64_t e = g * kSrGroup + j;
@@ -187,7 +188,7 @@ __global__ void quantize_kernel(Mat<const T> in, Mat<int8_t> q, const float* inv
       const int64_t r = e / in.cols, c = e % in.cols;
       const float v = load_f(in.p + r * in.ld + c);
       const QuantScale qs{inv[per_row ? r : 0], 0.0f, pre[per_row ? r : 0]};
-      q.p[r * q.ld + c] = stochastic ? quantize_stochastic(v, qs, qmax, sr_group_uniform(bits, static_cast<unsigned>(j)))
+      q.p[r * q.ld + c] = stochastic ? quantize_stochastic(v, qs, qmax, walk.uniform(r, c))
                                      : quantize_nearest(v, qs, qmax);
     }
   }
@@ -561,7 +562,8 @@ void quantize_launch(const TensorView& in, const TensorView& q, const TensorView
          ns, qmax, static_cast<float*>(scale.data), inv, pre);
   if (flat)
     launch(quantize_flat_kernel<T>, dim3(grid_1d(ceil_div(n, kSrGroup), kBasicThreads)), kBasicThreads, 0,
-           static_cast<const T*>(mi.p), mq.p, n, static_cast<const float*>(inv), static_cast<const float*>(pre), qmax,
+           static_cast<const T*>(mi.p), mq.p, n, std::max<int64_t>(mi.cols, 1), static_cast<const float*>(inv),
+           static_cast<const float*>(pre), qmax,
            p.rounding == Rounding::stochastic, p.seed, p.rng_stream);
   else
     launch(quantize_kernel<T>, dim3(grid_1d(ceil_div(n, kSrGroup), kBasicThreads)), kBasicThreads, 0, mi, mq,

@@ -112,7 +112,9 @@ HOT_HD uint64_t sr_column_call_index(int64_t C, int64_t r, int64_t c) {
 HOT_HD float sr_half_to_uniform(uint32_t h) { return static_cast<float>(h & 0xffffu) * (1.0f / 65536.0f); }
 
 // u of column c from its row word a and column word b.
-HOT_HD float sr_pair_uniform(uint32_t a, uint32_t b, int64_t c) { return sr_half_to_uniform((a + b) >> (16 * (c & 1))); }
+HOT_HD float sr_pair_uniform(uint32_t a, uint32_t b, int64_t c) {
+  return sr_half_to_uniform((a + b) >> (16 * (c & 1)));
+}
 
 // u in [0, 1) of element (r, c) of an R x C operand of RNG stream `stream` under `seed`.
 HOT_HD float sr_uniform(uint64_t seed, uint32_t stream, int64_t R, int64_t C, int64_t r, int64_t c) {

@@ -315,13 +315,15 @@ __device__ __forceinline__ void gx_unit_quant_store(const QgoParams& p, const Ke
 // one per thread.
 constexpr int kGxRowWords = 4 * kTileRows;
 constexpr int kGxWordBytes = (kGxRowWords + kTileCols / 2) * 4;
-__device__ __forceinline__ void gx_fill_words(const QgoParams& p, uint64_t seed, int64_t t, int64_t c0, uint32_t* words) {
+__device__ __forceinline__ void gx_fill_words(const QgoParams& p, uint64_t seed, int64_t t, int64_t c0,
+                                              uint32_t* words) {
   const int tid = threadIdx.x;
   Philox4 w{};
   int at = -1;
   if (tid < 16 * p.pack) {  // the row call of rows 4m .. 4m + 3 of packed row tile q
     const int q = tid >> 4, m = tid & 15;
-    w = sr_call(seed, rng_stream::gx_grad, kSrRowCall, sr_row_call_index(p.L, (t * p.pack + q) * kTileRows + 4 * m, c0));
+    const int64_t r = (t * p.pack + q) * kTileRows + 4 * m;
+    w = sr_call(seed, rng_stream::gx_grad, kSrRowCall, sr_row_call_index(p.L, r, c0));
     at = q * kTileRows + 4 * m;
   } else if (tid >= 64 && tid < 64 + kTileCols / 8) {  // the column call of local columns 8m .. 8m + 7
     const int lc = 8 * (tid - 64);
@@ -422,11 +424,11 @@ __device__ __forceinline__ uint32_t insert_code(uint32_t word, uint32_t code, in
 }
 
 // G^, pass 2, stochastic with p.sr8: the codes of the kept rows k < rank into packed[v][k / 4]. The G^ operand has
-// nb * rank rows (row R = jglob * rank + k) and O columns; the thread's columns cg, cg + 1 (cg even) take the two halves
-// of a + b (rng.h), a the row word of R, b the column word of the pair. A warp's 32 lanes hold one row block (jglob is
-// warp-uniform: a warp spans 64 columns of one segment), so its rows' words come from at most 5 row calls, drawn by
-// lanes 0-4 and passed by shuffles; every lane reaches them (the conditions around them are warp-uniform: the scale,
-// the rank), and a lane past L or O (keep false) only leaves its codes zero.
+// nb * rank rows (row R = jglob * rank + k) and O columns; the thread's columns cg, cg + 1 (cg even) take the two
+// halves of a + b (rng.h), a the row word of R, b the column word of the pair. A warp's 32 lanes hold one row block
+// (jglob is warp-uniform: a warp spans 64 columns of one segment), so its rows' words come from at most 5 row calls,
+// drawn by lanes 0-4 and passed by shuffles; every lane reaches them (the conditions around them are warp-uniform: the
+// scale, the rank), and a lane past L or O (keep false) only leaves its codes zero.
 template <class Key>
 __device__ __forceinline__ void gw_quant_sr8(const QgoParams& p, const Key& key, const float (&hx)[16][2], int rank,
                                              int64_t jglob, int64_t nb, int64_t cg, int nvalid,

@@ -6,8 +6,9 @@
 // - every thread of a block is a std::thread; the blocks of a grid run one after another, in a shuffled order, so
 //   function-local __shared__ arrays (made `static` here) and the dynamic shared memory (HOT_DYNAMIC_SMEM) are per
 //   block;
-// - __syncthreads() is a barrier of the block's threads, __shfl_xor_sync, __shfl_sync and __ballot_sync barrier-separated
-//   exchanges among the 32 lanes of a warp (every lane of the warp must call it, as on the GPU with a full mask);
+// - __syncthreads() is a barrier of the block's threads, __shfl_xor_sync, __shfl_sync and __ballot_sync
+//   barrier-separated exchanges among the 32 lanes of a warp (every lane of the warp must call it, as on the GPU with
+//   a full mask);
 // - threadIdx / blockIdx / blockDim / gridDim are thread-local;
 // - the float intrinsics the kernels use are single IEEE fp32 operations (the build disables FMA
 //   contraction), atomicMax is an atomic compare-and-swap loop, and __ldg of a vector checks its alignment;

@@ -423,37 +423,51 @@ __device__ __forceinline__ uint32_t insert_code(uint32_t word, uint32_t code, in
   return __byte_perm(word, code, i == 0 ? 0x3214 : i == 1 ? 0x3240 : i == 2 ? 0x3410 : 0x4210);
 }
 
-// G^, pass 2, stochastic with p.sr8: the codes of the kept rows k < rank into packed[v][k / 4]. The G^ operand has
-// nb * rank rows (row R = jglob * rank + k) and O columns; the thread's columns cg, cg + 1 (cg even) take the two
-// halves of a + b (rng.h), a the row word of R, b the column word of the pair. A warp's 32 lanes hold one row block
-// (jglob is warp-uniform: a warp spans 64 columns of one segment), so its rows' words come from at most 5 row calls,
-// drawn by lanes 0-4 and passed by shuffles; every lane reaches them (the conditions around them are warp-uniform: the
-// scale, the rank), and a lane past L or O (keep false) only leaves its codes zero.
+// G^'s stochastic-rounding words of one unit (p.sr8, pass 2). The G^ operand has nb * rank rows (row R = jglob * rank +
+// k) and O columns; the unit's columns cg, cg + 1 (cg even) take the two halves of a + b (rng.h), a the row word of R,
+// b the column word of the pair. A warp's 32 lanes hold one row block (jglob is warp-uniform: a warp spans 64 columns
+// of one segment), so its rows' words come from at most 5 row calls: lane l draws call l / 4 and keeps its word l % 4
+// (`mine`, one register a lane); row R's word is then one shuffle from lane 4 * (call of R) + R % 4. The rows of a
+// block meet a second 64-row block of column words (b1) only for a rank that does not divide 64 (a constant test for the
+// compiled-in ranks). Drawn before the transform, so that the Philox rounds do not share registers with its 32 values.
+struct GwWords {
+  uint32_t mine, b0, b1;
+};
 template <class Key>
-__device__ __forceinline__ void gw_quant_sr8(const QgoParams& p, const Key& key, const float (&hx)[16][2], int rank,
-                                             int64_t jglob, int64_t nb, int64_t cg, int nvalid,
-                                             uint32_t (&packed)[2][4]) {
-  const float inv = p.inv_gw[0], pre = p.pre_gw[0];
-  if (inv == 0.0f) return;  // warp-uniform: all codes 0, packed stays zero
-  const bool keep = nvalid > 0 && jglob < nb;
+__device__ __forceinline__ GwWords gw_sr_words(const QgoParams& p, const Key& key, int rank, int64_t jglob, int64_t nb,
+                                               int64_t cg) {
   const uint64_t seed = key.seed(p);
   const int64_t rows = nb * rank, R0 = jglob * rank;  // G^'s rows; the block's first row (warp-uniform)
   const int lane = threadIdx.x & 31;
-  const Philox4 w = sr_call(seed, rng_stream::gw_grad, kSrRowCall, sr_row_call_index(rows, R0, cg) + (lane & 7));
-  const uint32_t b0 = philox_word(sr_call(seed, rng_stream::gw_grad, kSrColumnCall, sr_column_call_index(p.O, R0, cg)),
-                                  static_cast<int>((cg >> 1) & 3));
-  uint32_t b1 = b0;  // the column word of the next 64-row block, where the block's rows reach it
-  if ((R0 & 63) + rank > 64)
-    b1 = philox_word(sr_call(seed, rng_stream::gw_grad, kSrColumnCall, sr_column_call_index(p.O, R0 + rank - 1, cg)),
+  GwWords w;
+  w.mine = philox_word(
+      sr_call(seed, rng_stream::gw_grad, kSrRowCall, sr_row_call_index(rows, R0, cg) + (lane >> 2)), lane & 3);
+  w.b0 = philox_word(sr_call(seed, rng_stream::gw_grad, kSrColumnCall, sr_column_call_index(p.O, R0, cg)),
                      static_cast<int>((cg >> 1) & 3));
+  w.b1 = w.b0;
+  if (64 % rank != 0 && (R0 & 63) + rank > 64)
+    w.b1 = philox_word(sr_call(seed, rng_stream::gw_grad, kSrColumnCall, sr_column_call_index(p.O, R0 + rank - 1, cg)),
+                       static_cast<int>((cg >> 1) & 3));
+  return w;
+}
+
+// G^, pass 2, stochastic with p.sr8: the codes of the kept rows k < rank into packed[v][k / 4], from the unit's words
+// (gw_sr_words). Every lane reaches the shuffles (the conditions around them are warp-uniform: the scale, the rank); a
+// lane past L or O (keep false) only leaves its codes zero.
+__device__ __forceinline__ void gw_quant_sr8(const QgoParams& p, const GwWords& w, const float (&hx)[16][2], int rank,
+                                             int64_t jglob, int64_t nb, int nvalid, uint32_t (&packed)[2][4]) {
+  const float inv = p.inv_gw[0], pre = p.pre_gw[0];
+  if (inv == 0.0f) return;  // warp-uniform: all codes 0, packed stays zero
+  const bool keep = nvalid > 0 && jglob < nb;
+  const int64_t R0 = jglob * rank;
 #pragma unroll
   for (int k = 0; k < 16; ++k) {
     if (k < rank) {
       const int64_t R = R0 + k;
-      const int j = static_cast<int>(R & 3), src = static_cast<int>((R >> 2) - (R0 >> 2));  // warp-uniform
-      const uint32_t a = __shfl_sync(0xffffffffu, philox_word(w, j), src);
+      const int src = 4 * static_cast<int>((R >> 2) - (R0 >> 2)) + static_cast<int>(R & 3);  // warp-uniform
+      const uint32_t a = __shfl_sync(0xffffffffu, w.mine, src);
       if (keep) {
-        const uint32_t sum = a + (((R >> 6) == (R0 >> 6)) ? b0 : b1);
+        const uint32_t sum = a + (((R >> 6) == (R0 >> 6)) ? w.b0 : w.b1);
         const int ka = hla_order(k);
         packed[0][k >> 2] =
             insert_code(packed[0][k >> 2], q_stochastic_bits(hx[ka][0], inv, pre, 127.0f, u16_lo(sum)), k & 3);
@@ -489,21 +503,36 @@ __device__ __forceinline__ void gw_amax_or_quant(const QgoParams& p, const Key& 
     }
     return;
   }
+  if (PASS == 1) {
 #pragma unroll
-  for (int k = 0; k < 16; ++k) {
-    if (k < rank) {
-      const float h[2] = {hx[hla_order(k)][0], hx[hla_order(k)][1]};
-      if (PASS == 1) {
-        amax_gw = max(amax_gw, max(amax_key(h[0]), amax_key(h[1])));
-      } else if (nvalid > 0 && jglob < nb) {
-        int8_t c[2] = {0, 0};
-        quant_slow(h, nvalid, p.inv_gw[0], p.pre_gw[0], 127, p.stochastic, key.seed(p), rng_stream::gw_grad,
-                   SrSpot{nb * rank, p.O, jglob * rank + k, cg}, c);
+    for (int k = 0; k < 16; ++k)
+      if (k < rank) amax_gw = max(amax_gw, max(amax_key(hx[hla_order(k)][0]), amax_key(hx[hla_order(k)][1])));
+    return;
+  }
+  if (nvalid == 0 || jglob >= nb) return;
+  // The generic per-element path, inline and not unrolled: rows in a run-time loop over a copy of the codes' inputs
+  // (local memory on this rare path only). No call: a call inside the row loop made every path save hx around it.
+  const QuantScale qs{p.inv_gw[0], 0.0f, p.pre_gw[0]};
+  const uint64_t seed = p.stochastic ? key.seed(p) : 0;
+  const int64_t rows = nb * rank, R0 = jglob * rank;
+  float h[16][2];
+  uint32_t out[2][4] = {{0u, 0u, 0u, 0u}, {0u, 0u, 0u, 0u}};
 #pragma unroll
-        for (int v = 0; v < 2; ++v) packed[v][k >> 2] = insert_code(packed[v][k >> 2], static_cast<uint8_t>(c[v]), k & 3);
-      }
+  for (int k = 0; k < 16; ++k) h[k][0] = hx[hla_order(k)][0], h[k][1] = hx[hla_order(k)][1];
+#pragma unroll 1
+  for (int k = 0; k < rank; ++k) {
+#pragma unroll 1
+    for (int v = 0; v < nvalid; ++v) {
+      const int8_t q = p.stochastic ? quantize_stochastic(h[k][v], qs, 127,
+                                                          sr_uniform(seed, rng_stream::gw_grad, rows, p.O, R0 + k, cg + v))
+                                    : quantize_nearest(h[k][v], qs, 127);
+      out[v][k >> 2] |= static_cast<uint32_t>(static_cast<uint8_t>(q)) << (8 * (k & 3));
     }
   }
+#pragma unroll
+  for (int v = 0; v < 2; ++v)
+#pragma unroll
+    for (int g = 0; g < 4; ++g) packed[v][g] = out[v][g];
 }
 
 // The g_w projection of one G^ unit (row block jb, columns c2, c2 + 1): its amax (pass 1) or the codes of the kept
@@ -516,13 +545,16 @@ __device__ __forceinline__ void gw_projection(const QgoParams& p, const Key& key
   const int64_t nb = (p.L + 15) / 16;
   const TileSpot at = tile_spot(p, rt, c0, c2);  // the 2 columns (and the quad's 8) share a segment
   const int64_t jglob = at.rt * kRowBlocks + jb;
+  const int64_t cg = at.c;
+  const bool sr8 = PASS == 2 && p.sr8;
+  GwWords words{};
+  if (sr8) words = gw_sr_words(p, key, rank, jglob, nb, cg);
   float hx[16][2];
   gw_load_transform(tile, jb, c2, hx);
   block_sum[0] = hx[0][0], block_sum[1] = hx[0][1];
-  const int64_t cg = at.c;
   const int nvalid = static_cast<int>(std::min<int64_t>(2, std::max<int64_t>(0, p.O - cg)));
-  if (PASS == 2 && p.sr8) {
-    gw_quant_sr8(p, key, hx, rank, jglob, nb, cg, nvalid, packed);
+  if (sr8) {
+    gw_quant_sr8(p, words, hx, rank, jglob, nb, nvalid, packed);
   } else {
     gw_amax_or_quant<PASS>(p, key, hx, rank, jglob, nb, cg, nvalid, amax_gw, packed);
   }

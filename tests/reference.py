@@ -67,14 +67,12 @@ _W0, _W1 = 0x9E3779B9, 0xBB67AE85
 _MASK = np.uint64(0xFFFFFFFF)
 
 
-def philox_uniform(seed: int, stream: int, index: np.ndarray) -> np.ndarray:
-    """u in [0, 1) (float32) for element indices `index` of RNG stream `stream` under `seed`."""
-    index = np.asarray(index, dtype=np.uint64)
-    group = index >> np.uint64(3)  # one Philox call per 8 elements, 16-bit uniforms (rng.h)
-    c0 = group & _MASK
-    c1 = group >> np.uint64(32)
+def _philox(seed: int, stream: int, kind: int, call: np.ndarray) -> np.ndarray:
+    """The 4 words (4, n) of Philox4x32-7 at counter (call, stream, kind) under key seed (rng.h)."""
+    c0 = call & _MASK
+    c1 = call >> np.uint64(32)
     c2 = np.full_like(c0, stream)
-    c3 = np.zeros_like(c0)
+    c3 = np.full_like(c0, kind)
     k0, k1 = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
     for _ in range(7):  # hot::kPhiloxRounds
         p0 = _M0 * c0
@@ -86,10 +84,25 @@ def philox_uniform(seed: int, stream: int, index: np.ndarray) -> np.ndarray:
         c0, c1, c2, c3 = n0, lo1, n2, lo0
         k0 = (k0 + _W0) & 0xFFFFFFFF
         k1 = (k1 + _W1) & 0xFFFFFFFF
-    words = np.stack([c0, c1, c2, c3])
-    w = np.take_along_axis(words, ((index >> np.uint64(1)) & np.uint64(3)).astype(np.int64)[None], axis=0)[0]
-    half = (w >> (np.uint64(16) * (index & np.uint64(1)))) & np.uint64(0xFFFF)
-    return (half.astype(np.float32) * np.float32(1.0 / 65536.0)).astype(np.float32)
+    return np.stack([c0, c1, c2, c3])
+
+
+def philox_uniform(seed: int, stream: int, R: int, C: int) -> np.ndarray:
+    """u in [0, 1) (float32, R x C) of the elements of an R x C operand of RNG stream `stream` under `seed`: the low
+    (even column) or high (odd column) half of its row word plus its column word (rng.h)."""
+    r = np.arange(R, dtype=np.uint64)[:, None]
+    c = np.arange(C, dtype=np.uint64)[None, :]
+    row_call = (c >> np.uint64(8)) * np.uint64((R + 3) // 4) + (r >> np.uint64(2))
+    col_call = (r >> np.uint64(6)) * np.uint64((C + 7) // 8) + (c >> np.uint64(3))
+    row_call, col_call = np.broadcast_arrays(row_call, col_call)
+    a = _philox(seed, stream, 1, row_call.ravel())
+    b = _philox(seed, stream, 2, col_call.ravel())
+    rr, cc = np.broadcast_arrays(r, c)
+    a = np.take_along_axis(a, (rr.ravel() & np.uint64(3)).astype(np.int64)[None], axis=0)[0]
+    b = np.take_along_axis(b, ((cc.ravel() >> np.uint64(1)) & np.uint64(3)).astype(np.int64)[None], axis=0)[0]
+    w = (a + b) & _MASK
+    half = (w >> (np.uint64(16) * (cc.ravel() & np.uint64(1)))) & np.uint64(0xFFFF)
+    return (half.astype(np.float32) * np.float32(1.0 / 65536.0)).reshape(R, C)
 
 
 # ---- quantiser (SPEC §5) --------------------------------------------------------------------------
@@ -113,7 +126,7 @@ def quantize(v, bits=8, per_row=False, rounding="nearest", seed=0, stream=0):
         if rounding == "nearest":
             r = np.rint(prod)
         else:
-            u = philox_uniform(seed, stream, np.arange(R * C, dtype=np.uint64)).reshape(R, C)
+            u = philox_uniform(seed, stream, R, C)
             r = np.floor((prod + u).astype(np.float32))
         r = np.clip(r, -qmax, qmax)
         zero = (inv_b == 0) if per_row else (inv[0] == 0)

@@ -40,29 +40,27 @@ TEST(Cpu_Rng, Philox4x32KnownAnswers) {
   }
 }
 
-TEST(Cpu_Rng, UniformFollowsDocumentedCounterLayout) {
+TEST(Cpu_Rng, UniformFollowsDocumentedLayout) {
   const uint64_t seeds[] = {0ull, 1ull, 0x123456789abcdef0ull, ~0ull};
-  const uint64_t idx[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 1000003, (1ull << 35) - 1, (1ull << 35), (1ull << 35) + 6,
-                          0xfedcba9876543ull};
+  // (R, C) and the elements looked at: the corners, the 4-row, 8-column, 64-row and 256-column boundaries.
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1}, {3, 5}, {64, 256}, {130, 515}, {1 << 20, 3000},
+                                                {int64_t(1) << 33, 8}};
   for (uint64_t s : seeds)
     for (uint32_t st : {0u, 1u, 7u})
-      for (uint64_t e : idx) {
-        const float u = hot::sr_uniform(s, st, e);
-        EXPECT_EQ(f32_bits(u), f32_bits(ref_uniform(s, st, e))) << "seed " << s << " stream " << st << " index " << e;
-        EXPECT_GE(u, 0.0f);
-        EXPECT_LT(u, 1.0f);
-        const hot::Philox4 g = hot::sr_group_bits(s, st, e >> 3);
-        EXPECT_EQ(f32_bits(u), f32_bits(hot::sr_group_uniform(g, static_cast<unsigned>(e & 7))));
-        // Spelled out: word (e >> 1) & 3, low half for even e, high half for odd e.
-        const uint32_t w = g.v[(e >> 1) & 3];
-        EXPECT_EQ(u, static_cast<float>((e & 1) ? (w >> 16) : (w & 0xffffu)) / 65536.0f);
-      }
-  // Eight consecutive elements share one Philox call: their uniforms are the 8 halves of its 4 words.
-  const hot::Philox4 g = hot::sr_group_bits(99, 1, 5);
-  for (unsigned j = 0; j < 8; ++j) {
-    const uint32_t h = (g.v[j / 2] >> (16 * (j % 2))) & 0xffffu;
-    EXPECT_EQ(hot::sr_uniform(99, 1, 40 + j), static_cast<float>(h) * std::ldexp(1.0f, -16)) << "element " << j;
-  }
+      for (auto [R, C] : shapes)
+        for (int64_t r : {int64_t(0), int64_t(1), int64_t(3), int64_t(4), int64_t(63), int64_t(64), R - 1})
+          for (int64_t c : {int64_t(0), int64_t(1), int64_t(7), int64_t(8), int64_t(255), int64_t(256), C - 1}) {
+            if (r >= R || c >= C) continue;
+            const float u = hot::sr_uniform(s, st, R, C, r, c);
+            EXPECT_EQ(f32_bits(u), f32_bits(ref_uniform(s, st, R, C, r, c)))
+                << "seed " << s << " stream " << st << " R " << R << " C " << C << " r " << r << " c " << c;
+            EXPECT_GE(u, 0.0f);
+            EXPECT_LT(u, 1.0f);
+          }
+  // Spelled out for one element: the row word of r, the column word of c, the low half for even c.
+  const uint32_t a = hot::philox4x32<7>(1 * 3 + 1, 0, 1, 1, 99, 0).v[5 % 4];  // (R + 3) / 4 = 3 row calls a block
+  const uint32_t b = hot::philox4x32<7>(0 * 38 + 37, 0, 1, 2, 99, 0).v[(300 / 2) % 4];  // 38 column calls a block
+  EXPECT_EQ(hot::sr_uniform(99, 1, 10, 300, 5, 300), static_cast<float>((a + b) & 0xffffu) * std::ldexp(1.0f, -16));
 }
 
 TEST(Cpu_Rng, UniformExtremesAreInRange) {
@@ -71,21 +69,24 @@ TEST(Cpu_Rng, UniformExtremesAreInRange) {
   EXPECT_EQ(hot::sr_half_to_uniform(0xffffu), 1.0f - std::ldexp(1.0f, -16));
   EXPECT_EQ(hot::sr_half_to_uniform(0x8000u), 0.5f);
   EXPECT_EQ(hot::sr_half_to_uniform(0xffff8000u), 0.5f);  // only the low 16 bits count
-  const hot::Philox4 ones{{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}};
-  for (unsigned j = 0; j < 8; ++j) EXPECT_EQ(hot::sr_group_uniform(ones, j), 1.0f - std::ldexp(1.0f, -16));
+  for (int64_t c : {0, 1}) {
+    EXPECT_EQ(hot::sr_pair_uniform(0xffffffffu, 0u, c), 1.0f - std::ldexp(1.0f, -16));
+    EXPECT_EQ(hot::sr_pair_uniform(0x80008000u, 0x80008000u, c), c ? std::ldexp(1.0f, -16) : 0.0f);  // wraps; carry
+  }
 }
 
 TEST(Cpu_Rng, UniformMomentsAndBuckets) {
-  // n uniforms: mean 1/2 (sd 1/sqrt(12 n)), variance 1/12, 16 buckets each n/16 (chi-square, 15 dof).
-  const int n = 1 << 18;
+  // n uniforms of one operand: mean 1/2 (sd 1/sqrt(12 n)), variance 1/12, 16 buckets each n/16 (chi-square, 15 dof).
+  const int64_t R = 512, C = 512, n = R * C;
   double s = 0, s2 = 0;
   std::vector<int> buckets(16, 0);
-  for (int i = 0; i < n; ++i) {
-    const double u = hot::sr_uniform(42, 0, static_cast<uint64_t>(i));
-    s += u;
-    s2 += u * u;
-    buckets[static_cast<int>(u * 16)]++;
-  }
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) {
+      const double u = hot::sr_uniform(42, 0, R, C, r, c);
+      s += u;
+      s2 += u * u;
+      buckets[static_cast<int>(u * 16)]++;
+    }
   const double mean = s / n, var = s2 / n - mean * mean;
   EXPECT_NEAR(mean, 0.5, 6.0 / std::sqrt(12.0 * n));
   EXPECT_NEAR(var, 1.0 / 12.0, 6.0 * std::sqrt(1.0 / 180.0 / n));  // sd of sample var of U(0,1)
@@ -94,31 +95,73 @@ TEST(Cpu_Rng, UniformMomentsAndBuckets) {
   EXPECT_LT(chi2, 60.0);  // P(chi2_15 > 60) ~ 1e-7
 }
 
-TEST(Cpu_Rng, StreamsSeedsAndIndicesDecorrelate) {
-  // The Philox words behind the uniforms (32 bits each): 3 seeds x 2 streams x 128 groups x 4 words.
+// Pairwise independence (rng.h): over many seeds, the uniforms of two elements that share a row word, a column word,
+// one 32-bit sum (c, c ^ 1 of one row), or the column word from opposite halves, fall into the 8 x 8 cells of
+// [0, 1)^2 alike (chi-square, 63 dof) and are uncorrelated. The same statistic on one element against itself must
+// fail: the test can tell dependence.
+TEST(Cpu_Rng, UniformsOfTwoElementsAreIndependent) {
+  const int64_t R = 200, C = 600;
+  struct Pair {
+    int64_t r0, c0, r1, c1;
+    bool independent;
+  };
+  const Pair pairs[] = {
+      {5, 10, 5, 200, true},    // one row word, two column words
+      {5, 10, 40, 10, true},    // one column word, two row words
+      {5, 10, 5, 11, true},     // the two halves of one sum
+      {5, 10, 40, 11, true},    // one column word, opposite halves, two row words
+      {5, 10, 70, 10, true},    // nothing shared: other 64-row block
+      {5, 300, 5, 301, true},   // the two halves, second 256-column block
+      {5, 10, 5, 10, false},    // the element itself
+  };
+  const int n = 1 << 14;
+  for (const Pair& q : pairs) {
+    std::vector<int> cells(64, 0);
+    double sx = 0, sy = 0, sxy = 0, sxx = 0, syy = 0;
+    for (int i = 0; i < n; ++i) {
+      const uint64_t seed = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1);
+      const double x = hot::sr_uniform(seed, 1, R, C, q.r0, q.c0), y = hot::sr_uniform(seed, 1, R, C, q.r1, q.c1);
+      cells[static_cast<int>(x * 8) * 8 + static_cast<int>(y * 8)]++;
+      sx += x, sy += y, sxy += x * y, sxx += x * x, syy += y * y;
+    }
+    double chi2 = 0;
+    for (int k : cells) chi2 += (k - n / 64.0) * (k - n / 64.0) / (n / 64.0);
+    const double cov = sxy / n - (sx / n) * (sy / n);
+    const double rho = cov / std::sqrt((sxx / n - (sx / n) * (sx / n)) * (syy / n - (sy / n) * (sy / n)));
+    SCOPED_TRACE(testing::Message() << "(" << q.r0 << ", " << q.c0 << ") and (" << q.r1 << ", " << q.c1 << ")");
+    if (q.independent) {
+      EXPECT_LT(chi2, 130.0);  // chi2_63: mean 63, sd 11.2; P(> 130) ~ 1e-7
+      EXPECT_LT(std::fabs(rho), 6.0 / std::sqrt(static_cast<double>(n)));
+    } else {
+      EXPECT_GT(chi2, 1000.0);
+    }
+  }
+}
+
+TEST(Cpu_Rng, StreamsSeedsAndCallsDecorrelate) {
+  // The Philox words behind the uniforms (32 bits each): 3 seeds x 2 streams x 2 kinds x 64 calls x 4 words.
   std::set<uint32_t> seen;
   int collisions = 0;
   for (uint64_t seed : {1ull, 2ull, (1ull << 32) + 1})
     for (uint32_t st : {0u, 1u})
-      for (uint64_t g = 0; g < 128; ++g) {
-        const hot::Philox4 r = hot::sr_group_bits(seed, st, g);
-        for (uint32_t w : r.v)
-          if (!seen.insert(w).second) ++collisions;
-      }
+      for (uint32_t kind : {hot::kSrRowCall, hot::kSrColumnCall})
+        for (uint64_t g = 0; g < 64; ++g) {
+          const hot::Philox4 r = hot::sr_call(seed, st, kind, g);
+          for (uint32_t w : r.v)
+            if (!seen.insert(w).second) ++collisions;
+        }
   // 3072 draws out of 2^32 values: expected collisions ~0.001.
   EXPECT_LE(collisions, 1);
-  // 16-bit uniforms: 3072 draws out of 2^16 values collide ~n^2 / 2^17 = 72 times (sd ~8.5).
-  std::set<uint32_t> seen16;
-  int coll16 = 0;
-  for (uint64_t e = 0; e < 3072; ++e)
-    if (!seen16.insert(f32_bits(hot::sr_uniform(3, 0, e))).second) ++coll16;
-  EXPECT_GT(coll16, 72 - 45);
-  EXPECT_LT(coll16, 72 + 45);
-  // The high word of the seed matters, the stream matters, the high part of the index matters.
-  EXPECT_NE(hot::sr_group_bits(1, 0, 5).v[0], hot::sr_group_bits(1 + (1ull << 32), 0, 5).v[0]);
-  EXPECT_NE(hot::sr_group_bits(1, 0, 5).v[0], hot::sr_group_bits(1, 1, 5).v[0]);
-  EXPECT_NE(hot::sr_group_bits(1, 0, 5).v[0], hot::sr_group_bits(1, 0, 5 + (1ull << 32)).v[0]);
-  EXPECT_NE(hot::sr_uniform(1, 0, 5), hot::sr_uniform(1, 0, 5 + (1ull << 35)));
+  // The high word of the seed, the stream, the kind and the high part of the call index matter.
+  EXPECT_NE(hot::sr_call(1, 0, 1, 5).v[0], hot::sr_call(1 + (1ull << 32), 0, 1, 5).v[0]);
+  EXPECT_NE(hot::sr_call(1, 0, 1, 5).v[0], hot::sr_call(1, 1, 1, 5).v[0]);
+  EXPECT_NE(hot::sr_call(1, 0, 1, 5).v[0], hot::sr_call(1, 0, 2, 5).v[0]);
+  EXPECT_NE(hot::sr_call(1, 0, 1, 5).v[0], hot::sr_call(1, 0, 1, 5 + (1ull << 32)).v[0]);
+  // Rows past 2^34 and columns past 2^35 still reach distinct calls.
+  EXPECT_NE(hot::sr_row_call_index(int64_t(1) << 36, int64_t(1) << 34, 0),
+            hot::sr_row_call_index(int64_t(1) << 36, 0, 0));
+  EXPECT_NE(hot::sr_column_call_index(int64_t(1) << 36, 0, int64_t(1) << 35),
+            hot::sr_column_call_index(int64_t(1) << 36, 0, 0));
 }
 
 }  // namespace

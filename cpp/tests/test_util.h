@@ -453,13 +453,20 @@ struct RefQuant {
   std::vector<float> inv;     // 1 or R
 };
 
-inline float ref_uniform(uint64_t seed, uint32_t stream, uint64_t index) {
+inline float ref_uniform(uint64_t seed, uint32_t stream, int64_t R, int64_t C, int64_t r, int64_t c) {
   // Written from the rng.h comment, independently of sr_uniform.
-  const hot::Philox4 r =
-      hot::philox4x32<7>(static_cast<uint32_t>((index >> 3) & 0xffffffffu), static_cast<uint32_t>(index >> 35), stream,
-                         0u, static_cast<uint32_t>(seed & 0xffffffffu), static_cast<uint32_t>(seed >> 32));
-  const uint32_t w = r.v[(index >> 1) & 3];
-  const uint32_t half = (index & 1) ? (w >> 16) : (w & 0xffffu);
+  const auto P = [&](uint64_t i, uint32_t t) {
+    return hot::philox4x32<7>(static_cast<uint32_t>(i & 0xffffffffu), static_cast<uint32_t>(i >> 32), stream, t,
+                              static_cast<uint32_t>(seed & 0xffffffffu), static_cast<uint32_t>(seed >> 32));
+  };
+  const uint64_t row_call = static_cast<uint64_t>(c / 256) * static_cast<uint64_t>((R + 3) / 4) +
+                            static_cast<uint64_t>(r / 4);
+  const uint64_t column_call = static_cast<uint64_t>(r / 64) * static_cast<uint64_t>((C + 7) / 8) +
+                               static_cast<uint64_t>(c / 8);
+  const uint32_t a = P(row_call, 1u).v[r % 4];
+  const uint32_t b = P(column_call, 2u).v[(c / 2) % 4];
+  const uint32_t w = a + b;
+  const uint32_t half = (c % 2) ? (w >> 16) : (w & 0xffffu);
   return static_cast<float>(half) * std::ldexp(1.0f, -16);
 }
 
@@ -497,7 +504,7 @@ inline RefQuant ref_quantize(const std::vector<float>& v, int64_t R, int64_t C, 
       const float t = v[i] * inv;
       float r;
       if (stochastic) {
-        const float u = ref_uniform(seed, stream, static_cast<uint64_t>(i));
+        const float u = ref_uniform(seed, stream, R, C, i / C, i % C);
         const float tu = t + u;
         r = std::floor(tu);
       } else {

@@ -5,14 +5,25 @@
 // independent of v, does not use: the g_y pass spends ~40 % of its instructions in Philox, and 7 rounds make its
 // step 1 % faster, benchmarks/NOTES.md) with the standard constants
 //   multipliers 0xD2511F53, 0xCD9E8D57; Weyl increments 0x9E3779B9, 0xBB67AE85.
-// For element index e (row-major index in the logical, unpadded operand) of RNG stream s under seed k:
-//   key     = (k & 0xffffffff, k >> 32)
-//   counter = ((e >> 3) & 0xffffffff, (e >> 35), s, 0)
-//   w       = word ((e >> 1) & 3) of Philox4x32-7(counter, key)
-//   u       = ((w >> (16 * (e & 1))) & 0xffff) * 2^-16   (a float in [0, 1), exact in fp32)
-// i.e. one Philox call serves 8 consecutive elements with 16-bit uniforms (low half first).
-// The value depends only on (seed, stream, element index), so every thread count, tiling and backend
-// draws the same u for the same element. Streams in use: see rng_stream below.
+// Element (r, c) of an R x C operand (row r, column c of the logical, unpadded matrix) of RNG stream s under seed k
+// rounds with a uniform formed from two words (SPEC §5):
+//   a = word (r & 3) of P(row call (c >> 8) * ceil(R / 4) + (r >> 2), 1)       the row word of r, per 256 columns
+//   b = word ((c >> 1) & 3) of P(column call (r >> 6) * ceil(C / 8) + (c >> 3), 2)  the column word of c and c ^ 1,
+//                                                                                   per 64 rows
+//   w = a + b (mod 2^32)
+//   u = ((w >> (16 * (c & 1))) & 0xffff) * 2^-16   (a float in [0, 1), exact in fp32)
+// where P(i, t) = Philox4x32-7(counter = (i & 0xffffffff, i >> 32, s, t), key = (k & 0xffffffff, k >> 32)).
+// The value depends only on (seed, stream, R, C, r, c), so every thread count, tiling and backend draws the same u for
+// the same element. Streams in use: see rng_stream below.
+//
+// Why two words: any two distinct elements have independent uniforms. They differ in the row word or in the column
+// word, and (a + b) mod 2^32 with one term uniform and independent of everything else is uniform and independent of
+// the other element's value; the two 16-bit halves of one sum are independent too (the high half has its own uniform
+// bits, whatever carry the low half sends it). Pairwise independence is all that the mean and the variance of a sum of
+// rounding errors depend on, so every linear function of an operand's codes (a GEMM's outputs, and the gradients
+// computed from them) has exactly the mean and variance it would have with independent uniforms; only joint laws of
+// four or more elements differ. The cost: a 64 x 256 tile draws 16 row calls and 32 column calls instead of 2048
+// calls of 8 uniforms, and a thread forms two uniforms by one 32-bit addition (benchmarks/NOTES.md).
 //
 // Bias of 16-bit uniforms: u takes the values j * 2^-16 (j = 0 .. 65535). For t = v * inv with
 // fractional part f, P(floor(t + u) = floor(t) + 1) = #{j : j >= (1 - f) 2^16} / 2^16 = floor(f 2^16) / 2^16,
@@ -78,50 +89,54 @@ HOT_HD Philox4 philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, ui
 // The rounds of stochastic rounding's generator.
 constexpr int kPhiloxRounds = 7;
 
-// The round keys of a seed, formed once per kernel launch (host side) instead of once per call: the same numbers as
-// philox4x32's running keys.
-struct PhiloxKeys {
-  uint32_t k0[kPhiloxRounds], k1[kPhiloxRounds];
-};
-inline PhiloxKeys philox_keys(uint64_t seed) {
-  PhiloxKeys k{};
-  uint32_t a = static_cast<uint32_t>(seed), b = static_cast<uint32_t>(seed >> 32);
-  for (int round = 0; round < kPhiloxRounds; ++round, a += 0x9E3779B9u, b += 0xBB67AE85u)
-    k.k0[round] = a, k.k1[round] = b;
-  return k;
-}
-
-// sr_group_bits with the seed's round keys (identical bits).
-HOT_HD Philox4 sr_group_bits_keyed(const PhiloxKeys& k, uint32_t stream, uint64_t group) {
-  uint32_t c0 = static_cast<uint32_t>(group), c1 = static_cast<uint32_t>(group >> 32), c2 = stream, c3 = 0u;
-#if defined(__CUDACC__)
-#pragma unroll
-#endif
-  for (int round = 0; round < kPhiloxRounds; ++round) philox_round(c0, c1, c2, c3, k.k0[round], k.k1[round]);
-  return Philox4{{c0, c1, c2, c3}};
-}
-
-// Number of consecutive elements served by one Philox call.
+// Column words of one column call: 8 consecutive columns (4 pairs).
 constexpr int kSrGroup = 8;
+// The counter word that tells row calls from column calls.
+constexpr uint32_t kSrRowCall = 1u, kSrColumnCall = 2u;
 
-// The random bits of the group of elements 8g .. 8g+7 (g = e >> 3).
-HOT_HD Philox4 sr_group_bits(uint64_t seed, uint32_t stream, uint64_t group) {
-  return philox4x32<kPhiloxRounds>(static_cast<uint32_t>(group), static_cast<uint32_t>(group >> 32), stream, 0u,
+HOT_HD Philox4 sr_call(uint64_t seed, uint32_t stream, uint32_t kind, uint64_t call) {
+  return philox4x32<kPhiloxRounds>(static_cast<uint32_t>(call), static_cast<uint32_t>(call >> 32), stream, kind,
                                    static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+}
+
+// The row call of (r, c) in an operand of R rows; its word r & 3 is the row word.
+HOT_HD uint64_t sr_row_call_index(int64_t R, int64_t r, int64_t c) {
+  return static_cast<uint64_t>(c >> 8) * static_cast<uint64_t>((R + 3) / 4) + static_cast<uint64_t>(r >> 2);
+}
+// The column call of (r, c) in an operand of C columns; its word (c >> 1) & 3 is the column word.
+HOT_HD uint64_t sr_column_call_index(int64_t C, int64_t r, int64_t c) {
+  return static_cast<uint64_t>(r >> 6) * static_cast<uint64_t>((C + 7) / 8) + static_cast<uint64_t>(c >> 3);
 }
 
 // A 16-bit value h (0 .. 65535) as the uniform h * 2^-16.
 HOT_HD float sr_half_to_uniform(uint32_t h) { return static_cast<float>(h & 0xffffu) * (1.0f / 65536.0f); }
 
-// u of element j (0 .. 7) of a group: the low (j even) or high (j odd) half of word j >> 1.
-HOT_HD float sr_group_uniform(const Philox4& r, unsigned j) {
-  return sr_half_to_uniform(r.v[(j >> 1) & 3] >> (16 * (j & 1)));
+// u of column c from its row word a and column word b.
+HOT_HD float sr_pair_uniform(uint32_t a, uint32_t b, int64_t c) {
+  return sr_half_to_uniform((a + b) >> (16 * (c & 1)));
 }
 
-// u in [0, 1) for element `index` of RNG stream `stream` under `seed`.
-HOT_HD float sr_uniform(uint64_t seed, uint32_t stream, uint64_t index) {
-  const Philox4 r = sr_group_bits(seed, stream, index >> 3);
-  return sr_group_uniform(r, static_cast<unsigned>(index & 7));
+// u in [0, 1) of element (r, c) of an R x C operand of RNG stream `stream` under `seed`.
+HOT_HD float sr_uniform(uint64_t seed, uint32_t stream, int64_t R, int64_t C, int64_t r, int64_t c) {
+  const uint32_t a = sr_call(seed, stream, kSrRowCall, sr_row_call_index(R, r, c)).v[r & 3];
+  const uint32_t b = sr_call(seed, stream, kSrColumnCall, sr_column_call_index(C, r, c)).v[(c >> 1) & 3];
+  return sr_pair_uniform(a, b, c);
 }
+
+// The uniforms of consecutive elements of an R x C operand, each Philox call drawn once for the elements it serves
+// (the generic paths; the same values as sr_uniform).
+struct SrWalk {
+  uint64_t seed;
+  uint32_t stream;
+  int64_t R, C;
+  uint64_t row_call = ~uint64_t(0), column_call = ~uint64_t(0);
+  Philox4 a{}, b{};
+  HOT_HD float uniform(int64_t r, int64_t c) {
+    const uint64_t rc = sr_row_call_index(R, r, c), cc = sr_column_call_index(C, r, c);
+    if (rc != row_call) a = sr_call(seed, stream, kSrRowCall, row_call = rc);
+    if (cc != column_call) b = sr_call(seed, stream, kSrColumnCall, column_call = cc);
+    return sr_pair_uniform(a.v[r & 3], b.v[(c >> 1) & 3], c);
+  }
+};
 
 }  // namespace hot

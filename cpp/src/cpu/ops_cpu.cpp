@@ -48,21 +48,16 @@ float amax_row(const float* data, int64_t n) {
   return amax_from_key(k);
 }
 
-// Quantise one row of `n` values with the given scale into dst (stride dst_stride), logical element
-// index of value c = index0 + c.
+// Quantise row r (of R) of an operand of n columns with the given scale into dst (stride dst_stride); stochastic
+// rounding draws each column's uniform from its row and column words (rng.h).
 void quantize_row(const float* v, int64_t n, QuantScale s, int qmax, Rounding rounding, uint64_t seed,
-                  uint32_t stream, uint64_t index0, int8_t* dst, int64_t dst_stride) {
+                  uint32_t stream, int64_t R, int64_t r, int8_t* dst, int64_t dst_stride) {
   if (rounding == Rounding::nearest) {
     for (int64_t c = 0; c < n; ++c) dst[c * dst_stride] = quantize_nearest(v[c], s, qmax);
     return;
   }
-  int64_t c = 0;
-  while (c < n) {
-    const uint64_t idx = index0 + static_cast<uint64_t>(c);
-    const Philox4 r = sr_group_bits(seed, stream, idx >> 3);  // one call per 8 elements (rng.h)
-    for (unsigned j = static_cast<unsigned>(idx & 7); j < 8 && c < n; ++j, ++c)
-      dst[c * dst_stride] = quantize_stochastic(v[c], s, qmax, sr_group_uniform(r, j));
-  }
+  SrWalk walk{seed, stream, R, n};
+  for (int64_t c = 0; c < n; ++c) dst[c * dst_stride] = quantize_stochastic(v[c], s, qmax, walk.uniform(r, c));
 }
 
 // Dense (L rounded up to 16) HLA projection of a float view into out (hla_rows x cols), fp32.
@@ -108,10 +103,9 @@ void quantize_transposed(Mat& m, int qmax, Rounding rounding, uint64_t seed, uin
   *scale_out = s.scale;
   const int64_t K = m.rows, C = m.cols, K_pad = q_t.shape[1], ld = q_t.strides[0];
   int8_t* q = q_t.ptr<int8_t>();
-  // Quantise row k of m (logical indices k*C + c) into column k of q_t.
+  // Quantise row k of m (a K x C operand) into column k of q_t.
   parallel_for(K, row_grain(C), [&](int64_t k0, int64_t k1) {
-    for (int64_t k = k0; k < k1; ++k)
-      quantize_row(m.row(k), C, s, qmax, rounding, seed, stream, static_cast<uint64_t>(k * C), q + k, ld);
+    for (int64_t k = k0; k < k1; ++k) quantize_row(m.row(k), C, s, qmax, rounding, seed, stream, K, k, q + k, ld);
   });
   parallel_for(C, row_grain(K_pad - K + 1), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) std::memset(q + c * ld + K, 0, static_cast<size_t>(K_pad - K));
@@ -170,8 +164,7 @@ void quantize(const TensorView& in, const TensorView& q, const TensorView& scale
         s = quant_scale_from_amax(amax_row(m.row(r), C), qmax);
         sc[r] = s.scale;
       }
-      quantize_row(m.row(r), C, s, qmax, p.rounding, p.seed, p.rng_stream, static_cast<uint64_t>(r * C),
-                   qd + r * q.strides[0], 1);
+      quantize_row(m.row(r), C, s, qmax, p.rounding, p.seed, p.rng_stream, R, r, qd + r * q.strides[0], 1);
     }
   });
 }
@@ -502,8 +495,7 @@ void quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, cons
           sg[r] = sc.scale;
         }
         int8_t* dst = out.q_g.ptr<int8_t>() + r * out.q_g.strides[0];
-        quantize_row(g.row(r), O, sc, qmax, plan.rounding, seed, rng_stream::gx_grad,
-                     static_cast<uint64_t>(r * O), dst, 1);
+        quantize_row(g.row(r), O, sc, qmax, plan.rounding, seed, rng_stream::gx_grad, L, r, dst, 1);
         std::memset(dst + O, 0, static_cast<size_t>(O_pad - O));
       }
     });

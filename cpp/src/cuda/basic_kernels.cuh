@@ -125,32 +125,66 @@ __global__ void amax_flat_kernel(const T* __restrict__ in, int64_t n, unsigned* 
   if (threadIdx.x == 0) atomicMax(key, m);
 }
 
-template <typename T>
-__global__ void quantize_flat_kernel(const T* __restrict__ in, int8_t* __restrict__ q, int64_t n, const float* inv,
-                                     const float* pre, int qmax, bool stochastic, uint64_t seed, uint32_t rng) {
+// The flat kernel: the operand's rows (cols elements each) are one contiguous array of n elements; one thread per 8
+// consecutive elements. Round-to-nearest (SR false: no generator code at all), or stochastic rounding where
+// cols % 8 != 0 (else quantize_flat_sr_kernel): the element's row and column from one division per group, then
+// advanced with a carry.
+template <typename T, bool SR>
+__global__ void quantize_flat_kernel(const T* __restrict__ in, int8_t* __restrict__ q, int64_t n, int64_t cols,
+                                     const float* inv, const float* pre, int qmax, uint64_t seed, uint32_t rng) {
   const QuantScale qs{inv[0], 0.0f, pre[0]};
   const int64_t ngroups = (n + kSrGroup - 1) / kSrGroup;
   for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < ngroups;
        g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    Philox4 bits{};
-    if (stochastic) bits = sr_group_bits(seed, rng, static_cast<uint64_t>(g));
     const int64_t e0 = g * kSrGroup;
-    if (e0 + kSrGroup <= n) {
-      float v[8];
-      load8_f(in + e0, v);
-      uint32_t w[2] = {0u, 0u};
+    if constexpr (!SR) {
+      if (e0 + kSrGroup <= n) {
+        float v[8];
+        load8_f(in + e0, v);
+        uint32_t w[2] = {0u, 0u};
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float u = stochastic ? sr_group_uniform(bits, static_cast<unsigned>(j)) : 0.0f;
-        const int8_t c = stochastic ? quantize_stochastic(v[j], qs, qmax, u) : quantize_nearest(v[j], qs, qmax);
-        w[j >> 2] |= static_cast<uint32_t>(static_cast<uint8_t>(c)) << (8 * (j & 3));
+        for (int j = 0; j < 8; ++j)
+          w[j >> 2] |= static_cast<uint32_t>(static_cast<uint8_t>(quantize_nearest(v[j], qs, qmax))) << (8 * (j & 3));
+        *reinterpret_cast<uint2*>(q + e0) = make_uint2(w[0], w[1]);
+      } else {
+        for (int64_t e = e0; e < n; ++e) q[e] = quantize_nearest(load_f(in + e), qs, qmax);
       }
-      *reinterpret_cast<uint2*>(q + e0) = make_uint2(w[0], w[1]);
     } else {
-      for (int64_t e = e0; e < n; ++e) {
-        const float v = load_f(in + e);
-        q[e] = stochastic ? quantize_stochastic(v, qs, qmax, sr_group_uniform(bits, static_cast<unsigned>(e - e0)))
-                          : quantize_nearest(v, qs, qmax);
+      SrWalk walk{seed, rng, n / cols, cols};
+      int64_t r = e0 / cols, c = e0 - r * cols;
+      for (int64_t e = e0; e < std::min<int64_t>(e0 + kSrGroup, n); ++e) {
+        q[e] = quantize_stochastic(load_f(in + e), qs, qmax, walk.uniform(r, c));
+        if (++c == cols) c = 0, ++r;
+      }
+    }
+  }
+}
+
+// Stochastic rounding of a flat operand (quantize_flat_kernel's layout) of R rows of C % 8 == 0 columns: one thread
+// per 4 rows x 8 columns (4r0 .. 4r0 + 3, 8c0 .. 8c0 + 7), whose 32 uniforms take one row call and one column call
+// (rng.h: rows 4r0 .. of one 256-column segment share the row call, their 64-row block and 8 columns the column call).
+template <typename T>
+__global__ void quantize_flat_sr_kernel(const T* __restrict__ in, int8_t* __restrict__ q, int64_t R, int64_t C,
+                                        const float* inv, const float* pre, int qmax, uint64_t seed, uint32_t rng) {
+  const QuantScale qs{inv[0], 0.0f, pre[0]};
+  const int64_t groups = C / kSrGroup, units = (R + 3) / 4 * groups;
+  for (int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; u < units;
+       u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t quad = u / groups, r0 = 4 * quad, c0 = (u - quad * groups) * kSrGroup;
+    const Philox4 a = sr_call(seed, rng, kSrRowCall, sr_row_call_index(R, r0, c0));
+    const Philox4 b = sr_call(seed, rng, kSrColumnCall, sr_column_call_index(C, r0, c0));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (r0 + i < R) {
+        float v[8];
+        load8_f(in + (r0 + i) * C + c0, v);
+        uint32_t w[2] = {0u, 0u};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int8_t code = quantize_stochastic(v[j], qs, qmax, sr_pair_uniform(a.v[i], b.v[j >> 1], j));
+          w[j >> 2] |= static_cast<uint32_t>(static_cast<uint8_t>(code)) << (8 * (j & 3));
+        }
+        *reinterpret_cast<uint2*>(q + (r0 + i) * C + c0) = make_uint2(w[0], w[1]);
       }
     }
   }
@@ -170,16 +204,15 @@ __global__ void finalize_scales_kernel(const unsigned* keys, int64_t n, int qmax
   store_scales_from_keys(keys, n, qmax, scale, inv, pre);
 }
 
-// One thread per group of 8 logical elements (one Philox call per group, 16-bit uniforms: rng.h).
+// One thread per group of 8 logical elements (row-major); stochastic rounding's uniforms by SrWalk (rng.h).
 template <typename T>
 __global__ void quantize_kernel(Mat<const T> in, Mat<int8_t> q, const float* inv, const float* pre, bool per_row, int qmax,
                                 bool stochastic, uint64_t seed, uint32_t rng) {
   const int64_t n = in.rows * in.cols;
   const int64_t ngroups = (n + kSrGroup - 1) / kSrGroup;
+  SrWalk walk{seed, rng, in.rows, in.cols};
   for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < ngroups;
        g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    Philox4 bits{};
-    if (stochastic) bits = sr_group_bits(seed, rng, static_cast<uint64_t>(g));
 #pragma unroll
     for (int j = 0; j < kSrGroup; ++j) {
       const int64_t e = g * kSrGroup + j;
@@ -187,7 +220,7 @@ __global__ void quantize_kernel(Mat<const T> in, Mat<int8_t> q, const float* inv
       const int64_t r = e / in.cols, c = e % in.cols;
       const float v = load_f(in.p + r * in.ld + c);
       const QuantScale qs{inv[per_row ? r : 0], 0.0f, pre[per_row ? r : 0]};
-      q.p[r * q.ld + c] = stochastic ? quantize_stochastic(v, qs, qmax, sr_group_uniform(bits, static_cast<unsigned>(j)))
+      q.p[r * q.ld + c] = stochastic ? quantize_stochastic(v, qs, qmax, walk.uniform(r, c))
                                      : quantize_nearest(v, qs, qmax);
     }
   }
@@ -559,10 +592,16 @@ void quantize_launch(const TensorView& in, const TensorView& q, const TensorView
   }
   launch(finalize_scales_kernel, dim3(grid_1d(ns, kBasicThreads)), kBasicThreads, 0, static_cast<const unsigned*>(keys),
          ns, qmax, static_cast<float*>(scale.data), inv, pre);
-  if (flat)
-    launch(quantize_flat_kernel<T>, dim3(grid_1d(ceil_div(n, kSrGroup), kBasicThreads)), kBasicThreads, 0,
-           static_cast<const T*>(mi.p), mq.p, n, static_cast<const float*>(inv), static_cast<const float*>(pre), qmax,
-           p.rounding == Rounding::stochastic, p.seed, p.rng_stream);
+  const bool stochastic = p.rounding == Rounding::stochastic;
+  const int64_t cols = std::max<int64_t>(mi.cols, 1);
+  if (flat && stochastic && cols % kSrGroup == 0)
+    launch(quantize_flat_sr_kernel<T>, dim3(grid_1d(ceil_div(n, 4 * kSrGroup), kBasicThreads)), kBasicThreads, 0,
+           static_cast<const T*>(mi.p), mq.p, n / cols, cols, static_cast<const float*>(inv),
+           static_cast<const float*>(pre), qmax, p.seed, p.rng_stream);
+  else if (flat)
+    launch(stochastic ? quantize_flat_kernel<T, true> : quantize_flat_kernel<T, false>,
+           dim3(grid_1d(ceil_div(n, kSrGroup), kBasicThreads)), kBasicThreads, 0, static_cast<const T*>(mi.p), mq.p, n,
+           cols, static_cast<const float*>(inv), static_cast<const float*>(pre), qmax, p.seed, p.rng_stream);
   else
     launch(quantize_kernel<T>, dim3(grid_1d(ceil_div(n, kSrGroup), kBasicThreads)), kBasicThreads, 0, mi, mq,
            static_cast<const float*>(inv), static_cast<const float*>(pre), per_row, qmax,

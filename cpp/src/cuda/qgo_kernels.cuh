@@ -87,7 +87,6 @@ struct QgoParams {
   // rounding
   bool stochastic;
   uint64_t seed;
-  PhiloxKeys keys;      // the seed's Philox round keys (constant across the launch)
   const uint64_t* seed_ptr;  // a seed in device memory (GradOutputPlan::seed_ptr), read by pass 2 (DeviceSeed)
   // bias
   bool bias;
@@ -99,7 +98,8 @@ struct QgoParams {
   const float* inv_gw;  // [1]
   const float* pre_gx;  // [1] or [L]: QuantScale::pre (1, or 2^64 for a tiny amax)
   const float* pre_gw;  // [1]
-  bool sr8;             // stochastic and O % 8 == 0: every aligned 8-element RNG group is all in or all out
+  bool sr8;             // stochastic and O % 8 == 0: the fast paths of the row and column words (8 columns all in or
+                        // all out of a row)
   bool vec_load;        // 4 consecutive columns load as one vector
   bool vec_store_qg;    // 4 consecutive q_g bytes store as one word
   bool word_store_qgh;  // q_gh_t rows can be written in 4-byte words
@@ -114,20 +114,26 @@ struct QgoParams {
   int64_t ld_src = 0;
 };
 
-// Generic (slow, out of line) quantisation of n <= 4 consecutive logical elements e0 .. e0+n-1: any
-// alignment of e0, any n. Kept out of line so that the unrolled main loops stay small (I-cache).
+// An element's place for stochastic rounding (rng.h): row r and column c of an R x C operand.
+struct SrSpot {
+  int64_t R, C, r, c;
+};
+
+// Generic (slow, out of line) quantisation of n <= 4 consecutive elements (at.r, at.c .. at.c + n - 1) of one row: any
+// alignment, any n; each uniform from its own two Philox calls. Kept out of line so that the unrolled main loops stay
+// small (I-cache).
 __device__ __noinline__ void quant_slow(const float* v, int n, float inv, float pre, int qmax, bool stochastic,
-                                        uint64_t seed, uint32_t stream, uint64_t e0, int8_t* q) {
+                                        uint64_t seed, uint32_t stream, SrSpot at, int8_t* q) {
   const QuantScale qs{inv, 0.0f, pre};
   for (int i = 0; i < n; ++i)
-    q[i] = stochastic ? quantize_stochastic(v[i], qs, qmax, sr_uniform(seed, stream, e0 + i))
+    q[i] = stochastic ? quantize_stochastic(v[i], qs, qmax, sr_uniform(seed, stream, at.R, at.C, at.r, at.c + i))
                       : quantize_nearest(v[i], qs, qmax);
 }
 
-// Rounding of 4 consecutive logical elements e0 .. e0+3 of one row, n of them valid (n <= 4), where the
-// 8-element RNG fast paths do not apply: inline round-to-nearest, else the out-of-line generic path.
+// Rounding of 4 consecutive elements of one row, n of them valid (n <= 4), where the RNG fast paths do not apply:
+// inline round-to-nearest, else the out-of-line generic path.
 __device__ __forceinline__ void quant4(const float (&v)[4], int n, float inv, float pre, int qmax, bool stochastic, uint64_t seed,
-                                       uint32_t stream, uint64_t e0, int8_t (&q)[4]) {
+                                       uint32_t stream, SrSpot at, int8_t (&q)[4]) {
   if (n == 4 && !stochastic) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) q[i] = 0;
@@ -138,28 +144,26 @@ __device__ __forceinline__ void quant4(const float (&v)[4], int n, float inv, fl
   } else {
     float vv[4] = {v[0], v[1], v[2], v[3]};
     int8_t qq[4] = {0, 0, 0, 0};
-    quant_slow(vv, n, inv, pre, qmax, stochastic, seed, stream, e0, qq);
+    quant_slow(vv, n, inv, pre, qmax, stochastic, seed, stream, at, qq);
     q[0] = qq[0], q[1] = qq[1], q[2] = qq[2], q[3] = qq[3];
   }
 }
 
-// Where pass 2 takes its stochastic-rounding key from. HostSeed: the seed's round keys in the kernel's parameters
-// (formed on the host, no key arithmetic in the kernel). DeviceSeed: the seed read from device memory once per thread
-// at the kernel's start (GradOutputPlan::seed_ptr: a seed drawn on the GPU, which a CUDA graph redraws at every
-// replay), its round keys formed per Philox call as philox4x32 does. The same bits for the same seed.
+// Where pass 2 takes its stochastic-rounding seed from. HostSeed: the kernel's parameters. DeviceSeed: device memory,
+// read once per thread at the kernel's start (GradOutputPlan::seed_ptr: a seed drawn on the GPU, which a CUDA graph
+// redraws at every replay). The same bits for the same seed.
 struct HostSeed {
-  __device__ __forceinline__ Philox4 bits(const QgoParams& p, uint32_t stream, uint64_t group) const {
-    return sr_group_bits_keyed(p.keys, stream, group);
-  }
   __device__ __forceinline__ uint64_t seed(const QgoParams& p) const { return p.seed; }
 };
 struct DeviceSeed {
   uint64_t s;
-  __device__ __forceinline__ Philox4 bits(const QgoParams&, uint32_t stream, uint64_t group) const {
-    return sr_group_bits(s, stream, group);
-  }
   __device__ __forceinline__ uint64_t seed(const QgoParams&) const { return s; }
 };
+
+// Word j (0 .. 3, uniform or a constant after unrolling) of a Philox result, by selects rather than a local array.
+__device__ __forceinline__ uint32_t philox_word(const Philox4& w, int j) {
+  return j == 0 ? w.v[0] : j == 1 ? w.v[1] : j == 2 ? w.v[2] : w.v[3];
+}
 
 // The 16-bit uniforms of rng.h (low / high half of a Philox word, times 2^-16) without an int-to-float
 // conversion: 1 + h * 2^-16 is exact in fp32 (16 mantissa bits), so subtracting 1 gives h * 2^-16 exactly.
@@ -258,10 +262,11 @@ __device__ __forceinline__ void gx_unit_amax(const QgoParams& p, const float (&x
 }
 
 // G~, pass 2, one unit (16 columns x of row r from column c, r < L, c < O_pad): quantised and stored into q_g
-// (codes past O are the zero padding).
+// (codes past O are the zero padding). With p.sr8, a is the row word of r and b[m] the column word of columns
+// c + 2m, c + 2m + 1 (rng.h; gx_transform forms them).
 template <class Key>
 __device__ __forceinline__ void gx_unit_quant_store(const QgoParams& p, const Key& key, const float (&x)[16], int64_t r,
-                                                    int64_t c) {
+                                                    int64_t c, uint32_t a, const uint32_t (&b)[8]) {
   uint32_t w[4] = {0u, 0u, 0u, 0u};
   if (c < p.O) {
     const float inv = p.gx_per_row ? p.inv_gx[r] : p.inv_gx[0];
@@ -269,15 +274,15 @@ __device__ __forceinline__ void gx_unit_quant_store(const QgoParams& p, const Ke
     if (inv == 0.0f) {
       // all codes 0: w stays zero
     } else if (p.sr8) {
-      // Two aligned 8-element RNG groups (r * O + c is a multiple of 8), each all in or all out.
-      const uint64_t g0 = static_cast<uint64_t>(r * p.O + c) >> 3;
+      // Two groups of 8 columns (O % 8 == 0), each all in or all out; a column pair's uniforms are the two halves of
+      // a + b[m].
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (c + 8 * h < p.O) {
-          const Philox4 b = key.bits(p, rng_stream::gx_grad, g0 + h);
-          w[2 * h] = sr4_packed(x[8 * h], x[8 * h + 1], x[8 * h + 2], x[8 * h + 3], b.v[0], b.v[1], inv, pre, p.gx_qmax);
-          w[2 * h + 1] =
-              sr4_packed(x[8 * h + 4], x[8 * h + 5], x[8 * h + 6], x[8 * h + 7], b.v[2], b.v[3], inv, pre, p.gx_qmax);
+          w[2 * h] = sr4_packed(x[8 * h], x[8 * h + 1], x[8 * h + 2], x[8 * h + 3], a + b[4 * h], a + b[4 * h + 1], inv,
+                                pre, p.gx_qmax);
+          w[2 * h + 1] = sr4_packed(x[8 * h + 4], x[8 * h + 5], x[8 * h + 6], x[8 * h + 7], a + b[4 * h + 2],
+                                    a + b[4 * h + 3], inv, pre, p.gx_qmax);
         }
       }
     } else {
@@ -289,7 +294,7 @@ __device__ __forceinline__ void gx_unit_quant_store(const QgoParams& p, const Ke
         if (nvalid > 0) {
           const float g[4] = {x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]};
           quant4(g, nvalid, inv, pre, p.gx_qmax, p.stochastic, key.seed(p), rng_stream::gx_grad,
-                 static_cast<uint64_t>(r * p.O + ci), q);
+                 SrSpot{p.L, p.O, r, ci}, q);
         }
         w[i] = pack4(q);
       }
@@ -304,13 +309,51 @@ __device__ __forceinline__ void gx_unit_quant_store(const QgoParams& p, const Ke
   }
 }
 
+// G~'s stochastic-rounding words of one tile (rng.h), where pass 2 has shared memory for them (the q_gh_t staging of
+// the 16-bit kernel, before G^ uses it): the row words of the tile's rows, [q * 64 + row] for packed row tile q, and
+// the column words of its column pairs, [kGxRowWords + lc / 2]. 16 row calls per packed row tile and 32 column calls,
+// one per thread.
+constexpr int kGxRowWords = 4 * kTileRows;
+constexpr int kGxWordBytes = (kGxRowWords + kTileCols / 2) * 4;
+__device__ __forceinline__ void gx_fill_words(const QgoParams& p, uint64_t seed, int64_t t, int64_t c0,
+                                              uint32_t* words) {
+  const int tid = threadIdx.x;
+  Philox4 w{};
+  int at = -1;
+  if (tid < 16 * p.pack) {  // the row call of rows 4m .. 4m + 3 of packed row tile q
+    const int q = tid >> 4, m = tid & 15;
+    const int64_t r = (t * p.pack + q) * kTileRows + 4 * m;
+    w = sr_call(seed, rng_stream::gx_grad, kSrRowCall, sr_row_call_index(p.L, r, c0));
+    at = q * kTileRows + 4 * m;
+  } else if (tid >= 64 && tid < 64 + kTileCols / 8) {  // the column call of local columns 8m .. 8m + 7
+    const int lc = 8 * (tid - 64);
+    const TileSpot sp = tile_spot(p, t, c0, lc);
+    w = sr_call(seed, rng_stream::gx_grad, kSrColumnCall, sr_column_call_index(p.O, sp.rt * kTileRows, sp.c));
+    at = kGxRowWords + lc / 2;
+  }
+  if (at >= 0) *reinterpret_cast<uint4*>(words + at) = make_uint4(w.v[0], w.v[1], w.v[2], w.v[3]);
+}
+
+// The column words of the 16 columns c .. c + 15 (c a multiple of 16) of row tile rt of G~: two Philox calls.
+__device__ __forceinline__ void gx_column_words(const QgoParams& p, uint64_t seed, int64_t rt, int64_t c,
+                                                uint32_t (&b)[8]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const Philox4 w =
+        sr_call(seed, rng_stream::gx_grad, kSrColumnCall, sr_column_call_index(p.O, rt * kTileRows, c + 8 * h));
+#pragma unroll
+    for (int m = 0; m < 4; ++m) b[4 * h + m] = w.v[m];
+  }
+}
+
 // The g_x transform: G~ = g_y blockdiag(H_b) on units (row, 16 columns), 4 per thread; its amax (pass 1) or its
 // codes in q_g (pass 2). Only the tile's column groups below max(O, O_pad) are walked (a narrow g_y, O = 64, has 4 of
 // the 16 in each packed row tile), except with per-token scales, whose amax reduction needs 16 consecutive lanes on one
-// row (such g_y is never packed).
+// row (such g_y is never packed). Stochastic rounding (p.sr8): a unit's row word and its 8 column words come from
+// `words` (gx_fill_words) where given, else from its own Philox calls (one row call, two column calls).
 template <int PASS, class Tile, class Key>
 __device__ __forceinline__ void gx_transform(const QgoParams& p, const Key& key, const Tile& tile, int64_t t,
-                                             int64_t c0, uint32_t& amax_gx) {
+                                             int64_t c0, uint32_t& amax_gx, const uint32_t* words) {
   const int seg = 1 << p.seg_shift;  // columns per packed row tile (256 unpacked)
   const int64_t width = std::max(p.O, p.O_pad) - c0;  // > 0 for every column tile
   const int gq = p.gx_per_row || width >= seg ? seg / 16 : static_cast<int>((width + 15) / 16);  // groups per segment
@@ -329,7 +372,21 @@ __device__ __forceinline__ void gx_transform(const QgoParams& p, const Key& key,
     if (PASS == 1) {
       gx_unit_amax(p, x, r, amax_gx);
     } else if (r < p.L && c < p.O_pad) {
-      gx_unit_quant_store(p, key, x, r, c);
+      uint32_t a = 0u, b[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+      if (PASS == 2 && p.sr8) {
+        if (words != nullptr) {
+          a = words[q * kTileRows + row];
+          const uint4 b0 = *reinterpret_cast<const uint4*>(words + kGxRowWords + lc / 2);
+          const uint4 b1 = *reinterpret_cast<const uint4*>(words + kGxRowWords + lc / 2 + 4);
+          b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w, b[4] = b1.x, b[5] = b1.y, b[6] = b1.z, b[7] = b1.w;
+        } else {
+          const uint64_t seed = key.seed(p);
+          a = philox_word(sr_call(seed, rng_stream::gx_grad, kSrRowCall, sr_row_call_index(p.L, r, c)),
+                          static_cast<int>(r & 3));
+          gx_column_words(p, seed, at.rt, c, b);
+        }
+      }
+      gx_unit_quant_store(p, key, x, r, c, a, b);
     }
   }
 }
@@ -366,53 +423,56 @@ __device__ __forceinline__ uint32_t insert_code(uint32_t word, uint32_t code, in
   return __byte_perm(word, code, i == 0 ? 0x3214 : i == 1 ? 0x3240 : i == 2 ? 0x3410 : 0x4210);
 }
 
-// G^, pass 2 with 8-element RNG groups (p.sr8): stochastic codes of the kept rows k < rank into packed[v][k / 4].
-// One Philox call per (row k, 8 columns) serves the four lanes of a quad (lane q = lane % 4 holds columns cg8 + 2q and
-// cg8 + 2q + 1, whose uniforms are word q of the call): for the rows k .. k+3, lane q draws row k + q and the quad
-// transposes the 4 x 4 words by two exchanges (with the lane 2 apart, then 1 apart), after which lane q holds, for
-// row k + r, the word from lane q ^ r; the words are then put in row order by selects. The conditions around the
-// shuffles are warp-uniform (the scale; the rank), so every lane reaches them: a packed tile puts two row tiles in one
-// warp, one of which may lie past L (jglob >= nb), which only decides whether a lane keeps its codes.
+// G^'s stochastic-rounding words of one unit (p.sr8, pass 2). The G^ operand has nb * rank rows (row R = jglob * rank +
+// k) and O columns; the unit's columns cg, cg + 1 (cg even) take the two halves of a + b (rng.h), a the row word of R,
+// b the column word of the pair. A warp's 32 lanes hold one row block (jglob is warp-uniform: a warp spans 64 columns
+// of one segment), so its rows' words come from at most 5 row calls: lane l draws call l / 4 and keeps its word l % 4
+// (`mine`, one register a lane); row R's word is then one shuffle from lane 4 * (call of R) + R % 4. The rows of a
+// block meet a second 64-row block of column words (b1) only for a rank that does not divide 64 (a constant test for the
+// compiled-in ranks). Drawn before the transform, so that the Philox rounds do not share registers with its 32 values.
+struct GwWords {
+  uint32_t mine, b0, b1;
+};
 template <class Key>
-__device__ __forceinline__ void gw_quant_sr8(const QgoParams& p, const Key& key, const float (&hx)[16][2], int rank,
-                                             int64_t jglob, int64_t nb, int64_t cg, int nvalid,
-                                             uint32_t (&packed)[2][4]) {
-  const int q = threadIdx.x & 3;
-  const bool q1 = (q & 1) != 0, q2 = (q & 2) != 0;
-  const int64_t cg8 = cg - 2 * q;  // multiple of 8
+__device__ __forceinline__ GwWords gw_sr_words(const QgoParams& p, const Key& key, int rank, int64_t jglob, int64_t nb,
+                                               int64_t cg) {
+  const uint64_t seed = key.seed(p);
+  const int64_t rows = nb * rank, R0 = jglob * rank;  // G^'s rows; the block's first row (warp-uniform)
+  const int lane = threadIdx.x & 31;
+  GwWords w;
+  w.mine = philox_word(
+      sr_call(seed, rng_stream::gw_grad, kSrRowCall, sr_row_call_index(rows, R0, cg) + (lane >> 2)), lane & 3);
+  w.b0 = philox_word(sr_call(seed, rng_stream::gw_grad, kSrColumnCall, sr_column_call_index(p.O, R0, cg)),
+                     static_cast<int>((cg >> 1) & 3));
+  w.b1 = w.b0;
+  if (64 % rank != 0 && (R0 & 63) + rank > 64)
+    w.b1 = philox_word(sr_call(seed, rng_stream::gw_grad, kSrColumnCall, sr_column_call_index(p.O, R0 + rank - 1, cg)),
+                       static_cast<int>((cg >> 1) & 3));
+  return w;
+}
+
+// G^, pass 2, stochastic with p.sr8: the codes of the kept rows k < rank into packed[v][k / 4], from the unit's words
+// (gw_sr_words). Every lane reaches the shuffles (the conditions around them are warp-uniform: the scale, the rank); a
+// lane past L or O (keep false) only leaves its codes zero.
+__device__ __forceinline__ void gw_quant_sr8(const QgoParams& p, const GwWords& w, const float (&hx)[16][2], int rank,
+                                             int64_t jglob, int64_t nb, int nvalid, uint32_t (&packed)[2][4]) {
   const float inv = p.inv_gw[0], pre = p.pre_gw[0];
-  const bool keep = nvalid > 0 && jglob < nb;
   if (inv == 0.0f) return;  // warp-uniform: all codes 0, packed stays zero
+  const bool keep = nvalid > 0 && jglob < nb;
+  const int64_t R0 = jglob * rank;
 #pragma unroll
-  for (int k = 0; k < 16; k += 4) {
+  for (int k = 0; k < 16; ++k) {
     if (k < rank) {
-      const uint64_t e = static_cast<uint64_t>((jglob * rank + k + q) * p.O + cg8);
-      const Philox4 b = key.bits(p, rng_stream::gw_grad, e >> 3);  // row k + q; word m is lane m's
-      // exchange 1 (lanes 2 apart): keep the words for lanes of my bit 1, pass the others
-      const uint32_t k0 = q2 ? b.v[2] : b.v[0], k1 = q2 ? b.v[3] : b.v[1];
-      const uint32_t r0 = __shfl_xor_sync(0xffffffffu, q2 ? b.v[0] : b.v[2], 2);
-      const uint32_t r1 = __shfl_xor_sync(0xffffffffu, q2 ? b.v[1] : b.v[3], 2);
-      // now k0 / k1: row k + q for lanes (q & 2) / (q & 2) + 1; r0 / r1: the same lanes' words of row k + (q ^ 2)
-      const uint32_t x0 = __shfl_xor_sync(0xffffffffu, q1 ? k0 : k1, 1);  // row k + (q ^ 1), for lane q
-      const uint32_t x1 = __shfl_xor_sync(0xffffffffu, q1 ? r0 : r1, 1);  // row k + (q ^ 3), for lane q
-      const uint32_t own0 = q1 ? k1 : k0, own1 = q1 ? r1 : r0;            // rows k + q, k + (q ^ 2)
-      // row k + r: own0 (r ^ q == 0), x0 (1), own1 (2), x1 (3)
-      const uint32_t even_lo = q1 ? x0 : own0, even_hi = q1 ? x1 : own1;
-      const uint32_t odd_lo = q1 ? own0 : x0, odd_hi = q1 ? own1 : x1;
-      const uint32_t w[4] = {q2 ? even_hi : even_lo, q2 ? odd_hi : odd_lo, q2 ? even_lo : even_hi,
-                             q2 ? odd_lo : odd_hi};
+      const int64_t R = R0 + k;
+      const int src = 4 * static_cast<int>((R >> 2) - (R0 >> 2)) + static_cast<int>(R & 3);  // warp-uniform
+      const uint32_t a = __shfl_sync(0xffffffffu, w.mine, src);
       if (keep) {
-        const float qm = 127.0f;
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          if (k + r < rank) {
-            const int ka = hla_order(k + r);
-            packed[0][k >> 2] =
-                insert_code(packed[0][k >> 2], q_stochastic_bits(hx[ka][0], inv, pre, qm, u16_lo(w[r])), r);
-            packed[1][k >> 2] =
-                insert_code(packed[1][k >> 2], q_stochastic_bits(hx[ka][1], inv, pre, qm, u16_hi(w[r])), r);
-          }
-        }
+        const uint32_t sum = a + (((R >> 6) == (R0 >> 6)) ? w.b0 : w.b1);
+        const int ka = hla_order(k);
+        packed[0][k >> 2] =
+            insert_code(packed[0][k >> 2], q_stochastic_bits(hx[ka][0], inv, pre, 127.0f, u16_lo(sum)), k & 3);
+        packed[1][k >> 2] =
+            insert_code(packed[1][k >> 2], q_stochastic_bits(hx[ka][1], inv, pre, 127.0f, u16_hi(sum)), k & 3);
       }
     }
   }
@@ -443,21 +503,36 @@ __device__ __forceinline__ void gw_amax_or_quant(const QgoParams& p, const Key& 
     }
     return;
   }
+  if (PASS == 1) {
 #pragma unroll
-  for (int k = 0; k < 16; ++k) {
-    if (k < rank) {
-      const float h[2] = {hx[hla_order(k)][0], hx[hla_order(k)][1]};
-      if (PASS == 1) {
-        amax_gw = max(amax_gw, max(amax_key(h[0]), amax_key(h[1])));
-      } else if (nvalid > 0 && jglob < nb) {
-        int8_t c[2] = {0, 0};
-        quant_slow(h, nvalid, p.inv_gw[0], p.pre_gw[0], 127, p.stochastic, key.seed(p), rng_stream::gw_grad,
-                   static_cast<uint64_t>((jglob * rank + k) * p.O + cg), c);
+    for (int k = 0; k < 16; ++k)
+      if (k < rank) amax_gw = max(amax_gw, max(amax_key(hx[hla_order(k)][0]), amax_key(hx[hla_order(k)][1])));
+    return;
+  }
+  if (nvalid == 0 || jglob >= nb) return;
+  // The generic per-element path, inline and not unrolled: rows in a run-time loop over a copy of the codes' inputs
+  // (local memory on this rare path only). No call: a call inside the row loop made every path save hx around it.
+  const QuantScale qs{p.inv_gw[0], 0.0f, p.pre_gw[0]};
+  const uint64_t seed = p.stochastic ? key.seed(p) : 0;
+  const int64_t rows = nb * rank, R0 = jglob * rank;
+  float h[16][2];
+  uint32_t out[2][4] = {{0u, 0u, 0u, 0u}, {0u, 0u, 0u, 0u}};
 #pragma unroll
-        for (int v = 0; v < 2; ++v) packed[v][k >> 2] = insert_code(packed[v][k >> 2], static_cast<uint8_t>(c[v]), k & 3);
-      }
+  for (int k = 0; k < 16; ++k) h[k][0] = hx[hla_order(k)][0], h[k][1] = hx[hla_order(k)][1];
+#pragma unroll 1
+  for (int k = 0; k < rank; ++k) {
+#pragma unroll 1
+    for (int v = 0; v < nvalid; ++v) {
+      const int8_t q = p.stochastic ? quantize_stochastic(h[k][v], qs, 127,
+                                                          sr_uniform(seed, rng_stream::gw_grad, rows, p.O, R0 + k, cg + v))
+                                    : quantize_nearest(h[k][v], qs, 127);
+      out[v][k >> 2] |= static_cast<uint32_t>(static_cast<uint8_t>(q)) << (8 * (k & 3));
     }
   }
+#pragma unroll
+  for (int v = 0; v < 2; ++v)
+#pragma unroll
+    for (int g = 0; g < 4; ++g) packed[v][g] = out[v][g];
 }
 
 // The g_w projection of one G^ unit (row block jb, columns c2, c2 + 1): its amax (pass 1) or the codes of the kept
@@ -470,13 +545,16 @@ __device__ __forceinline__ void gw_projection(const QgoParams& p, const Key& key
   const int64_t nb = (p.L + 15) / 16;
   const TileSpot at = tile_spot(p, rt, c0, c2);  // the 2 columns (and the quad's 8) share a segment
   const int64_t jglob = at.rt * kRowBlocks + jb;
+  const int64_t cg = at.c;
+  const bool sr8 = PASS == 2 && p.sr8;
+  GwWords words{};
+  if (sr8) words = gw_sr_words(p, key, rank, jglob, nb, cg);
   float hx[16][2];
   gw_load_transform(tile, jb, c2, hx);
   block_sum[0] = hx[0][0], block_sum[1] = hx[0][1];
-  const int64_t cg = at.c;
   const int nvalid = static_cast<int>(std::min<int64_t>(2, std::max<int64_t>(0, p.O - cg)));
-  if (PASS == 2 && p.sr8) {
-    gw_quant_sr8(p, key, hx, rank, jglob, nb, cg, nvalid, packed);
+  if (sr8) {
+    gw_quant_sr8(p, words, hx, rank, jglob, nb, nvalid, packed);
   } else {
     gw_amax_or_quant<PASS>(p, key, hx, rank, jglob, nb, cg, nvalid, amax_gw, packed);
   }
@@ -600,7 +678,18 @@ __device__ __forceinline__ void qgo_tile(const QgoParams& p, const Key& key, con
                                          unsigned char* stage, uint32_t& amax_gx, uint32_t& amax_gw) {
   const int rank = R > 0 ? R : p.rank;  // HLA rank: compile-time (R) or run-time (R == 0)
   const int64_t c0 = ct * kTileCols;
-  if (p.gx) gx_transform<PASS>(p, key, tile, rt, c0, amax_gx);
+  if (p.gx) {
+    // Pass 2's stochastic-rounding words of G~ in the staging's shared memory, where it has its own (16-bit tiles),
+    // until G^ stages codes there.
+    uint32_t* words = nullptr;
+    if (PASS == 2 && !Tile::kStageAliases && p.sr8) {
+      words = reinterpret_cast<uint32_t*>(stage);
+      gx_fill_words(p, key.seed(p), rt, c0, words);
+      __syncthreads();
+    }
+    gx_transform<PASS>(p, key, tile, rt, c0, amax_gx, words);
+    if (words != nullptr && p.gw) __syncthreads();  // every thread is done with the words: the staging is G^'s
+  }
   if (PASS == 1 && p.bias && !p.gw) bias_partials(p, tile, rt, c0);
   if (p.gw) {
     // G^: 512 units (row block jb, 2 columns c2) of the tile, 2 per thread: row blocks jb0 and jb0 + 2, columns c2.
@@ -710,6 +799,7 @@ constexpr int kRawRowBytes = kTileCols * 2;
 constexpr int kRawTileBytes = kTileRows * kRawRowBytes;
 constexpr int kStageBytes = kTileCols * (kRowBlocks * 16 + 20);
 constexpr size_t qgo16_smem_bytes(int pass) { return kRawTileBytes + (pass == 2 ? kStageBytes : 0); }
+static_assert(kGxWordBytes <= kStageBytes && kRawTileBytes % 16 == 0, "G~'s words live in the q_gh_t staging");
 
 template <typename T>
 struct TileRaw16 {
@@ -918,7 +1008,6 @@ QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradO
   }
   p.stochastic = plan.rounding == Rounding::stochastic;
   p.seed = plan.seed;
-  p.keys = philox_keys(plan.seed);
   p.seed_ptr = p.stochastic ? plan.seed_ptr : nullptr;
   p.bias = plan.bias;
   su.n_ct = (std::max(p.O_pad, O) + kTileCols - 1) / kTileCols;

@@ -84,12 +84,13 @@ TEST_F(Cuda_Quantize, BitExactVsCpu) {
                          });
 }
 
-// Contiguous input and codes with one scale: the flat kernels (8 elements per vector, any n, a partial last group).
+// Contiguous input and codes with one scale: the flat kernels (8 elements per vector, any n, a partial last group;
+// stochastic with C % 8 == 0: 4 rows x 8 columns per thread, rows past a multiple of 4, several row and column calls).
 TEST_F(Cuda_Quantize, ContiguousBitExactVsCpu) {
   uint64_t seed = 400;
   for (DType dt : kFloatTypes)
     for (auto [R, C] :
-         std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 7}, {3, 8}, {37, 53}, {1000, 129}, {64, 4096}})
+         std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 7}, {3, 8}, {37, 53}, {1000, 129}, {64, 4096}, {130, 264}})
       for (int bits : {4, 8})
         for (hot::Rounding rd : {hot::Rounding::nearest, hot::Rounding::stochastic}) {
           SCOPED_TRACE(testing::Message() << dt_name(dt) << " " << R << "x" << C << " bits " << bits);

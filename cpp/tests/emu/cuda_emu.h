@@ -6,8 +6,9 @@
 // - every thread of a block is a std::thread; the blocks of a grid run one after another, in a shuffled order, so
 //   function-local __shared__ arrays (made `static` here) and the dynamic shared memory (HOT_DYNAMIC_SMEM) are per
 //   block;
-// - __syncthreads() is a barrier of the block's threads, __shfl_xor_sync and __ballot_sync barrier-separated
-//   exchanges among the 32 lanes of a warp (every lane of the warp must call it, as on the GPU with a full mask);
+// - __syncthreads() is a barrier of the block's threads, __shfl_xor_sync, __shfl_sync and __ballot_sync
+//   barrier-separated exchanges among the 32 lanes of a warp (every lane of the warp must call it, as on the GPU with
+//   a full mask);
 // - threadIdx / blockIdx / blockDim / gridDim are thread-local;
 // - the float intrinsics the kernels use are single IEEE fp32 operations (the build disables FMA
 //   contraction), atomicMax is an atomic compare-and-swap loop, and __ldg of a vector checks its alignment;
@@ -198,6 +199,20 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
   T r;
   std::memcpy(&r, &w.slot[(lane ^ static_cast<unsigned>(lane_mask)) & 31u], 4);
   w.bar->arrive_and_wait();  // nobody overwrites a slot before its reader is done
+  return r;
+}
+
+template <typename T>
+T __shfl_sync(unsigned mask, T v, int src_lane) {
+  static_assert(sizeof(T) == 4, "cuda_emu: 32-bit shuffles only");
+  if (mask != 0xffffffffu) hot_emu::fail("__shfl_sync: only full-warp masks are emulated");
+  auto& w = hot_emu::current->warps[threadIdx.x / 32];
+  const unsigned lane = threadIdx.x % 32;
+  std::memcpy(&w.slot[lane], &v, 4);
+  w.bar->arrive_and_wait();
+  T r;
+  std::memcpy(&r, &w.slot[static_cast<unsigned>(src_lane) & 31u], 4);
+  w.bar->arrive_and_wait();
   return r;
 }
 

@@ -135,11 +135,12 @@ TEST(Emu_Quantize, BitExactVsCpu) {
       });
 }
 
-// Contiguous input and codes with one scale: the flat kernels (8 elements per vector, any n, a partial last group).
+// Contiguous input and codes with one scale: the flat kernels (8 elements per vector, any n, a partial last group;
+// stochastic with C % 8 == 0: 4 rows x 8 columns per thread, rows past a multiple of 4, several row and column calls).
 TEST(Emu_Quantize, ContiguousBitExactVsCpu) {
   uint64_t seed = 400;
   for (DType dt : {DType::f32, DType::bf16, DType::f16})  // 2 and 1 vector loads per group
-    for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 7}, {3, 8}, {37, 53}, {300, 129}})
+    for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 7}, {3, 8}, {37, 53}, {300, 129}, {70, 264}})
       for (hot::Rounding rd : {hot::Rounding::nearest, hot::Rounding::stochastic}) {
         SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " " << R << "x" << C);
         const HostTensor in = hot_cuda_test::rand_float(dt, R, C, seed++, C, 3.0f);

@@ -23,10 +23,12 @@
 // G^: a thread transforms 2 columns of one 16-row block in registers (2 such units: 32 live values rather than the 64
 // of 4 columns, which kept pass 2 at 128 registers and 2 CTAs per SM). The transforms take no shuffles; the butterfly
 // order is the one of the CPU backend, so fp32 values, and therefore integers, are identical.
-// Stochastic rounding (rng.h: one Philox4x32-7 call per 8 consecutive elements, 16-bit uniforms): when
-// O % 8 == 0 every 8-element group is aligned and all in or all out of a row; a G~ unit (16 columns)
-// makes 2 calls, and for G^ the four lanes holding columns 8i .. 8i+7 of a row block each draw one of 4 rows and
-// exchange the words by 4 shuffles (gw_quant_sr8). Other O take the generic per-element path (quant_slow).
+// Stochastic rounding (rng.h, SPEC §5: element (r, c)'s 16-bit uniform is a half of its row word + its column pair's
+// word, words drawn by Philox4x32-7 per 4 rows x 256 columns and per 64 rows x 8 columns): when O % 8 == 0 (p.sr8)
+// pass 2 of the 16-bit kernel draws G~'s words of a tile once into shared memory (gx_fill_words: 48 calls a tile;
+// other kernels, 3 calls a G~ unit), and G^'s rows of a warp take their row words from one call a lane by shuffles
+// and their column word from one call a unit (gw_sr_words, gw_quant_sr8). Other O take the generic per-element
+// paths (quant_slow; G^'s inline loop in gw_amax_or_quant).
 // The per-tile work is split into gx_transform (G~), bias_partials (g_b without G^), gw_projection (G^; g_b's partials
 // from its row 0, bias_from_block_sums) and the staging of G^'s codes for their transposed store (stage_clear,
 // stage_unit, stage_copy_out); qgo_tile runs them in that order.

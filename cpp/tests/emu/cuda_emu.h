@@ -188,32 +188,31 @@ struct RecordLaunch {
 
 inline void __syncthreads() { hot_emu::current->bar.arrive_and_wait(); }
 
-template <typename T>
-T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+namespace hot_emu {
+// One full-warp exchange (the shuffles): every lane publishes v, then reads the slot of lane src(lane).
+template <typename T, typename Src>
+T warp_exchange(unsigned mask, T v, Src src) {
   static_assert(sizeof(T) == 4, "cuda_emu: 32-bit shuffles only");
-  if (mask != 0xffffffffu) hot_emu::fail("__shfl_xor_sync: only full-warp masks are emulated");
-  auto& w = hot_emu::current->warps[threadIdx.x / 32];
+  if (mask != 0xffffffffu) fail("shuffles: only full-warp masks are emulated");
+  auto& w = current->warps[threadIdx.x / 32];
   const unsigned lane = threadIdx.x % 32;
   std::memcpy(&w.slot[lane], &v, 4);
   w.bar->arrive_and_wait();
   T r;
-  std::memcpy(&r, &w.slot[(lane ^ static_cast<unsigned>(lane_mask)) & 31u], 4);
+  std::memcpy(&r, &w.slot[src(lane) & 31u], 4);
   w.bar->arrive_and_wait();  // nobody overwrites a slot before its reader is done
   return r;
+}
+}  // namespace hot_emu
+
+template <typename T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+  return hot_emu::warp_exchange(mask, v, [&](unsigned lane) { return lane ^ static_cast<unsigned>(lane_mask); });
 }
 
 template <typename T>
 T __shfl_sync(unsigned mask, T v, int src_lane) {
-  static_assert(sizeof(T) == 4, "cuda_emu: 32-bit shuffles only");
-  if (mask != 0xffffffffu) hot_emu::fail("__shfl_sync: only full-warp masks are emulated");
-  auto& w = hot_emu::current->warps[threadIdx.x / 32];
-  const unsigned lane = threadIdx.x % 32;
-  std::memcpy(&w.slot[lane], &v, 4);
-  w.bar->arrive_and_wait();
-  T r;
-  std::memcpy(&r, &w.slot[static_cast<unsigned>(src_lane) & 31u], 4);
-  w.bar->arrive_and_wait();
-  return r;
+  return hot_emu::warp_exchange(mask, v, [&](unsigned) { return static_cast<unsigned>(src_lane); });
 }
 
 // Bit `lane` of the result is lane's predicate, for every lane of the warp (full-warp masks only, as the shuffle).

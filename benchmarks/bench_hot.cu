@@ -109,14 +109,17 @@ struct Layer {
 
 std::string out;
 void emit(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-void emit(const char* fmt, ...) {
-  char buf[4096];
-  va_list ap;
+void emit(const char* fmt, ...) {  // any length: the final tables together are several kB
+  va_list ap, ap2;
   va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_copy(ap2, ap);
+  const int n = std::vsnprintf(nullptr, 0, fmt, ap);
   va_end(ap);
+  std::string buf(n > 0 ? static_cast<size_t>(n) : 0, '\0');
+  if (n > 0) std::vsnprintf(buf.data(), buf.size() + 1, fmt, ap2);
+  va_end(ap2);
   out += buf;
-  std::fputs(buf, stdout);
+  std::fputs(buf.c_str(), stdout);
   std::fflush(stdout);
 }
 

@@ -12,7 +12,9 @@
 //   finalize:       scales and inverse scales from the amax keys.
 //   pass 2 (quant): the transforms are recomputed and quantised; q_g is written row-major (16 bytes per
 //                   thread), q_gh_t transposed through shared memory so that its rows are written whole.
-// Pass 2 walks the tiles in reverse order, so the tail of g_y that pass 1 left in L2 is read from L2.
+// Tile order: pass 1 walks the tiles from the last to the first, so that it starts on the tail of g_y (or x) that
+// its producer has just written and L2 still holds, and pass 2 from the first to the last, starting on what pass 1
+// read last.
 // Tile: 64 rows x 256 columns of g_y, one CTA of 256 threads per tile; a narrow 16-bit g_y (max(O, O_pad) <= 128 or
 // <= 64) packs 2 or 4 row tiles side by side into one tile (QgoParams::pack, tile_spot), so that O = 64 does not leave
 // three quarters of the threads on zero columns. bf16/fp16 g_y whose rows load as aligned
@@ -746,7 +748,7 @@ __global__ void __launch_bounds__(kThreads, kQgoMinCtas) qgo_kernel(const T* __r
   const int64_t n_ct = (std::max<int64_t>(p.O_pad, p.O) + kTileCols - 1) / kTileCols;
   const int64_t n_rt = (p.L + kTileRows - 1) / kTileRows;
   int64_t lin = blockIdx.x;  // a 1-D grid of n_ct * n_rt tiles (grid.y would cap L at 65535 tiles)
-  if (PASS == 2) lin = n_ct * n_rt - 1 - lin;  // reverse order: reuse what pass 1 left in L2
+  if (PASS == 1) lin = n_ct * n_rt - 1 - lin;  // pass 1 from the end: see the header (tile order)
   const int64_t rt = static_cast<uint32_t>(lin) / static_cast<uint32_t>(n_ct);  // < kMaxGridX tiles: 32-bit division
   const int64_t ct = lin - rt * n_ct;
   const int64_t r0 = rt * kTileRows, c0 = ct * kTileCols;
@@ -844,7 +846,7 @@ __global__ void __launch_bounds__(kThreads, qgo16_min_ctas(PASS, R)) qgo16_kerne
   const int64_t n_ct = (std::max<int64_t>(p.O_pad, p.O) + kTileCols - 1) / kTileCols;
   const int64_t n_t = ((p.L + kTileRows - 1) / kTileRows + p.pack - 1) / p.pack;  // tiles down (pack row tiles each)
   int64_t lin = blockIdx.x;  // a 1-D grid of n_ct * n_t tiles
-  if (PASS == 2) lin = n_ct * n_t - 1 - lin;  // reverse order: reuse what pass 1 left in L2
+  if (PASS == 1) lin = n_ct * n_t - 1 - lin;  // pass 1 from the end: see the header (tile order)
   const int64_t t = static_cast<uint32_t>(lin) / static_cast<uint32_t>(n_ct);  // < kMaxGridX tiles: 32-bit division
   const int64_t ct = lin - t * n_ct;
   const int64_t c0 = ct * kTileCols;

@@ -255,7 +255,10 @@ def test_gpu_timing():
     m = _small().cuda()
     rep = cost.report(m, torch.randn(8, 3, 32, 32, device="cuda"), iters=3)
     assert rep.timed and all(r["ms_hot"] > 0 and r["ms_exact"] > 0 for r in rep.rows)
-    assert "bwd ms HOT" in rep.render("text")
+    assert all(r["fwd_ms_hot"] > 0 and r["fwd_ms_exact"] > 0 for r in rep.rows)
+    assert rep.total["fwd_ms_hot"] == pytest.approx(sum(r["fwd_ms_hot"] for r in rep.rows))
+    text = rep.render("text")
+    assert "bwd ms HOT" in text and "fwd ms HOT" in text and "forward + backward" in text
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -313,9 +316,20 @@ def test_verdict_gives_no_memory_credit_for_an_input_its_producer_keeps():
     assert cost._verdict(dict(base, kept_hot=0, shared=True)).startswith("keep exact: 0.10x")
     # under autocast both keep the weight's bf16 copy (512 bytes) beside the input the producer keeps (4096)
     v = cost._verdict(dict(base, kept_exact=4096 + 512, kept_hot=512, shared=True, shared_bytes=4096))
-    assert v == "keep exact: 0.10x backward time, no memory change (its producer keeps the input either way)"
+    assert v == "keep exact: 0.10x backward speed, no memory change (its producer keeps the input either way)"
     assert cost._verdict(dict(base, kept_hot=1024, shared=False)).startswith("convert for memory: 0.10x")
-    assert cost._verdict(dict(base, kept_hot=1024, ms_hot=0.2)).startswith("convert: 2.00x faster")
+    assert cost._verdict(dict(base, kept_hot=1024, ms_hot=0.2)).startswith("convert: 2.00x faster backward")
+
+
+def test_verdict_weighs_the_forward_where_it_was_timed():
+    """HOT's forward also forms the int8 copy of the input (ABC): a layer whose backward is faster than exact's but
+    whose forward costs more than that gain is not 'faster' (ViT-B's fc2 on an H200: backward 1.17x, ABC ~90 us)."""
+    row = dict(kept_exact=4096, kept_hot=1024, gbops_exact=10.0, gbops_hot=2.0, ms_exact=0.33, ms_hot=0.28)
+    assert cost._verdict(row).startswith("convert: 1.18x faster backward")
+    slow_fwd = dict(row, fwd_ms_exact=0.20, fwd_ms_hot=0.30)
+    assert cost._verdict(slow_fwd) == "convert for memory: 0.91x forward + backward speed, 4.0x less kept"
+    fast = dict(row, fwd_ms_exact=0.20, fwd_ms_hot=0.21)
+    assert cost._verdict(fast).startswith("convert: 1.08x faster forward + backward")
 
 
 def test_report_counts_the_relu_masks():

@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="version, backends, GPU and arch, kernels compiled in")
     i.set_defaults(fn=cmd_info)
     s = sub.add_parser("summary", help="per-layer HOT cost report of a model: bytes kept, backward operations and "
-                       "GBOPs, GPU backward time, exact vs HOT")
+                       "GBOPs, GPU forward and backward time, exact vs HOT")
     s.add_argument("model", help="a built-in model (vit, cnn, vit_synth, cnn_synth, char_lm), a torchvision or timm "
                    "model name (vit_b16 = timm vit_base_patch16_224), or pkg.module:factory")
     s.add_argument("--batch", type=int_in(1), default=None, help="batch of the traced forward (default 128 for "

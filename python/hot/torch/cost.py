@@ -340,9 +340,11 @@ def _gx_direct(call: Call, config) -> bool:
 _SLEEP_CYCLES = 4_000_000  # ~2-3 ms at a GPU's clock: longer than the host needs to enqueue one layer's backward
 
 
-def _bench_pair(call: Call, config, device, iters: int = 10, warmup: int = 3) -> Tuple[float, float]:
-    """(HOT, exact) median backward time in ms of one layer of ``call``'s shape on ``device`` (CUDA events around
-    ``backward`` only; each iteration runs its own forward)."""
+def _bench_pair(call: Call, config, device, iters: int = 10,
+                warmup: int = 3) -> Tuple[Tuple[float, float], Tuple[float, float]]:
+    """((HOT forward, HOT backward), (exact forward, exact backward)): median times in ms of one layer of ``call``'s
+    shape on ``device``, each between CUDA events of its own (a forward and its backward per iteration). The forward
+    counts: HOT's keeps the layer's int8 buffer of its input (ABC, SPEC §2), work exact training does not do."""
     from .layers import Conv2d as HotConv2d, Linear as HotLinear
 
     dt = call.dtype
@@ -367,29 +369,39 @@ def _bench_pair(call: Call, config, device, iters: int = 10, warmup: int = 3) ->
     # enqueues it (autograd, the layer's Python), so the events bracket the kernels alone, as bench_hot's do; the
     # host's share of a layer is a separate cost (benchmarks/profile_step.py)
     sleep = getattr(torch.cuda, "_sleep", None)
+    def start():  # the events of one timed range, the GPU kept busy while the host enqueues it
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        if sleep is not None:
+            sleep(_SLEEP_CYCLES)
+        a.record()
+        return a, b
+
+    def median(ev):
+        ms = sorted(a.elapsed_time(b) for a, b in ev)
+        return ms[len(ms) // 2]
+
     out = []
     for m in (ho, ex):  # in the layer's dtype itself, whatever autocast state the caller traced under
         g = None
-        times = []
+        fwd, bwd = [], []
         for i in range(warmup + iters):
+            ef = start()
             with torch.autocast(device.type, enabled=False):
                 y = m(x)
+            ef[1].record()
             if g is None:
                 g = torch.randn_like(y)
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize(device)
-            if sleep is not None:
-                sleep(_SLEEP_CYCLES)
-            a.record()
+            eb = start()
             y.backward(g)
-            b.record()
+            eb[1].record()
             if i >= warmup:
-                times.append((a, b))
+                fwd.append(ef)
+                bwd.append(eb)
             m.zero_grad(set_to_none=True)
             x.grad = None
         torch.cuda.synchronize(device)
-        ms = sorted(a.elapsed_time(b) for a, b in times)
-        out.append(ms[len(ms) // 2])
+        out.append((median(fwd), median(bwd)))
     return out[0], out[1]
 
 
@@ -436,6 +448,11 @@ def _verdict(row: dict) -> str:
     else:
         mem = "no memory saving"
     te, th = row.get("ms_exact"), row.get("ms_hot")
+    fe, fh = row.get("fwd_ms_exact"), row.get("fwd_ms_hot")
+    if te is not None and th is not None and fe is not None and fh is not None:  # the layer's whole training time
+        te, th, what = te + fe, th + fh, "forward + backward"
+    else:
+        what = "backward"
     if te is None or th is None:
         be, bh = row["gbops_exact"], row["gbops_hot"]
         if bh <= be:
@@ -445,10 +462,13 @@ def _verdict(row: dict) -> str:
         return f"{mem}; {ops_s}; time not measured"
     speed = te / th if th > 0 else float("inf")
     if speed >= 1.05:
-        return f"convert: {speed:.2f}x faster backward, {mem}"
+        return f"convert: {speed:.2f}x faster {what}, {mem}"
     if hh < he and not row.get("shared"):  # a real saving (not an input its producer keeps either way)
-        return f"convert for memory: {speed:.2f}x backward time, {mem}"
-    return f"keep exact: {speed:.2f}x backward time, {mem}"
+        return f"convert for memory: {speed:.2f}x {what} speed, {mem}"
+    return f"keep exact: {speed:.2f}x {what} speed, {mem}"
+
+
+_TIME_KEYS = ("ms_", "fwd_ms_")  # the timing columns (CUDA only)
 
 
 @dataclass
@@ -463,8 +483,8 @@ class Report:
                ("why", "why"), ("kept_exact", "kept (exact)"), ("kept_hot", "kept (HOT)"), ("kept_measured", "kept (hooks)"),
                ("fp_exact", "exact FLOPs"), ("fp_hot", "HOT float FLOPs"), ("int8", "HOT int8 OPs"),
                ("int4", "HOT int4 OPs"), ("overhead", "HOT overhead ops"), ("gbops_exact", "GBOPs exact"),
-               ("gbops_hot", "GBOPs HOT"), ("ms_exact", "bwd ms exact"), ("ms_hot", "bwd ms HOT"),
-               ("verdict", "verdict")]
+               ("gbops_hot", "GBOPs HOT"), ("fwd_ms_exact", "fwd ms exact"), ("fwd_ms_hot", "fwd ms HOT"),
+               ("ms_exact", "bwd ms exact"), ("ms_hot", "bwd ms HOT"), ("verdict", "verdict")]
 
     def _cells(self, r: dict, human: bool) -> List[str]:
         out = []
@@ -480,7 +500,7 @@ class Report:
                 out.append(_fmt_count(v))
             elif k.startswith("gbops"):
                 out.append(f"{v / 1e9:.3f}")
-            elif k.startswith("ms"):
+            elif k.startswith(_TIME_KEYS):
                 out.append(f"{v:.3f}")
             else:
                 out.append(str(v))
@@ -489,7 +509,7 @@ class Report:
     def render(self, format: str = "text") -> str:
         if format not in ("text", "markdown", "csv"):
             raise ValueError(f"hot.torch.cost: format must be 'text', 'markdown' or 'csv', got {format!r}")
-        cols = [c for c in self.COLUMNS if self.timed or not c[0].startswith("ms")]
+        cols = [c for c in self.COLUMNS if self.timed or not c[0].startswith(_TIME_KEYS)]
         keys = [k for k, _ in cols]
         idx = [i for i, (k, _) in enumerate(self.COLUMNS) if k in keys]
         body = [self.rows[i] for i in range(len(self.rows))] + [self.total]
@@ -515,8 +535,8 @@ class Report:
         return "\n".join(lines)
 
     def plot(self, path: str) -> Optional[str]:
-        """Write a figure (backward time per layer, exact vs HOT, where measured, else GBOPs; bytes kept per layer) to
-        ``path``. Returns None, or why no plot was written (matplotlib missing)."""
+        """Write a figure (forward + backward time per layer, exact vs HOT, where measured, else GBOPs; bytes kept per
+        layer) to ``path``. Returns None, or why no plot was written (matplotlib missing)."""
         try:
             import matplotlib
             matplotlib.use("Agg", force=False)
@@ -529,10 +549,10 @@ class Report:
         ys = list(range(n))
         h = 0.4
         if self.timed:
-            a = [r["ms_exact"] or 0.0 for r in self.rows]
-            b = [r["ms_hot"] or 0.0 for r in self.rows]
-            axes[0].set_xlabel("backward time (ms)")
-            axes[0].set_title("backward time per layer")
+            a = [(r["ms_exact"] or 0.0) + (r["fwd_ms_exact"] or 0.0) for r in self.rows]
+            b = [(r["ms_hot"] or 0.0) + (r["fwd_ms_hot"] or 0.0) for r in self.rows]
+            axes[0].set_xlabel("forward + backward time (ms)")
+            axes[0].set_title("forward + backward time per layer")
         else:
             a = [r["gbops_exact"] / 1e9 for r in self.rows]
             b = [r["gbops_hot"] / 1e9 for r in self.rows]
@@ -598,10 +618,11 @@ def report(model: nn.Module, input: Any, config=None, time: Optional[bool] = Non
         time = dev.type == "cuda"
     timed = bool(time and dev.type == "cuda" and torch.cuda.is_available())
     notes = []
-    cache: Dict[Tuple, Tuple[float, float]] = {}
+    cache: Dict[Tuple, Tuple[Tuple[float, float], Tuple[float, float]]] = {}
     rows = []
     tot = dict(kept_exact=0, kept_hot=0, kept_measured=0, fp_exact=0, fp_hot=0, int8=0, int4=0, overhead=0,
-               gbops_exact=0, gbops_hot=0, ms_exact=0.0 if timed else None, ms_hot=0.0 if timed else None)
+               gbops_exact=0, gbops_hot=0, ms_exact=0.0 if timed else None, ms_hot=0.0 if timed else None,
+               fwd_ms_exact=0.0 if timed else None, fwd_ms_hot=0.0 if timed else None)
     measured_ok = True
     shared_exact = 0
     for name, m, calls in traced:
@@ -610,7 +631,7 @@ def report(model: nn.Module, input: Any, config=None, time: Optional[bool] = Non
         cfg, why = _resolve(config, m)
         ho_all, ex_all = OpCount(), OpCount()
         kh = ke = km = 0
-        te = th = 0.0
+        te = th = fe = fh = 0.0
         for c in calls:
             ho, ex = ops_of(c, cfg)
             ho_all, ex_all = ho_all + ho, ex_all + ex
@@ -620,7 +641,8 @@ def report(model: nn.Module, input: Any, config=None, time: Optional[bool] = Non
                 k = c.key(cfg)
                 if k not in cache:
                     cache[k] = _bench_pair(c, cfg, dev, iters=iters)
-                th, te = th + cache[k][0], te + cache[k][1]
+                (f_h, b_h), (f_e, b_e) = cache[k]
+                th, te, fh, fe = th + b_h, te + b_e, fh + f_h, fe + f_e
         own = cfg == m.hot_config
         measured_ok &= own
         c0 = calls[0]
@@ -632,6 +654,7 @@ def report(model: nn.Module, input: Any, config=None, time: Optional[bool] = Non
                    fp_exact=ex_all.fp, fp_hot=ho_all.fp, int8=ho_all.int8, int4=ho_all.int4,
                    overhead=ho_all.overhead_total, gbops_exact=ex_all.bops, gbops_hot=ho_all.bops,
                    ms_exact=te if timed else None, ms_hot=th if timed else None,
+                   fwd_ms_exact=fe if timed else None, fwd_ms_hot=fh if timed else None,
                    ops_hot=ho_all, ops_exact=ex_all)
         row["shared_bytes"] = sum(_x_bytes(c) for c in calls if c.shared and c.need_gw and not cfg.exact)
         row["verdict"] = _verdict(row)
@@ -644,6 +667,8 @@ def report(model: nn.Module, input: Any, config=None, time: Optional[bool] = Non
         if timed:
             tot["ms_exact"] += te
             tot["ms_hot"] += th
+            tot["fwd_ms_exact"] += fe
+            tot["fwd_ms_hot"] += fh
     if not measured_ok:
         tot["kept_measured"] = None
         notes.append("kept (hooks): measured only for layers whose own configuration is the one reported")
@@ -669,11 +694,12 @@ def report(model: nn.Module, input: Any, config=None, time: Optional[bool] = Non
         notes.append("int4 OPs run as s4 GEMMs on Ampere/Ada only; on Hopper and the CPU the same values go through "
                      "the s8 GEMM (SPEC §6)")
     if timed:
-        notes.append(f"backward time: median of {iters} runs per distinct layer shape on "
-                     f"{torch.cuda.get_device_name(dev)}, HOT vs torch's exact backward (cuBLAS/cuDNN), CUDA events "
-                     f"around backward only, GPU time (the host enqueues behind a sleep kernel; its own time per layer "
-                     f"is not included)")
+        notes.append(f"forward and backward time: medians of {iters} runs per distinct layer shape on "
+                     f"{torch.cuda.get_device_name(dev)}, HOT vs torch's exact layer (cuBLAS/cuDNN), CUDA events "
+                     f"around the forward and around the backward, GPU time (the host enqueues behind a sleep kernel; "
+                     f"its own time per layer is not included); the verdicts weigh their sum, since HOT's forward "
+                     f"also forms the int8 copy of the input")
     else:
-        notes.append(f"backward time: not measured (the model is on {dev.type}; the timing runs on a CUDA device "
-                     f"only): verdicts are from bytes and operation counts")
+        notes.append(f"time: not measured (the model is on {dev.type}; the timing runs on a CUDA device only): "
+                     f"verdicts are from bytes and operation counts")
     return Report(rows=rows, total=tot, notes=notes, timed=timed)

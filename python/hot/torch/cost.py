@@ -483,7 +483,8 @@ class Report:
                ("why", "why"), ("kept_exact", "kept (exact)"), ("kept_hot", "kept (HOT)"), ("kept_measured", "kept (hooks)"),
                ("fp_exact", "exact FLOPs"), ("fp_hot", "HOT float FLOPs"), ("int8", "HOT int8 OPs"),
                ("int4", "HOT int4 OPs"), ("overhead", "HOT overhead ops"), ("gbops_exact", "GBOPs exact"),
-               ("gbops_hot", "GBOPs HOT"), ("fwd_ms_exact", "fwd ms exact"), ("fwd_ms_hot", "fwd ms HOT"),
+               ("gbops_hot", "GBOPs HOT"),
+               ("fwd_ms_exact", "fwd ms exact"), ("fwd_ms_hot", "fwd ms HOT"),
                ("ms_exact", "bwd ms exact"), ("ms_hot", "bwd ms HOT"), ("verdict", "verdict")]
 
     def _cells(self, r: dict, human: bool) -> List[str]:

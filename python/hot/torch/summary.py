@@ -98,8 +98,9 @@ def summary(model: nn.Module, input: Any = None, file=None, *, cost: bool = Fals
     :mod:`hot.torch.cost` instead, for ``input`` (needed): per layer and in total, exact against the configuration
     each layer would run (``config``: None, each layer's own; "default"; "paper"; a hot.Config), bytes kept for
     backward, backward operations by precision and GBOPs as the paper counts them, and on a CUDA device the measured
-    forward and backward times per distinct layer shape (``time``: default on CUDA), with a verdict per layer. ``format``: "text",
-    "markdown" or "csv"; ``plot``: a path for a figure (time or GBOPs, and bytes, per layer; needs matplotlib)."""
+    forward and backward times per distinct layer shape (``time``: default on CUDA), with a verdict per layer.
+    ``format``: "text", "markdown" or "csv"; ``plot``: a path for a figure (time or GBOPs, and bytes, per layer; needs
+    matplotlib)."""
     if cost or format != "text" or plot is not None or config is not None:
         return _cost_summary(model, input, file, config, format, plot, time)
     if input is not None:

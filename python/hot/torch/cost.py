@@ -18,6 +18,7 @@ For every HOT layer of a model, and for one traced forward pass of a real input,
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import math
@@ -365,39 +366,37 @@ def _bench_pair(call: Call, config, device, iters: int = 10,
         for p_ in m.parameters():
             p_.requires_grad_(call.need_gw)
     x.requires_grad_(call.need_gx)
-    # GPU time, not host time: a sleep kernel queued ahead of each timed backward keeps the GPU busy while the host
+    # GPU time, not host time: a sleep kernel queued ahead of each timed range keeps the GPU busy while the host
     # enqueues it (autograd, the layer's Python), so the events bracket the kernels alone, as bench_hot's do; the
     # host's share of a layer is a separate cost (benchmarks/profile_step.py)
     sleep = getattr(torch.cuda, "_sleep", None)
-    def start():  # the events of one timed range, the GPU kept busy while the host enqueues it
+
+    @contextlib.contextmanager
+    def timed(into: list):  # events around the block, the GPU kept busy while the host enqueues it
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize(device)
         if sleep is not None:
             sleep(_SLEEP_CYCLES)
         a.record()
-        return a, b
+        yield
+        b.record()
+        into.append((a, b))
 
-    def median(ev):
-        ms = sorted(a.elapsed_time(b) for a, b in ev)
+    def median(ev) -> float:
+        ms = sorted(a.elapsed_time(b) for a, b in ev[warmup:])
         return ms[len(ms) // 2]
 
     out = []
     for m in (ho, ex):  # in the layer's dtype itself, whatever autocast state the caller traced under
         g = None
         fwd, bwd = [], []
-        for i in range(warmup + iters):
-            ef = start()
-            with torch.autocast(device.type, enabled=False):
+        for _ in range(warmup + iters):
+            with timed(fwd), torch.autocast(device.type, enabled=False):
                 y = m(x)
-            ef[1].record()
             if g is None:
                 g = torch.randn_like(y)
-            eb = start()
-            y.backward(g)
-            eb[1].record()
-            if i >= warmup:
-                fwd.append(ef)
-                bwd.append(eb)
+            with timed(bwd):
+                y.backward(g)
             m.zero_grad(set_to_none=True)
             x.grad = None
         torch.cuda.synchronize(device)

@@ -158,6 +158,26 @@ void register_blocks(py::module_& m) {
       py::arg("padding"), py::arg("dilation"), py::arg("patches"), py::arg("rank"), py::arg("stream"));
 
   m.def(
+      "im2col_t",
+      [](py::handle map, py::handle cols_t, std::vector<int64_t> nchw, std::vector<int> kernel, std::vector<int> stride,
+         std::vector<int> padding, std::vector<int> dilation, bool patches, int64_t stream) {
+        const char* op = "im2col_t";
+        const hot::ConvGeometry g = geometry(op, nchw, kernel, stride, padding, dilation, patches);
+        OpContext ctx(op, stream);
+        hot::TensorView mv = nonempty(ctx.input(map, "q_map", hotpy::kS8), op, "q_map"), o;
+        const int64_t L = std::max<int64_t>(0, g.N * g.out_h() * g.out_w());  // (none: the core names the geometry)
+        py::object r = output(ctx, cols_t, "cols_t", hotpy::kS8, hot::DType::s8,
+                              {static_cast<int64_t>(g.kh) * g.kw * g.C, hot::padded_k(L)}, o, -2);
+        {
+          py::gil_scoped_release nogil;
+          hot::im2col_t(mv, g, o, ctx.stream());
+        }
+        return r;
+      },
+      py::arg("map"), py::arg("cols_t"), py::arg("x_shape"), py::arg("kernel"), py::arg("stride"), py::arg("padding"),
+      py::arg("dilation"), py::arg("patches"), py::arg("stream"));
+
+  m.def(
       "transpose",
       [](py::handle in, py::handle out, int64_t stream) {
         const char* op = "transpose";

@@ -64,11 +64,12 @@ void register_layers(py::module_& m) {
       .def_property_readonly("rows", [](const PySaved& s) { return s.s->rows; })
       .def_property_readonly("cols", [](const PySaved& s) { return s.s->cols; })
       .def_property_readonly("rank", [](const PySaved& s) { return s.s->rank; })
+      .def_property_readonly("codes", [](const PySaved& s) { return s.s->codes; })
       .def_property_readonly("nbytes", [](const PySaved& s) { return s.s->nbytes(); })
       .def_static(
           "wrap",
           [](py::handle q, py::handle scale, int64_t rows, int64_t cols, int rank, int64_t stream,
-             const std::string& op_name) {
+             const std::string& op_name, bool codes) {
             const char* op = op_name.c_str();
             HOT_CHECK_VALUE(rows > 0 && cols > 0, op, ": saved activation rows and cols must be positive, got ", rows,
                             " and ", cols);
@@ -78,6 +79,7 @@ void register_layers(py::module_& m) {
             s->rows = rows;
             s->cols = cols;
             s->rank = rank;
+            s->codes = codes;
             hot::TensorView qv = ctx.input(q, "saved.q", hotpy::kS8, -2);
             const bool q_ro = ctx.last_read_only();
             s->q = hot::Tensor::wrap(qv, ctx.release_last());
@@ -87,8 +89,9 @@ void register_layers(py::module_& m) {
             return PySaved{s, stream, q_ro, s_ro};
           },
           py::arg("q"), py::arg("scale"), py::arg("rows"), py::arg("cols"), py::arg("rank"), py::arg("stream"),
-          py::arg("op") = "backward_linear",
-          "A core SavedActivation over the caller's q and scale arrays (no copy; they are kept alive).");
+          py::arg("op") = "backward_linear", py::arg("codes") = false,
+          "A core SavedActivation over the caller's q and scale arrays (no copy; they are kept alive); codes: q holds "
+          "x's own int8 codes, transposed (im2col_t), and scale their scale (SPEC §4, g_w from G~'s codes).");
 
   m.def(
       "compress_activation",

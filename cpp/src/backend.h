@@ -48,6 +48,7 @@ struct GradOutputQuant {
   void pack_int4(const TensorView& q, const TensorView& packed, Stream s);                                 \
   void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out, Stream s);              \
   void im2col(const TensorView& map, const ConvGeometry& g, const TensorView& cols, Stream s);              \
+  void im2col_t(const TensorView& map, const ConvGeometry& g, const TensorView& cols_t, Stream s);         \
   void transpose(const TensorView& in, const TensorView& out, Stream s);                                   \
   void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, Stream s);             \
   void relu_mask_backward(const TensorView& gy, const TensorView& bits, const TensorView& gx, Stream s);   \

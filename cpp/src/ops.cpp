@@ -219,6 +219,22 @@ void im2col(const TensorView& map, const ConvGeometry& g, const TensorView& cols
   HOT_DISPATCH(map.device, im2col, map, g, cols, stream);
 }
 
+void im2col_t(const TensorView& map, const ConvGeometry& g, const TensorView& cols_t, Stream stream) {
+  const char* op = "im2col_t";
+  const auto [Ho, Wo] = check_conv_geometry(op, g);
+  check_typed_matrix(op, "q_map", map, DType::s8);
+  HOT_CHECK_SHAPE(op, "q_map", map, (std::vector<int64_t>{g.N * g.H * g.W, g.C}));
+  check_typed_matrix(op, "cols_t", cols_t, DType::s8);
+  const int64_t L = g.N * Ho * Wo, CKK = static_cast<int64_t>(g.kh) * g.kw * g.C;
+  HOT_CHECK_VALUE(cols_t.shape[0] == CKK && cols_t.shape[1] >= L, op, ": cols_t has shape ", shape_str(cols_t.shape),
+                  ", expected kh * kw * C = ", CKK, " rows and at least N * Ho * Wo = ", L, " columns");
+  HOT_CHECK_SAME_DEVICE(op, "q_map", map, "cols_t", cols_t);
+  const auto [mb, me] = byte_span(map);
+  const auto [cb, ce] = byte_span(cols_t);
+  HOT_CHECK_VALUE(me <= cb || ce <= mb, op, ": cols_t must not overlap q_map");
+  HOT_DISPATCH(map.device, im2col_t, map, g, cols_t, stream);
+}
+
 namespace {
 
 // x and y of an elementwise operation: n-element float vectors of one dtype on one device, y either x itself or
@@ -488,20 +504,21 @@ void check_seed(const char* op, const Seed& seed, const TensorView& gy) {
 // codes of G~ (conv_grad_input), else nullptr (g_x = G~ W~ as a GEMM).
 void backward_rows(const TensorView& gy, const QuantizedWeight& wq, const TensorView& q, const TensorView& scale,
                    const Config& config, const Seed& seed, const BackwardOutputs& out, Stream stream,
-                   const ConvGeometry* conv = nullptr) {
+                   const ConvGeometry* conv = nullptr, bool codes = false) {
   const bool gx = requested(out.grad_input), gw = requested(out.grad_weight), gb = requested(out.grad_bias);
+  const bool gw_codes = gw && codes;  // g_w from G~'s codes and x's (SPEC §4): G~ is formed, G^ is not
   const int64_t L = gy.shape[0], O = gy.shape[1];
   const Device dev = gy.device;
   const int block = hq_block_size(O);
   const int64_t O_pad = padded_k(O);
-  const int64_t K = gw ? hla_rows(L, config.rank) : 0;
+  const int64_t K = gw && !gw_codes ? hla_rows(L, config.rank) : 0;
 
   GradOutputPlan plan;
-  plan.gx = gx;
+  plan.gx = gx || gw_codes;
   plan.gx_bits = config.gx_bits;
   plan.block = block;
   plan.gx_scale = config.gx_scale;
-  plan.gw = gw;
+  plan.gw = gw && !gw_codes;
   plan.rank = config.rank;
   plan.rounding = config.rounding;
   plan.seed = seed.value;
@@ -510,13 +527,13 @@ void backward_rows(const TensorView& gy, const QuantizedWeight& wq, const Tensor
 
   Tensor q_g, s_g, q_gh_t, s_gh;
   GradOutputQuant qo;
-  if (gx) {
+  if (plan.gx) {
     q_g = Tensor::empty(DType::s8, {L, O_pad}, dev, stream);
     s_g = Tensor::empty(DType::f32, {config.gx_scale == ScaleMode::tensor ? 1 : L}, dev, stream);
     qo.q_g = q_g.view();
     qo.s_g = s_g.view();
   }
-  if (gw) {
+  if (plan.gw) {
     q_gh_t = Tensor::empty(DType::s8, {O, padded_k(K)}, dev, stream);
     s_gh = Tensor::empty(DType::f32, {1}, dev, stream);
     qo.q_gh_t = q_gh_t.view();
@@ -531,9 +548,23 @@ void backward_rows(const TensorView& gy, const QuantizedWeight& wq, const Tensor
   else if (gx)
     HOT_DISPATCH(dev, gemm_s8_dequant, q_g.view(), wq.q_wt.view(), s_g.view(), wq.s_w.view(), 1.0f / block,
                  config.gx_bits, out.grad_input, stream);
-  if (gw)
+  if (gw_codes) {
+    // g_w = blockdiag(H_b) (G~ᵀ x) / b: G~'s codes transposed (O x K, zero past L: the K-major A operand) against x's
+    // codes (q: I x K), dequantised by s_g * s_x / b into grad_weight (f32), then H_b along O in place
+    const int64_t Kc = q.shape[1];
+    Tensor q_g_t = Kc > L ? Tensor::zeros(DType::s8, {O, Kc}, dev, stream) : Tensor::empty(DType::s8, {O, Kc}, dev, stream);
+    TensorView src = q_g.view(), dst = q_g_t.view();
+    src.shape = {1, L, O};
+    src.strides = {L * O_pad, O_pad, 1};
+    dst.shape = {1, O, L};
+    dst.strides = {O * Kc, Kc, 1};
+    HOT_DISPATCH(dev, transpose, src, dst, stream);
+    HOT_DISPATCH(dev, gemm_s8_dequant, q_g_t.view(), q, s_g.view(), scale, 1.0f / block, 8, out.grad_weight, stream);
+    HOT_DISPATCH(dev, hadamard_transform, out.grad_weight, out.grad_weight, block, 0, stream);
+  } else if (gw) {
     HOT_DISPATCH(dev, gemm_s8_dequant, q_gh_t.view(), q, s_gh.view(), scale, 1.0f / 16.0f, 8, out.grad_weight,
                  stream);
+  }
 }
 
 // The arguments of an integer backward over L rows (backward_linear's, and backward_conv2d's over its columns): shapes,
@@ -555,6 +586,14 @@ void check_backward_inputs(const char* op, const TensorView& gy, const TensorVie
     const TensorView& q = saved->q.view();
     check_typed_matrix(op, "saved.q", q, DType::s8);
     check_out_shape(op, "saved.q", q, I, padded_k(hla_rows(L, rank)));
+    if (saved->codes) {  // g_w from the codes of G~ and of x (SPEC §4): full rank, G~ in 8 bits with one scale
+      HOT_CHECK_VALUE(rank == 16 && config.gx_bits == 8 && config.gx_scale == ScaleMode::tensor, op,
+                      ": saved holds x's codes (saved.codes), which needs config.rank 16, gx_bits 8 and a per-tensor "
+                      "g_x scale; got rank ", rank, ", gx_bits ", config.gx_bits, ", gx_scale ",
+                      config.gx_scale == ScaleMode::tensor ? "tensor" : "token");
+      HOT_CHECK_DTYPE(op, "grad_weight", out.grad_weight, out.grad_weight.dtype == DType::f32,
+                      "float32 (g_w from the codes is transformed in float32 in place)");
+    }
     check_vector(op, "saved.scale", saved->scale.view(), 1, false, DType::f32);
     HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "saved.q", q);
     HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "saved.scale", saved->scale.view());
@@ -604,7 +643,7 @@ void backward_linear_impl(const TensorView& gy, const TensorView& w, const Saved
     saved = &own;
   }
   backward_rows(gy, wq, gw ? saved->q.view() : TensorView{}, gw ? saved->scale.view() : TensorView{}, config, seed,
-                out, stream);
+                out, stream, nullptr, gw && saved->codes);
 }
 
 }  // namespace
@@ -651,7 +690,7 @@ void backward_conv2d(const TensorView& gy, const TensorView& w, const SavedActiv
   }
   const QuantizedWeight wq = weight_q != nullptr ? *weight_q : quantize_weight(w, config.gx_bits, stream);
   backward_rows(gy, wq, gw ? saved->q.view() : TensorView{}, gw ? saved->scale.view() : TensorView{}, config, seed, out,
-                stream, &g);
+                stream, &g, gw && saved->codes);
 }
 
 QuantizedWeight quantize_weight(const TensorView& w, int gx_bits, Stream stream) {

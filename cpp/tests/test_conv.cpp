@@ -232,6 +232,53 @@ TEST(Cpu_CompressColumns, RefusesBadArguments) {
                          {"compress_columns", "rank"}));
 }
 
+// im2col_t (SPEC §8) is the transpose of the int8 map's im2col columns: every byte against a gather from the map
+// (zeros in the padding), the columns past L zero (outputs poisoned first), for cols_t wider than padded_k(L) and with
+// a row stride, and a map row stride.
+TEST(Cpu_Im2colT, EqualsTransposedGather) {
+  uint64_t seed = 2950;
+  for (const Geom& g : kGeoms)
+    for (int64_t pad : {0, 3}) {
+      const hot::ConvGeometry cg = to_core(g);
+      const int64_t Ho = cg.out_h(), Wo = cg.out_w(), L = g.N * Ho * Wo, K = g.C * g.kh * g.kw, P = g.N * g.H * g.W;
+      const std::vector<int64_t> ints = randint(static_cast<size_t>(P * g.C), seed++, -128, 127);
+      HostTensor map = host_from_int(DType::s8, P, g.C, ints, g.C + pad);
+      const int64_t width = hot::padded_k(L) + 16 * pad;
+      HostTensor q = HostTensor::make2d(DType::s8, K, width, width + pad);
+      std::memset(q.bytes(), 0x5a, q.nbytes());
+      hot::im2col_t(map, cg, q);
+      for (int64_t n = 0; n < g.N; ++n)
+        for (int64_t ho = 0; ho < Ho; ++ho)
+          for (int64_t wo = 0; wo < Wo; ++wo)
+            for (int i = 0; i < g.kh; ++i)
+              for (int j = 0; j < g.kw; ++j)
+                for (int64_t c = 0; c < g.C; ++c) {
+                  const int64_t hp = ho * g.sh + i * g.dh, wp = wo * g.sw + j * g.dw;  // padded coordinates
+                  const bool inside = hp >= g.ph && hp < g.H + g.ph && wp >= g.pw && wp < g.W + g.pw;
+                  const int64_t want = inside ? ints[static_cast<size_t>(((n * g.H + hp - g.ph) * g.W + wp - g.pw) * g.C + c)] : 0;
+                  const int64_t col = (static_cast<int64_t>(i) * g.kw + j) * g.C + c;
+                  ASSERT_EQ(q.geti(col, row_of(g, Ho, Wo, n, ho, wo)), want) << "geometry " << (&g - kGeoms.data());
+                }
+      for (int64_t col = 0; col < K; ++col)
+        for (int64_t l = L; l < width; ++l) ASSERT_EQ(q.geti(col, l), 0) << "geometry " << (&g - kGeoms.data());
+    }
+}
+
+TEST(Cpu_Im2colT, RefusesBadArguments) {
+  hot::ConvGeometry g;
+  g.N = 1, g.C = 2, g.H = 4, g.W = 4, g.kh = 3, g.kw = 3, g.ph = 1, g.pw = 1;
+  HostTensor map = HostTensor::make2d(DType::s8, 16, 2), q = HostTensor::make2d(DType::s8, 18, 16);
+  EXPECT_NO_THROW(hot::im2col_t(map, g, q));
+  HostTensor mapf = HostTensor::make2d(DType::f32, 16, 2);
+  EXPECT_TRUE(throws_hot([&] { hot::im2col_t(mapf, g, q); }, hot::ErrorKind::type, {"im2col_t", "q_map", "int8"}));
+  HostTensor narrow = HostTensor::make2d(DType::s8, 18, 15);
+  EXPECT_TRUE(throws_hot([&] { hot::im2col_t(map, g, narrow); }, hot::ErrorKind::value,
+                         {"im2col_t", "cols_t", "(18, 15)", "16"}));
+  HostTensor short_rows = HostTensor::make2d(DType::s8, 17, 16);
+  EXPECT_TRUE(throws_hot([&] { hot::im2col_t(map, g, short_rows); }, hot::ErrorKind::value,
+                         {"im2col_t", "cols_t", "18"}));
+}
+
 // transpose against an element-by-element copy of the raw bytes (a copy: equal bits, NaN patterns included), with
 // the output's padding (row padding and rows between batches) left as it was.
 TEST(Cpu_Transpose, EqualsElementwiseCopy) {
@@ -391,6 +438,80 @@ TEST(Cpu_BackwardConv2d, LongContractionsAreOneCall) {
   EXPECT_LT(std::sqrt(e / n), 1e-6);
 }
 
+// g_w from the codes of G~ and of the map's columns (SPEC §4, §8; saved.codes): the test's replica of the g_y pass
+// gives G~'s codes (ref_backward's qg), whose int64 products with the map's columns, transformed along O by H_b in
+// float64 and scaled by s_g s_map / b, bound the result by the dequantisation's fp32 roundings and the transform's
+// log2(b) levels of fp32 additions (relative to the sum of the magnitudes that meet in each output). g_x and g_b are
+// the call's with the ABC buffer of the columns bit for bit (the same G~), and g_w does not depend on whether g_x was
+// asked for (G~ is formed for g_w alone then: the model's first layer).
+TEST(Cpu_BackwardConv2d, GwFromTheCodes) {
+  uint64_t seed = 3500;
+  for (const Geom& g : kGeoms)
+    for (int64_t O : {20, 32}) {  // Hadamard blocks 4 and 16
+      SCOPED_TRACE(testing::Message() << "geometry " << (&g - kGeoms.data()) << " O " << O);
+      const hot::ConvGeometry cg = to_core(g);
+      const int64_t L = g.N * cg.out_h() * cg.out_w(), CKK = g.C * g.kh * g.kw, P = g.N * g.H * g.W;
+      const hot::Config cfg;  // the default: rank 16, 8-bit g_x per tensor, stochastic rounding
+      const std::vector<float> gy = randn(static_cast<size_t>(L * O), seed++, 0.01f);
+      const std::vector<float> w = randn(static_cast<size_t>(O * CKK), seed++, 0.1f);
+      const std::vector<int64_t> ints = randint(static_cast<size_t>(P * g.C), seed++, -127, 127);
+      const HostTensor gyt = host_from(DType::f32, L, O, gy), wt = host_from(DType::f32, O, CKK, w);
+      HostTensor map = host_from_int(DType::s8, P, g.C, ints);
+      const float s_map = 0.0123f;
+      hot::SavedActivation saved;
+      saved.rows = L, saved.cols = CKK, saved.rank = 16, saved.codes = true;
+      saved.q = hot::Tensor::empty(DType::s8, {CKK, hot::padded_k(L)}, hot::Device::cpu());
+      saved.scale = hot::Tensor::empty(DType::f32, {1}, hot::Device::cpu());
+      static_cast<float*>(saved.scale.view().data)[0] = s_map;
+      hot::im2col_t(map, cg, saved.q.view());
+      HostTensor gx = HostTensor::make2d(DType::f32, P, g.C), gw = HostTensor::make2d(DType::f32, O, CKK);
+      HostTensor gb = HostTensor::make1d(DType::f32, O);
+      hot::backward_conv2d(gyt, wt, &saved, cg, cfg, seed, {gx.view(), gw.view(), gb.view()});
+      HostTensor gw_alone = HostTensor::make2d(DType::f32, O, CKK);
+      hot::backward_conv2d(gyt, wt, &saved, cg, cfg, seed, {{}, gw_alone.view(), {}});
+      EXPECT_TRUE(bits_equal(gw_alone, gw));
+      // the same call with the ABC buffer of the columns: the same g_x and g_b
+      hot::SavedActivation cols;
+      cols.rows = L, cols.cols = CKK, cols.rank = 16;
+      cols.q = hot::Tensor::empty(DType::s8, {CKK, hot::padded_k(hot::hla_rows(L, 16))}, hot::Device::cpu());
+      cols.scale = hot::Tensor::empty(DType::f32, {1}, hot::Device::cpu());
+      hot::compress_columns(map, cg, cols.q.view(), cols.scale.view(), 16);
+      HostTensor gx2 = HostTensor::make2d(DType::f32, P, g.C), gw2 = HostTensor::make2d(DType::f32, O, CKK);
+      HostTensor gb2 = HostTensor::make1d(DType::f32, O);
+      hot::backward_conv2d(gyt, wt, &cols, cg, cfg, seed, {gx2.view(), gw2.view(), gb2.view()});
+      EXPECT_TRUE(bits_equal(gx, gx2));
+      EXPECT_TRUE(bits_equal(gb, gb2));
+      // float64: D = G~ᵀ X (the codes), then H_b along O
+      const RefBackward ref = ref_backward(gy, w, {}, L, O, CKK, cfg, seed);
+      const int b = ref.block;
+      std::vector<int64_t> colv(static_cast<size_t>(L * CKK));
+      for (int64_t k = 0; k < CKK; ++k)
+        for (int64_t l = 0; l < L; ++l) colv[static_cast<size_t>(l * CKK + k)] = saved.q.view().ptr<int8_t>()[k * hot::padded_k(L) + l];
+      std::vector<double> D(static_cast<size_t>(O * CKK), 0.0);
+      for (int64_t o = 0; o < O; ++o)
+        for (int64_t k = 0; k < CKK; ++k) {
+          int64_t acc = 0;
+          for (int64_t l = 0; l < L; ++l) acc += ref.qg.q[l * O + o] * colv[static_cast<size_t>(l * CKK + k)];
+          D[static_cast<size_t>(o * CKK + k)] = static_cast<double>(acc) * ref.qg.scale[0] * s_map / b;
+        }
+      const std::vector<float> got = gw.to_f32();
+      const double u = std::ldexp(1.0, -24), tol_rel = (4 + std::log2(b)) * u * 1.01;
+      int bad = 0;
+      for (int64_t o = 0; o < O; ++o)
+        for (int64_t k = 0; k < CKK; ++k) {
+          double want = 0, mag = 0;
+          const int64_t g0 = o / b * b;
+          for (int64_t t = 0; t < b; ++t) {  // H_b[o % b][t] = (-1)^popcount((o % b) & t)
+            const double d = D[static_cast<size_t>((g0 + t) * CKK + k)];
+            want += (__builtin_popcountll(static_cast<uint64_t>((o % b) & t)) % 2 ? -d : d);
+            mag += std::fabs(d);
+          }
+          if (!(std::fabs(got[static_cast<size_t>(o * CKK + k)] - want) <= tol_rel * mag + 1e-30)) ++bad;
+        }
+      EXPECT_EQ(bad, 0);
+    }
+}
+
 TEST(Cpu_BackwardConv2d, RefusesBadArguments) {
   const Geom g{1, 4, 6, 6, 3, 3, 1, 1, 1, 1, 1, 1, false};
   const hot::ConvGeometry cg = to_core(g);
@@ -413,4 +534,17 @@ TEST(Cpu_BackwardConv2d, RefusesBadArguments) {
   const hot::QuantizedWeight other = hot::quantize_weight(HostTensor::make2d(DType::f32, 8, 35), cfg.gx_bits);
   EXPECT_TRUE(throws_hot([&] { hot::backward_conv2d(gy, w, nullptr, cg, cfg, 1, {gx.view(), {}, {}}, {}, &other); },
                          hot::ErrorKind::value, {"backward_conv2d", "weight_q"}));
+  // the codes of the columns (saved.codes) need rank 16, 8-bit g_x per tensor, and a float32 g_w
+  hot::SavedActivation codes;
+  codes.rows = 36, codes.cols = 36, codes.rank = 16, codes.codes = true;
+  codes.q = hot::Tensor::zeros(DType::s8, {36, hot::padded_k(36)}, hot::Device::cpu());
+  codes.scale = hot::Tensor::zeros(DType::f32, {1}, hot::Device::cpu());
+  EXPECT_NO_THROW(hot::backward_conv2d(gy, w, &codes, cg, cfg, 1, {gx.view(), gw.view(), {}}));
+  hot::Config four = cfg;
+  four.gx_bits = 4;
+  EXPECT_TRUE(throws_hot([&] { hot::backward_conv2d(gy, w, &codes, cg, four, 1, {gx.view(), gw.view(), {}}); },
+                         hot::ErrorKind::value, {"backward_conv2d", "saved.codes", "gx_bits 4"}));
+  HostTensor gw16 = HostTensor::make2d(DType::bf16, 8, 36);
+  EXPECT_TRUE(throws_hot([&] { hot::backward_conv2d(gy, w, &codes, cg, cfg, 1, {gx.view(), gw16.view(), {}}); },
+                         hot::ErrorKind::type, {"backward_conv2d", "grad_weight", "float32"}));
 }

@@ -365,6 +365,25 @@ def compress_columns(q_map, kernel, stride=1, padding=0, dilation=1, patches: bo
     return SavedActivation(q, scale, (N * Ho * Wo, kernel[0] * kernel[1] * C), config.rank)
 
 
+def column_codes(q_map, scale, kernel, stride=1, padding=0, dilation=1, patches: bool = False) -> SavedActivation:
+    """The g_w operand of a convolution at full rank (SPEC §4 "g_w from G~'s codes", §8): the im2col columns of the
+    int8 map q_map (N, H, W, C, channels-last; e.g. ``hot.quantize``'s q of the map) as they are, transposed
+    (``hot::im2col_t``: (kh*kw*C, padded_k(N*Ho*Wo)) int8, zero past N*Ho*Wo), with the map's scale (a (1,) float32
+    array), as a SavedActivation of x shape (N*Ho*Wo, kh*kw*C) at rank 16 with ``codes`` set: ``backward_linear`` of the
+    columns' g_y rows then takes g_w from the codes of G~ (rank 16, 8-bit per-tensor g_x) with the map's scale applied."""
+    op = "column_codes"
+    q_map = _prep(q_map)
+    c = _Call(op, q_map=q_map)
+    _need_ndim(op, "q_map", q_map, 4, 4)
+    _nonempty(op, "q_map", q_map)
+    N, H, W, C = fws.shape(q_map)
+    kernel, stride = _pair(op, "kernel", kernel, 1), _pair(op, "stride", stride, 1)
+    padding, dilation = _pair(op, "padding", padding, 0), _pair(op, "dilation", dilation, 1)
+    q = _im2col_t(c, q_map, (N, C, H, W), kernel, stride, padding, dilation, bool(patches))
+    Ho, Wo = _conv_out_hw(H, W, kernel, stride, padding, dilation)
+    return SavedActivation(q, scale, (N * Ho * Wo, kernel[0] * kernel[1] * C), 16, codes=True)
+
+
 def relu_mask(x):
     """ReLU that records where its gradient is zero, one bit per element (SPEC §2, keep_less): returns (y, bits) with
     y = x's negative elements replaced by +0 (NaN and -0 pass, as torch's ReLU), x's shape and dtype; bits: int8
@@ -455,15 +474,16 @@ class SavedActivation:
     """The compressed copy of a layer input (ABC, SPEC §2): q (int8, I x K_pad) and scale (float32,
     (1,)) as arrays of the caller's framework and device, plus x's original shape."""
 
-    __slots__ = ("q", "scale", "shape", "rows", "cols", "rank", "_c")
+    __slots__ = ("q", "scale", "shape", "rows", "cols", "rank", "codes", "_c")
 
-    def __init__(self, q, scale, shape, rank: int, _c=None):
+    def __init__(self, q, scale, shape, rank: int, _c=None, codes: bool = False):
         self.q = q
         self.scale = scale
         self.shape = tuple(map(int, shape))
         self.rows = fws.prod(self.shape[:-1])
         self.cols = self.shape[-1]
         self.rank = int(rank)
+        self.codes = bool(codes)  # q holds x's own codes, transposed (column_codes), scale their scale (SPEC §4)
         self._c = _c
 
     @property
@@ -473,7 +493,7 @@ class SavedActivation:
 
     def __repr__(self):
         return (f"hot.SavedActivation(shape={self.shape}, rank={self.rank}, q={fws.shape(self.q)} int8, "
-                f"nbytes={self.nbytes})")
+                f"nbytes={self.nbytes}{', codes' if self.codes else ''})")
 
     def _core(self, op, c):
         """The core's SavedActivation (the one compress_activation made, or a view of q and scale), for
@@ -487,7 +507,7 @@ class SavedActivation:
                              f"{self.shape} at rank {self.rank}")
         if fws.shape(self.scale) != (1,):
             raise ValueError(f"{op}: saved.scale has shape {fws.shape(self.scale)}, expected (1,)")
-        core = _wrap_saved(c, self.q, self.scale, self.rows, self.cols, self.rank, op)
+        core = _wrap_saved(c, self.q, self.scale, self.rows, self.cols, self.rank, op, self.codes)
         self._c = core
         return core
 
@@ -602,8 +622,10 @@ def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: O
                 raise ValueError(f"{op}: saved (the raw x) has shape {xs}, expected {L} rows of {I} (..., I) to "
                                  f"match grad_output {gs} and weight {(O, I)}")
             g_w_operand = raw
+    # g_w from the codes (SPEC §4) is transformed along O in float32 and comes back in float32
+    gw_dtype = "float32" if need_grad_weight and is_saved and saved.codes else None
     return _backward_linear(c, gy, w, g_w_operand, lead + (I,), bool(need_grad_input), bool(need_grad_weight),
-                            bool(bias), config, seed, weight_q)
+                            bool(bias), config, seed, weight_q, gw_dtype)
 
 
 # ---- the one entry per layer operation ------------------------------------------------------------------
@@ -682,6 +704,17 @@ def _compress_columns(c: _Call, q_map, x_shape, kernel, stride, padding, dilatio
     return c.result(q, rq), c.result(scale, rs)
 
 
+def _im2col_t(c: _Call, q_map, x_shape, kernel, stride, padding, dilation, patches: bool):
+    """im2col_t of the channels-last int8 map q_map (N, H, W, C) of x_shape (N, C, H, W): the columns' codes
+    transposed, (kh*kw*C, padded_k(N*Ho*Wo)) int8, zero past N*Ho*Wo."""
+    N, C, H, W = x_shape
+    Ho, Wo = _conv_out_hw(H, W, kernel, stride, padding, dilation)
+    out = c.empty((kernel[0] * kernel[1] * C, _C.padded_k(N * Ho * Wo)), "int8") if Ho > 0 and Wo > 0 else None
+    r = c.call(_C.im2col_t, q_map, out, list(x_shape), list(kernel), list(stride), list(padding), list(dilation),
+               patches, c.stream)
+    return c.result(out, r)
+
+
 def _max_pool2d_offsets(c: _Call, x, y, off, kernel, stride, padding, dilation):
     """max_pool2d_offsets of the (N, C, H, W) array x into the caller's y and off (int8), any strides."""
     c.call(_C.max_pool2d_offsets, x, y, off, list(kernel), list(stride), list(padding), list(dilation), c.stream)
@@ -718,9 +751,10 @@ def _quantize_weight(c: _Call, w, ws, config) -> QuantizedWeight:
     return QuantizedWeight(c.result(None, core.q_wt), c.result(None, core.s_w), ws, config.gx_bits, core)
 
 
-def _wrap_saved(c: _Call, q, scale, rows: int, cols: int, rank: int, op: str):
-    """The core's SavedActivation over q (I x K_pad int8) and scale ((1,) float32) of x (rows x cols) at rank."""
-    return c.call(_C.SavedActivation.wrap, q, scale, rows, cols, rank, c.stream, op)
+def _wrap_saved(c: _Call, q, scale, rows: int, cols: int, rank: int, op: str, codes: bool = False):
+    """The core's SavedActivation over q (I x K_pad int8) and scale ((1,) float32) of x (rows x cols) at rank; codes:
+    q holds x's own codes, transposed (im2col_t), and scale their scale (SPEC §4, g_w from G~'s codes)."""
+    return c.call(_C.SavedActivation.wrap, q, scale, rows, cols, rank, c.stream, op, codes)
 
 
 def _backward_linear(c: _Call, gy, w, saved, gi_shape, need_gi: bool, need_gw: bool, bias: bool, config, seed,

@@ -255,17 +255,55 @@ def test_public_compress_columns_equals_compress_activation_of_the_columns(patch
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
+def test_conv_weight_gradient_from_the_codes_is_the_linear_backward_of_the_column_codes(channels_last):
+    """At the default (rank 16, 8-bit g_x per tensor) the converted conv's g_w (SPEC §4 "g_w from G~'s codes", §8) is
+    hot.backward_linear's g_w over its g_y rows with the codes of the kept int8 map's columns (hot.column_codes, the
+    map's scale applied by the engine), with the layer's seed, rounded once from float32 to the gradient's dtype; and it
+    is within a few percent of exact's (G~ and the map quantised to 8 bits)."""
+    import hot
+    import hot.torch as ht
+    from hot.torch import ops as tops
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(5, 24, 3, padding=1, bias=False))  # O = 24: Hadamard block 8
+    ref = nn.Conv2d(5, 24, 3, padding=1, bias=False)
+    ref.load_state_dict(model[0].state_dict())
+    ht.convert(model)
+    conv = model[0]
+    assert tops.gw_from_codes(conv.hot_config)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(2, 5, 8, 8).to(memory_format=fmt)
+    gy = torch.randn(2, 24, 8, 8)
+    torch.manual_seed(11)
+    model(x.requires_grad_(True)).backward(gy)
+    torch.manual_seed(11)
+    seed = int(torch.randint(0, 2**62, (1,)).item())  # the seed the layer drew (one int64 draw per forward)
+    q, s = hot.quantize(x.detach().permute(0, 2, 3, 1).reshape(-1, 5), bits=8, scale="tensor", rounding="nearest")
+    saved = hot.column_codes(q.view(2, 8, 8, 5), s, 3, padding=1)
+    assert saved.codes and saved.rank == 16 and saved.shape == (128, 45) and tuple(saved.q.shape) == (45, 128)
+    g = tops._pixel_rows(gy, (1, 1), False).contiguous()
+    _, gw, _ = hot.backward_linear(g, tops.conv_weight_cols(conv.weight.detach()), saved, config=conv.hot_config,
+                                   seed=seed)
+    assert gw.dtype == torch.float32
+    assert torch.equal(conv.weight.grad, tops.conv_weight_from_cols(gw, conv.weight.shape))
+    ref(x.detach()).backward(gy)
+    err = (conv.weight.grad - ref.weight.grad).norm() / ref.weight.grad.norm()
+    assert err < 0.05, float(err)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
 def test_conv_weight_gradient_is_the_linear_backward_of_the_integer_columns(channels_last):
-    """The converted conv's g_w (SPEC §8) is the map's scale times hot.backward_linear's g_w over the columns of the
-    kept int8 map's integers (float32, rounded once to the gradient's dtype), with the layer's seed: the engine's
-    compress_columns gives the ABC buffer those raw columns would get (one scale, no chunking at this size)."""
+    """Below full rank (the paper's rank 8) the converted conv's g_w (SPEC §8) is the map's scale times
+    hot.backward_linear's g_w over the columns of the kept int8 map's integers (float32, rounded once to the gradient's
+    dtype), with the layer's seed: the engine's compress_columns gives the ABC buffer those raw columns would get (one
+    scale, no chunking at this size)."""
     import hot
     import hot.torch as ht
     from hot.torch import ops as tops
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(5, 6, 3, padding=1, bias=False))
-    ht.convert(model)
+    ht.convert(model, hot.Config(rank=8))
     conv = model[0]
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     x = torch.randn(2, 5, 8, 8).to(memory_format=fmt)

@@ -122,6 +122,10 @@ struct SavedActivation {
   int64_t rows = 0;  // L, the number of rows of x
   int64_t cols = 0;  // I
   int rank = 8;
+  // q holds x's own int8 codes, transposed (im2col_t of a convolution's kept map; K_pad = padded_k(L), zero past L),
+  // and scale is their quantisation scale: no rotation along the rows, no second rounding. Then g_w comes from the
+  // codes of G~ (SPEC §4, "g_w from G~'s codes"): rank 16, 8-bit g_x with a per-tensor scale only.
+  bool codes = false;
   size_t nbytes() const { return q.nbytes() + scale.nbytes(); }
 };
 int64_t padded_k(int64_t k);  // round up to a multiple of 16
@@ -142,6 +146,12 @@ void compress_activation_cast(const TensorView& x, const TensorView& x_cast, con
 // im2col(Q) (rows in geometry's raster or patch order, Q's integers as floats): one scale over all rows.
 void compress_columns(const TensorView& map, const ConvGeometry& geometry, const TensorView& q_t,
                       const TensorView& scale, int rank, Stream stream = {});
+
+// The im2col columns of a convolution's int8 map, transposed (SPEC §8, the g_w operand of a convolution at full rank):
+// cols_t s8 (kh*kw*C) x K with K >= L = N*Ho*Wo (any row stride >= K): cols_t[(i, j, c), l] = im2col(map)[l, (i, j, c)]
+// for rows l in geometry's raster or patch order, zero for l >= L and where the window reaches into the padding. map:
+// s8 N*H*W x C, channels-last (any row stride >= C). A copy: the same bytes on every backend.
+void im2col_t(const TensorView& map, const ConvGeometry& geometry, const TensorView& cols_t, Stream stream = {});
 
 // W~ of the g_x path (SPEC §3): W's rows mixed in blocks of hq_block_size(O) by the Hadamard matrix, quantised to
 // gx_bits per tensor with round-to-nearest, stored K-major for the g_x GEMM: q_wt s8 I x padded_k(O), s_w f32 [1].

@@ -252,6 +252,24 @@ void im2col(const TensorView& map, const ConvGeometry& g, const TensorView& cols
   });
 }
 
+// Rows of the columns in runs of 64 per task (each task writes its own 64-byte run of every cols_t row); the tail
+// columns L..K zero.
+void im2col_t(const TensorView& map, const ConvGeometry& g, const TensorView& cols_t, Stream) {
+  const Col2imParams p = col2im_params(g);
+  const int64_t L = g.N * p.Ho * p.Wo, C = g.C, CKK = static_cast<int64_t>(g.kh) * g.kw * C;
+  const int64_t K = cols_t.shape[1], ld = cols_t.strides[0], ldm = map.strides[0];
+  const int8_t* src = map.ptr<int8_t>();
+  int8_t* dst = cols_t.ptr<int8_t>();
+  parallel_for((L + 63) / 64, std::max<int64_t>(1, row_grain(CKK * 64)), [&](int64_t t0, int64_t t1) {
+    for (int64_t r = t0 * 64; r < std::min(L, t1 * 64); ++r)
+      for_each_window_pixel(p, r, [&](int k, int64_t px) {
+        int8_t* out = dst + static_cast<int64_t>(k) * C * ld + r;
+        for (int64_t c = 0; c < C; ++c) out[c * ld] = px < 0 ? int8_t{0} : src[px * ldm + c];
+      });
+  });
+  for (int64_t col = 0; col < CKK; ++col) std::fill(dst + col * ld + L, dst + col * ld + K, int8_t{0});
+}
+
 // In 32 x 32 tiles (both sides' rows touched 32 elements at a time), one (batch, tile row) per task.
 void transpose(const TensorView& in, const TensorView& out, Stream) {
   const int64_t B = in.shape[0], R = in.shape[1], S = in.shape[2], tr = (R + 31) / 32;

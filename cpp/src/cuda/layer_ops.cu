@@ -114,5 +114,10 @@ void compress_columns(const TensorView& map, const ConvGeometry& g, const Tensor
   compress_columns_launch(map, g, q_t, scale, rank, key.as<unsigned>(), StreamLaunch{to_cuda(st)});
 }
 
+void im2col_t(const TensorView& map, const ConvGeometry& g, const TensorView& cols_t, Stream st) {
+  DeviceGuard dg(map.device.index);
+  im2col_t_launch(map, g, cols_t, StreamLaunch{to_cuda(st)});
+}
+
 }  // namespace hot::cuda
 

@@ -33,6 +33,7 @@ void conv_grad_input(const TensorView&, const TensorView&, const TensorView&, co
   missing();
 }
 void im2col(const TensorView&, const ConvGeometry&, const TensorView&, Stream) { missing(); }
+void im2col_t(const TensorView&, const ConvGeometry&, const TensorView&, Stream) { missing(); }
 void compress_columns(const TensorView&, const ConvGeometry&, const TensorView&, const TensorView&, int, Stream) {
   missing();
 }

@@ -269,6 +269,35 @@ TEST_F(Cuda_CompressColumns, BitExactVsCpu) {
     }
 }
 
+// im2col_t: the same bytes as the CPU's, for maps whose channel runs allow 32-bit gathers (C % 4 == 0) and not, cols_t
+// rows 16-byte aligned and not (a row stride of K + 1), the zeros past L, a map row stride.
+class Cuda_Im2colT : public CudaTest {};
+TEST_F(Cuda_Im2colT, BitExactVsCpu) {
+  uint64_t seed = 9150;
+  std::vector<hot::ConvGeometry> geoms = col2im_geometries();
+  hot::ConvGeometry g4;  // a 3x3 of 8 channels over 9 x 7 pixels at batch 3: 189 rows, V = 4
+  g4.N = 3, g4.C = 8, g4.H = 9, g4.W = 7, g4.kh = 3, g4.kw = 3, g4.ph = 1, g4.pw = 1;
+  geoms.push_back(g4);
+  if (!small_run()) {  // ResNet-50 layer1's 3x3 at batch 8; its stem at batch 2 (C = 3)
+    hot::ConvGeometry g;
+    g.N = 8, g.C = 64, g.H = 56, g.W = 56, g.kh = 3, g.kw = 3, g.ph = 1, g.pw = 1;
+    geoms.push_back(g);
+    g.N = 2, g.C = 3, g.H = 224, g.W = 224, g.kh = 7, g.kw = 7, g.sh = 2, g.sw = 2, g.ph = 3, g.pw = 3;
+    geoms.push_back(g);
+  }
+  for (const hot::ConvGeometry& g : geoms)
+    for (int64_t pad : {0, 1}) {
+      const int64_t L = g.N * g.out_h() * g.out_w(), K = g.C * g.kh * g.kw, Kp = hot::padded_k(L) + 16 * pad;
+      HostTensor map = rand_int(DType::s8, g.N * g.H * g.W, g.C, -128, 127, seed++, g.C + 4 * pad);
+      HostTensor qc = out2d(DType::s8, K, Kp, Kp + pad), qg = qc;
+      DevTensor dmap(map), dq(qg);
+      hot::im2col_t(map, g, qc);
+      hot::im2col_t(dmap, g, dq, st());
+      sync();
+      EXPECT_TRUE(all_bytes_equal(qc, dq.to_host())) << "case " << seed << " C " << g.C << " pad " << pad;
+    }
+}
+
 class Cuda_ReluMask : public CudaTest {};
 TEST_F(Cuda_ReluMask, BitExactVsCpu) {
   uint64_t seed = 970;
@@ -873,11 +902,12 @@ TEST_F(Cuda_BackwardConv2d, BitExactVsCpu) {
   }
   for (const hot::ConvGeometry& g : geoms)
     for (DType dt : kFloatTypes)
-      for (int64_t O : {16, 40}) {
+      for (int64_t O : {16, 40})
+      for (bool codes : {false, true}) {  // g_w from the ABC buffer of the columns, or from the codes (im2col_t)
         const int64_t L = g.N * g.out_h() * g.out_w(), CKK = g.C * g.kh * g.kw, P = g.N * g.H * g.W;
         hot::Config cfg;
         SCOPED_TRACE(testing::Message() << dt_name(dt) << " N " << g.N << " C " << g.C << " H " << g.H << " k "
-                                        << g.kh << " stride " << g.sh << " O " << O);
+                                        << g.kh << " stride " << g.sh << " O " << O << " codes " << codes);
         HostTensor map = rand_int(DType::s8, P, g.C, -127, 127, seed++);
         HostTensor w = rand_float(dt, O, CKK, seed++, -1, 0.05f);
         HostTensor gy = rand_float(dt, L, O, seed++);
@@ -885,13 +915,23 @@ TEST_F(Cuda_BackwardConv2d, BitExactVsCpu) {
         const int64_t Kp = hot::padded_k(hot::hla_rows(L, cfg.rank));
         hot::SavedActivation sc, sg;
         for (hot::SavedActivation* s : {&sc, &sg}) {
-          s->rows = L, s->cols = CKK, s->rank = cfg.rank;
+          s->rows = L, s->cols = CKK, s->rank = cfg.rank, s->codes = codes;
           const hot::Device d = s == &sc ? hot::Device::cpu() : dgy.view().device;
           s->q = hot::Tensor::empty(DType::s8, {CKK, Kp}, d, st());
           s->scale = hot::Tensor::empty(DType::f32, {1}, d, st());
         }
-        hot::compress_columns(map, g, sc.q.view(), sc.scale.view(), cfg.rank);
-        hot::compress_columns(dmap, g, sg.q.view(), sg.scale.view(), cfg.rank, st());
+        HostTensor s_map = out1d(DType::f32, 1);  // the map's scale, for the codes
+        static_cast<float*>(s_map.view().data)[0] = 0.0173f;
+        DevTensor ds_map(s_map);
+        if (codes) {
+          hot::im2col_t(map, g, sc.q.view());
+          hot::im2col_t(dmap, g, sg.q.view(), st());
+          sc.scale = hot::Tensor::wrap(s_map.view(), nullptr);
+          sg.scale = hot::Tensor::wrap(ds_map.view(), nullptr);
+        } else {
+          hot::compress_columns(map, g, sc.q.view(), sc.scale.view(), cfg.rank);
+          hot::compress_columns(dmap, g, sg.q.view(), sg.scale.view(), cfg.rank, st());
+        }
         HostTensor gxc = out2d(dt, P, g.C), gwc = out2d(DType::f32, O, CKK), gbc = out1d(dt, O);
         HostTensor gxg = gxc, gwg = gwc, gbg = gbc;
         DevTensor dgx(gxg), dgw(gwg), dgb(gbg);

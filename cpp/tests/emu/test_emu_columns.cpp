@@ -43,6 +43,32 @@ TEST(Emu_CompressColumns, BitExactVsCpu) {
       }
 }
 
+// im2col_t's kernel (V = 4 and V = 1 gathers; 16-byte and byte stores) against the CPU's bytes, the zeros past L and
+// the outputs' row padding included.
+TEST(Emu_Im2colT, BitExactVsCpu) {
+#if defined(HOT_EMU_RACE)
+  const std::vector<hot::ConvGeometry> geoms = {hot_cuda_test::col2im_geometries()[0]};
+#else
+  std::vector<hot::ConvGeometry> geoms = hot_cuda_test::col2im_geometries();
+  hot::ConvGeometry g4;  // C % 4 == 0: the 32-bit gathers
+  g4.N = 3, g4.C = 8, g4.H = 9, g4.W = 7, g4.kh = 3, g4.kw = 3, g4.ph = 1, g4.pw = 1;
+  geoms.push_back(g4);
+  g4.patches = true, g4.sh = 2, g4.sw = 2, g4.H = 16, g4.W = 16;  // patch order, stride 2
+  geoms.push_back(g4);
+#endif
+  uint64_t seed = 9160;
+  for (const hot::ConvGeometry& g : geoms)
+    for (int64_t pad : {0, 1}) {
+      SCOPED_TRACE(testing::Message() << "case " << seed << " C " << g.C << " pad " << pad);
+      const int64_t L = g.N * g.out_h() * g.out_w(), K = g.C * g.kh * g.kw, Kp = hot::padded_k(L) + 16 * pad;
+      HostTensor map = rand_int(DType::s8, g.N * g.H * g.W, g.C, -128, 127, seed++, g.C + 4 * pad);
+      HostTensor qc = out2d(DType::s8, K, Kp, Kp + pad), qe = qc;
+      hot::cpu::im2col_t(map, g, qc, {});
+      hot::cuda::im2col_t_launch(map.view(), g, qe.view(), hot_emu::Launch{});
+      EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qc, qe)) << "cols_t";
+    }
+}
+
 // The largest transform coefficients (|.| = 16 * 127: every code of a 16-row block +-127, one sign or mixed), where
 // the kernels' integer transform of two channels per register (split_lanes) is closest to its lanes' limits.
 TEST(Emu_CompressColumns, ExtremeCodesBitExactVsCpu) {

@@ -282,17 +282,24 @@ def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tens
                                  gx_dtype)
 
 
+def gw_from_codes(cfg) -> bool:
+    """Whether a convolution that keeps its int8 map takes g_w from the codes of G~ and of the map's columns
+    (SPEC §4, §8): at full rank with 8-bit g_x and one g_x scale."""
+    return not cfg.exact and cfg.rank == 16 and cfg.gx_bits == 8 and cfg.gx_scale == "tensor"
+
+
 def _backward_conv2d(g: Tensor, w: Tensor, q: Optional[Tensor], scale: Optional[Tensor], seed, cfg, x_shape,
                      kernel, stride, padding, dilation, patches: bool, need_gx: bool, need_gw: bool, need_gb: bool,
-                     reuse=None, gw_dtype: Optional[str] = None):
+                     reuse=None, gw_dtype: Optional[str] = None, codes: bool = False):
     """``hot::backward_conv2d`` of a non-empty convolution (not exact) from its contiguous g_y rows g (N*Ho*Wo x O),
-    its weight columns w (O x kh*kw*C) and the ABC buffer (q, scale) of its im2col columns (given when g_w is
-    needed): (g_x as the channels-last map N*H*W x C, g_w, g_b). reuse and gw_dtype as in :func:`_backward_linear`."""
+    its weight columns w (O x kh*kw*C) and the g_w operand (q, scale) (given when g_w is needed): the ABC buffer of
+    its im2col columns, or with ``codes`` the columns' codes transposed (im2col_t) and the map's scale: (g_x as the
+    channels-last map N*H*W x C, g_w, g_b). reuse and gw_dtype as in :func:`_backward_linear`."""
     if not isinstance(seed, Tensor) and not 0 <= seed <= _UINT64_MAX:
         _api._seed("backward_conv2d", seed)  # raises, naming the seed
     c = _call("backward_conv2d", g)
     L, CKK = g.shape[0], w.shape[1]
-    saved = _api._wrap_saved(c, q, scale, L, CKK, cfg.rank, "backward_conv2d") if need_gw else None
+    saved = _api._wrap_saved(c, q, scale, L, CKK, cfg.rank, "backward_conv2d", codes) if need_gw else None
     wq = reuse[0]._get(c, w, cfg, reuse[1], reuse[2]) if reuse is not None and need_gx else None
     return _api._backward_conv2d(c, g, w, saved, x_shape, kernel, stride, padding, dilation, patches, need_gx,
                                  need_gw, need_gb, cfg, seed, wq, gw_dtype)
@@ -785,20 +792,26 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed, x_shape, stride, pa
         gx = _pixel_unrows(grows, x_shape, stride, Ho, Wo, patches, _channels_last(grad_y)) if need_gx else None
         return gx, gw.reshape(weight.shape) if gw is not None else None, gb
     cols = cq = cs = None
-    map_scale = None  # the int8 map's scale, when g_w comes from the columns of its integers
+    map_scale = None  # the int8 map's scale, when g_w comes from the ABC buffer of the columns of its integers
+    codes = False  # g_w from the codes of G~ and of the map's columns (SPEC §4), the map's scale applied by the engine
     if need_gw and min(N * P, O, CKK) > 0:  # else _backward_linear gives the zero g_w of empty operands
         if x is not None and not cfg.exact:  # kept as it is because its producer keeps it: the same int8 feature
             q, scale = _quantize_fmap(x)     # map the forward would have kept, formed now (deterministic)
             x = None
         if x is not None:  # exact: the raw columns
             cols = im2col(x, (kh, kw), stride, padding, dilation, patches)  # N*P x CKK, columns (i, j, c)
-        else:  # the ABC buffer of the columns X = im2col(Q) of the map's integers, formed without X by the engine;
-            # g_w = scale * (g_y^T X) is scaled after the GEMM, in float32 (SPEC §8)
+        else:
             qh = _nchw_rows(q.detach()).view(N, H, W, C)  # the channels-last map: a view, or NCHW transposed in int8
-            cq, cs = _api._compress_columns(_call("compress_columns", qh), qh, (N, C, H, W), (kh, kw), tuple(stride),
-                                            tuple(padding), tuple(dilation), patches, cfg.rank)
-            map_scale = scale.detach()
-    engine_gw = "float32" if map_scale is not None else _dtype_name(gw_dtype)
+            if gw_from_codes(cfg):  # the columns' codes transposed, the g_w GEMM's K-major operand (SPEC §8)
+                cq = _api._im2col_t(_call("im2col_t", qh), qh, (N, C, H, W), (kh, kw), tuple(stride), tuple(padding),
+                                    tuple(dilation), patches)
+                cs, codes = scale.detach(), True
+            else:  # the ABC buffer of the columns X = im2col(Q) of the map's integers, formed without X by the
+                # engine; g_w = scale * (g_y^T X) is scaled after the GEMM, in float32 (SPEC §8)
+                cq, cs = _api._compress_columns(_call("compress_columns", qh), qh, (N, C, H, W), (kh, kw),
+                                                tuple(stride), tuple(padding), tuple(dilation), patches, cfg.rank)
+                map_scale = scale.detach()
+    engine_gw = "float32" if map_scale is not None or codes else _dtype_name(gw_dtype)
     gx = None
     if cfg.exact or min(N * P, O, CKK) == 0:  # the exact backward (or empty operands): the columns' GEMMs, col2im
         gcols, gw, gb = _backward_linear(g, conv_weight_cols(weight), cols, cq, cs, seed, cfg, need_gx, need_gw,
@@ -807,15 +820,19 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed, x_shape, stride, pa
             gx = col2im(gcols, (N, C, H, W), (kh, kw), stride, padding, dilation, patches)
     else:  # the engine's conv backward: g_x as the transposed convolution of G~'s codes where it can (SPEC §8)
         gxr, gw, gb = _backward_conv2d(g, conv_weight_cols(weight), cq, cs, seed, cfg, (N, C, H, W), (kh, kw), stride,
-                                       padding, dilation, patches, need_gx, need_gw, need_gb, reuse, engine_gw)
+                                       padding, dilation, patches, need_gx, need_gw, need_gb, reuse, engine_gw, codes)
         if need_gx:
             gx = gxr.view(N, H, W, C).permute(0, 3, 1, 2)
     if need_gx and not _channels_last(grad_y):  # the engine's map is channels-last: kept so for a channels-last
         gx = _rows_nchw(gx.permute(0, 2, 3, 1), (N, C, H, W))  # network (its g_y is), else NCHW
     if gw is not None:
-        if map_scale is not None:  # g_w = s * (g_y^T X) in float32, rounded once to its dtype, in the weight's layout
+        if map_scale is not None or codes:  # float32 g_w (times the map's scale s unless the engine applied it),
+            # rounded once to its dtype, in the weight's layout
             out = torch.empty(weight.shape, dtype=gw_dtype or grad_y.dtype, device=gw.device)
-            torch.mul(gw.view(O, kh, kw, C).permute(0, 3, 1, 2), map_scale, out=out)
+            if codes:
+                out.copy_(gw.view(O, kh, kw, C).permute(0, 3, 1, 2))
+            else:
+                torch.mul(gw.view(O, kh, kw, C).permute(0, 3, 1, 2), map_scale, out=out)
             gw = out
         else:
             gw = conv_weight_from_cols(gw, weight.shape)

@@ -289,73 +289,94 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
 }
 
 // im2col_t (SPEC §8): the int8 map's im2col columns written transposed, cols_t = im2col(Q)^T (kh*kw*C x K, zero past
-// L), the g_w operand of a convolution at full rank. A CTA takes kIm2colTRows = 32 consecutive rows (one 32-byte sector
-// of every cols_t row): their window origins decoded once into shared memory, then each thread takes units of V
-// channels of one kernel offset (V = 4: one 32-bit load per row, where the channel run and the map's row stride allow;
-// else V = 1), consecutive threads consecutive units, so a warp's gathers read consecutive words of one pixel. A unit's
-// 32 rows x V bytes are turned by byte permutes into V rows of 32 bytes each and stored as two 16-byte words (or byte by
-// byte where cols_t's rows are not 16-byte aligned or the last sector is partial).
-constexpr int kIm2colTRows = 32;
+// L), the g_w operand of a convolution at full rank. A CTA takes kIm2colTRows = 128 consecutive rows, their window
+// origins decoded once into shared memory. A work item is a unit of V channels of one kernel offset (V = 16: one 16-byte
+// load per row, where the channel run, the map's row stride and its address allow; V = 4: a 32-bit load; else V = 1)
+// over 16 of those rows; the 8 items of a unit are consecutive threads, so that each of its V output rows receives 128
+// contiguous bytes from 8 neighbouring lanes (whole lines: the writes are what bounds this pass), and the units of a
+// warp are consecutive channel runs of one pixel. An item's 16 x V bytes are turned by byte permutes (4 x 4 blocks)
+// into V rows of 16 bytes, each one 16-byte store (byte stores where cols_t's rows are not 16-byte aligned or past K).
+constexpr int kIm2colTRows = 128;
 constexpr int kIm2colTThreads = 256;
+
+template <int V>
+__device__ __forceinline__ void im2col_t_load(const int8_t* src, uint32_t (&w)[V >= 4 ? V / 4 : 1]) {
+  if constexpr (V == 16) {
+    const uint4 v = *reinterpret_cast<const uint4*>(src);
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  } else if constexpr (V == 4) {
+    w[0] = *reinterpret_cast<const uint32_t*>(src);
+  } else {
+    w[0] = static_cast<uint8_t>(*src);
+  }
+}
 
 template <int V>
 __global__ void __launch_bounds__(kIm2colTThreads)
     im2col_t_kernel(const int8_t* __restrict__ map, int64_t ldm, Col2imParams p, int8_t* __restrict__ q, int64_t ldq,
                     int64_t K, bool vec) {
+  constexpr int W = V >= 4 ? V / 4 : 1;  // 32-bit words of a row's V bytes
+  constexpr int kSub = kIm2colTRows / 16;  // items per unit
   __shared__ ColumnsOrigin origin[kIm2colTRows];
   const int64_t L = p.N * p.Ho * p.Wo, r0 = static_cast<int64_t>(blockIdx.x) * kIm2colTRows;
-  if (threadIdx.x < kIm2colTRows) {
-    const int64_t r = r0 + threadIdx.x;
+  for (int t = threadIdx.x; t < kIm2colTRows; t += blockDim.x) {
+    const int64_t r = r0 + t;
     int64_t n = 0, ho = 0, wo = 0;
     if (r < L) im2col_pixel(p, r, n, ho, wo);
     const int h0 = r < L ? static_cast<int>(ho) * p.sh - p.ph : -(1 << 30);  // a row past L: outside the map
     const int w0 = static_cast<int>(wo) * p.sw - p.pw;
-    origin[threadIdx.x] = {r < L ? ((n * p.H + h0) * p.W + w0) * ldm : 0, h0, w0};
+    origin[t] = {r < L ? ((n * p.H + h0) * p.W + w0) * ldm : 0, h0, w0};
   }
   __syncthreads();
   const int cu = static_cast<int>(p.C) / V, units = p.kh * p.kw * cu;
-  for (int u = threadIdx.x; u < units; u += blockDim.x) {
+  for (int e = threadIdx.x; e < units * kSub; e += blockDim.x) {
+    const int u = e / kSub, sb = e - u * kSub;
     const int ij = u / cu, c = (u - ij * cu) * V, i = ij / p.kw, j = ij - i * p.kw;
     const int idh = i * p.dh, jdw = j * p.dw;
     const int64_t off = (static_cast<int64_t>(idh) * p.W + jdw) * ldm + c;
-    uint32_t word[kIm2colTRows];  // row t's V bytes (V = 1: in the low byte)
+    uint32_t word[16][W];  // row t's V bytes (V = 1: in the low byte)
 #pragma unroll
-    for (int t = 0; t < kIm2colTRows; ++t) {
-      const ColumnsOrigin o = origin[t];
+    for (int t = 0; t < 16; ++t) {
+      const ColumnsOrigin o = origin[sb * 16 + t];
       const int h = o.h + idh, w = o.w + jdw;
-      const bool in = static_cast<unsigned>(h) < static_cast<unsigned>(p.H) &&
-                      static_cast<unsigned>(w) < static_cast<unsigned>(p.W);
-      const int8_t* src = map + (o.off + off);
-      if constexpr (V == 4)
-        word[t] = in ? *reinterpret_cast<const uint32_t*>(src) : 0u;
-      else
-        word[t] = in ? static_cast<uint32_t>(static_cast<uint8_t>(*src)) : 0u;
-    }
-    // out[s][k]: bytes 4k..4k+3 of channel c + s's 32 row bytes
-    uint32_t out[V][kIm2colTRows / 4];
 #pragma unroll
-    for (int k = 0; k < kIm2colTRows / 4; ++k) {
-      const uint32_t a = word[4 * k], b = word[4 * k + 1], cc = word[4 * k + 2], d = word[4 * k + 3];
-      if constexpr (V == 4) {
-        const uint32_t ab_lo = __byte_perm(a, b, 0x5140), ab_hi = __byte_perm(a, b, 0x7362);  // a0 b0 a1 b1 | a2 b2 a3 b3
-        const uint32_t cd_lo = __byte_perm(cc, d, 0x5140), cd_hi = __byte_perm(cc, d, 0x7362);
-        out[0][k] = __byte_perm(ab_lo, cd_lo, 0x5410);  // a0 b0 c0 d0
-        out[1][k] = __byte_perm(ab_lo, cd_lo, 0x7632);  // a1 b1 c1 d1
-        out[2][k] = __byte_perm(ab_hi, cd_hi, 0x5410);
-        out[3][k] = __byte_perm(ab_hi, cd_hi, 0x7632);
+      for (int k = 0; k < W; ++k) word[t][k] = 0u;
+      if (static_cast<unsigned>(h) < static_cast<unsigned>(p.H) && static_cast<unsigned>(w) < static_cast<unsigned>(p.W))
+        im2col_t_load<V>(map + (o.off + off), word[t]);
+    }
+    const int64_t rs = r0 + sb * 16;  // this item's first row
+    const bool full = vec && rs + 16 <= K;
+    const auto store = [&](int ch, uint32_t a, uint32_t b, uint32_t cc, uint32_t d) {  // 16 row bytes of channel c + ch
+      int8_t* dst = q + static_cast<int64_t>(ij * static_cast<int>(p.C) + c + ch) * ldq + rs;
+      if (full) {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(a, b, cc, d);
       } else {
-        out[0][k] = a | (b << 8) | (cc << 16) | (d << 24);
+        const uint32_t x[4] = {a, b, cc, d};
+        for (int t = 0; t < 16 && rs + t < K; ++t) dst[t] = static_cast<int8_t>((x[t / 4] >> (8 * (t % 4))) & 0xffu);
       }
-    }
+    };
+    if constexpr (V == 1) {
+      uint32_t x[4];
 #pragma unroll
-    for (int s = 0; s < V; ++s) {
-      int8_t* dst = q + static_cast<int64_t>(ij * static_cast<int>(p.C) + c + s) * ldq + r0;
-      if (vec && r0 + kIm2colTRows <= K) {
-        reinterpret_cast<uint4*>(dst)[0] = make_uint4(out[s][0], out[s][1], out[s][2], out[s][3]);
-        reinterpret_cast<uint4*>(dst)[1] = make_uint4(out[s][4], out[s][5], out[s][6], out[s][7]);
-      } else {
-        for (int t = 0; t < kIm2colTRows && r0 + t < K; ++t)
-          dst[t] = static_cast<int8_t>((out[s][t / 4] >> (8 * (t % 4))) & 0xffu);
+      for (int k = 0; k < 4; ++k)
+        x[k] = word[4 * k][0] | (word[4 * k + 1][0] << 8) | (word[4 * k + 2][0] << 16) | (word[4 * k + 3][0] << 24);
+      store(0, x[0], x[1], x[2], x[3]);
+    } else {
+#pragma unroll
+      for (int m = 0; m < W; ++m) {  // channels 4m .. 4m + 3 of the unit
+        uint32_t out[4][4];  // out[s][k]: rows 4k .. 4k + 3 of channel 4m + s
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t a = word[4 * k][m], b = word[4 * k + 1][m], cc = word[4 * k + 2][m], d = word[4 * k + 3][m];
+          const uint32_t ab_lo = __byte_perm(a, b, 0x5140), ab_hi = __byte_perm(a, b, 0x7362);  // a0 b0 a1 b1 | a2 b2 a3 b3
+          const uint32_t cd_lo = __byte_perm(cc, d, 0x5140), cd_hi = __byte_perm(cc, d, 0x7362);
+          out[0][k] = __byte_perm(ab_lo, cd_lo, 0x5410);  // a0 b0 c0 d0
+          out[1][k] = __byte_perm(ab_lo, cd_lo, 0x7632);  // a1 b1 c1 d1
+          out[2][k] = __byte_perm(ab_hi, cd_hi, 0x5410);
+          out[3][k] = __byte_perm(ab_hi, cd_hi, 0x7632);
+        }
+#pragma unroll
+        for (int s2 = 0; s2 < 4; ++s2) store(4 * m + s2, out[s2][0], out[s2][1], out[s2][2], out[s2][3]);
       }
     }
   }
@@ -400,18 +421,22 @@ void compress_columns_launch(const TensorView& map, const ConvGeometry& g, const
     go(std::integral_constant<int, 1>{});
 }
 
-// The launch of one im2col_t call (arguments validated by the caller): ceil(K / 32) CTAs, the last ones writing the
+// The launch of one im2col_t call (arguments validated by the caller): ceil(K / 128) CTAs, the last ones writing the
 // zeros past L.
 template <typename Launch>
 void im2col_t_launch(const TensorView& map, const ConvGeometry& g, const TensorView& cols_t, const Launch& launch) {
   const Col2imParams p = col2im_params(g);
   const int64_t K = cols_t.shape[1];
-  const bool v4 = g.C % 4 == 0 && map.strides[0] % 4 == 0 && reinterpret_cast<uintptr_t>(map.data) % 4 == 0;
+  const auto aligned = [&](int v) {
+    return g.C % v == 0 && map.strides[0] % v == 0 && reinterpret_cast<uintptr_t>(map.data) % v == 0;
+  };
   const bool vec = cols_t.strides[0] % 16 == 0 && reinterpret_cast<uintptr_t>(cols_t.data) % 16 == 0;
   const dim3 grid(static_cast<unsigned>(ceil_div(K, kIm2colTRows)));
   const auto* m = static_cast<const int8_t*>(map.data);
   auto* q = static_cast<int8_t*>(cols_t.data);
-  if (v4)
+  if (aligned(16))
+    launch(im2col_t_kernel<16>, grid, kIm2colTThreads, 0, m, map.strides[0], p, q, cols_t.strides[0], K, vec);
+  else if (aligned(4))
     launch(im2col_t_kernel<4>, grid, kIm2colTThreads, 0, m, map.strides[0], p, q, cols_t.strides[0], K, vec);
   else
     launch(im2col_t_kernel<1>, grid, kIm2colTThreads, 0, m, map.strides[0], p, q, cols_t.strides[0], K, vec);

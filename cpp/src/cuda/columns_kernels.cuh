@@ -289,14 +289,17 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
 }
 
 // im2col_t (SPEC §8): the int8 map's im2col columns written transposed, cols_t = im2col(Q)^T (kh*kw*C x K, zero past
-// L), the g_w operand of a convolution at full rank. A CTA takes kIm2colTRows = 128 consecutive rows, their window
-// origins decoded once into shared memory. A work item is a unit of V channels of one kernel offset (V = 16: one 16-byte
-// load per row, where the channel run, the map's row stride and its address allow; V = 4: a 32-bit load; else V = 1)
-// over 16 of those rows; the 8 items of a unit are consecutive threads, so that each of its V output rows receives 128
-// contiguous bytes from 8 neighbouring lanes (whole lines: the writes are what bounds this pass), and the units of a
-// warp are consecutive channel runs of one pixel. An item's 16 x V bytes are turned by byte permutes (4 x 4 blocks)
-// into V rows of 16 bytes, each one 16-byte store (byte stores where cols_t's rows are not 16-byte aligned or past K).
-constexpr int kIm2colTRows = 128;
+// L), the g_w operand of a convolution at full rank. A CTA takes `rows` consecutive rows (a multiple of 128, up to
+// kIm2colTMaxRows: long runs of every output row, whose writes bound this pass) and the units of its grid row
+// (blockIdx.y's share, where the row tiles are few), their window origins decoded once into shared memory. A work item
+// is a unit of V channels of one kernel offset (V = 16: one 16-byte load per row, where the channel run, the map's row
+// stride and its address allow; V = 4: a 32-bit load; else V = 1) over 16 rows. V >= 4: 8 consecutive threads take one
+// unit's 8 consecutive items, so each of its V output rows receives 128 contiguous bytes from 8 neighbouring lanes
+// per store, and the units of a warp are consecutive channel runs of one pixel. V = 1: consecutive threads take
+// consecutive units (adjacent bytes of a pixel) of one item row. An item's 16 x V bytes are turned by byte permutes
+// (4 x 4 blocks) into V rows of 16 bytes, each one 16-byte store (byte stores where cols_t's rows are not 16-byte
+// aligned or past K).
+constexpr int kIm2colTMaxRows = 512;
 constexpr int kIm2colTThreads = 256;
 
 template <int V>
@@ -314,12 +317,11 @@ __device__ __forceinline__ void im2col_t_load(const int8_t* src, uint32_t (&w)[V
 template <int V>
 __global__ void __launch_bounds__(kIm2colTThreads)
     im2col_t_kernel(const int8_t* __restrict__ map, int64_t ldm, Col2imParams p, int8_t* __restrict__ q, int64_t ldq,
-                    int64_t K, bool vec) {
+                    int64_t K, bool vec, int rows, int unit_chunk) {
   constexpr int W = V >= 4 ? V / 4 : 1;  // 32-bit words of a row's V bytes
-  constexpr int kSub = kIm2colTRows / 16;  // items per unit
-  __shared__ ColumnsOrigin origin[kIm2colTRows];
-  const int64_t L = p.N * p.Ho * p.Wo, r0 = static_cast<int64_t>(blockIdx.x) * kIm2colTRows;
-  for (int t = threadIdx.x; t < kIm2colTRows; t += blockDim.x) {
+  __shared__ ColumnsOrigin origin[kIm2colTMaxRows];
+  const int64_t L = p.N * p.Ho * p.Wo, r0 = static_cast<int64_t>(blockIdx.x) * rows;
+  for (int t = threadIdx.x; t < rows; t += blockDim.x) {
     const int64_t r = r0 + t;
     int64_t n = 0, ho = 0, wo = 0;
     if (r < L) im2col_pixel(p, r, n, ho, wo);
@@ -328,9 +330,17 @@ __global__ void __launch_bounds__(kIm2colTThreads)
     origin[t] = {r < L ? ((n * p.H + h0) * p.W + w0) * ldm : 0, h0, w0};
   }
   __syncthreads();
-  const int cu = static_cast<int>(p.C) / V, units = p.kh * p.kw * cu;
-  for (int e = threadIdx.x; e < units * kSub; e += blockDim.x) {
-    const int u = e / kSub, sb = e - u * kSub;
+  const int cu = static_cast<int>(p.C) / V, u0 = static_cast<int>(blockIdx.y) * unit_chunk;
+  const int nu = min(unit_chunk, p.kh * p.kw * cu - u0), nsub = rows / 16;  // this CTA's units; items per unit
+  for (int e = threadIdx.x; e < nu * nsub; e += blockDim.x) {
+    int u, sb;
+    if constexpr (V >= 4) {  // e = (sb / 8, unit, sb % 8)
+      const int hi = e / (nu * 8), rem = e - hi * nu * 8;
+      u = rem / 8, sb = (rem - u * 8) + 8 * hi;
+    } else {  // e = (sb, unit)
+      sb = e / nu, u = e - sb * nu;
+    }
+    u += u0;
     const int ij = u / cu, c = (u - ij * cu) * V, i = ij / p.kw, j = ij - i * p.kw;
     const int idh = i * p.dh, jdw = j * p.dw;
     const int64_t off = (static_cast<int64_t>(idh) * p.W + jdw) * ldm + c;
@@ -421,8 +431,7 @@ void compress_columns_launch(const TensorView& map, const ConvGeometry& g, const
     go(std::integral_constant<int, 1>{});
 }
 
-// The launch of one im2col_t call (arguments validated by the caller): ceil(K / 128) CTAs, the last ones writing the
-// zeros past L.
+// The launch of one im2col_t call (arguments validated by the caller); the last row tiles write the zeros past L.
 template <typename Launch>
 void im2col_t_launch(const TensorView& map, const ConvGeometry& g, const TensorView& cols_t, const Launch& launch) {
   const Col2imParams p = col2im_params(g);
@@ -431,15 +440,27 @@ void im2col_t_launch(const TensorView& map, const ConvGeometry& g, const TensorV
     return g.C % v == 0 && map.strides[0] % v == 0 && reinterpret_cast<uintptr_t>(map.data) % v == 0;
   };
   const bool vec = cols_t.strides[0] % 16 == 0 && reinterpret_cast<uintptr_t>(cols_t.data) % 16 == 0;
-  const dim3 grid(static_cast<unsigned>(ceil_div(K, kIm2colTRows)));
+  const int V = aligned(16) ? 16 : aligned(4) ? 4 : 1;
+  const int units = static_cast<int>(g.kh * g.kw * (g.C / V));
+  // the longest row tiles (512, 256 or 128 rows) of which there are still kColumnsGridTarget / 4 (a couple per SM),
+  // then the units split over grid.y up to ~kColumnsGridTarget CTAs
+  int rows = kIm2colTMaxRows;
+  while (rows > 128 && ceil_div(K, int64_t{rows}) < kColumnsGridTarget / 4) rows /= 2;
+  const int64_t tiles = ceil_div(K, int64_t{rows});
+  const int ychunks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(units, ceil_div(kColumnsGridTarget, tiles))));
+  const int unit_chunk = static_cast<int>(ceil_div(int64_t{units}, int64_t{ychunks}));
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(ceil_div(int64_t{units}, int64_t{unit_chunk})));
   const auto* m = static_cast<const int8_t*>(map.data);
   auto* q = static_cast<int8_t*>(cols_t.data);
-  if (aligned(16))
-    launch(im2col_t_kernel<16>, grid, kIm2colTThreads, 0, m, map.strides[0], p, q, cols_t.strides[0], K, vec);
-  else if (aligned(4))
-    launch(im2col_t_kernel<4>, grid, kIm2colTThreads, 0, m, map.strides[0], p, q, cols_t.strides[0], K, vec);
+  const auto go = [&](auto kernel) {
+    launch(kernel, grid, kIm2colTThreads, 0, m, map.strides[0], p, q, cols_t.strides[0], K, vec, rows, unit_chunk);
+  };
+  if (V == 16)
+    go(im2col_t_kernel<16>);
+  else if (V == 4)
+    go(im2col_t_kernel<4>);
   else
-    launch(im2col_t_kernel<1>, grid, kIm2colTThreads, 0, m, map.strides[0], p, q, cols_t.strides[0], K, vec);
+    go(im2col_t_kernel<1>);
 }
 
 }  // namespace hot::cuda

@@ -278,10 +278,13 @@ TEST_F(Cuda_Im2colT, BitExactVsCpu) {
   hot::ConvGeometry g4;  // a 3x3 of 8 channels over 9 x 7 pixels at batch 3: 189 rows, V = 4
   g4.N = 3, g4.C = 8, g4.H = 9, g4.W = 7, g4.kh = 3, g4.kw = 3, g4.ph = 1, g4.pw = 1;
   geoms.push_back(g4);
-  if (!small_run()) {  // ResNet-50 layer1's 3x3 at batch 8; its stem at batch 2 (C = 3)
+  if (!small_run()) {  // ResNet-50 layer1's 3x3 at batch 8 and 48 (512-row tiles); its stem at batch 2 (C = 3)
     hot::ConvGeometry g;
     g.N = 8, g.C = 64, g.H = 56, g.W = 56, g.kh = 3, g.kw = 3, g.ph = 1, g.pw = 1;
     geoms.push_back(g);
+    g.N = 48;
+    geoms.push_back(g);
+    g.N = 8;
     g.N = 2, g.C = 3, g.H = 224, g.W = 224, g.kh = 7, g.kw = 7, g.sh = 2, g.sw = 2, g.ph = 3, g.pw = 3;
     geoms.push_back(g);
   }

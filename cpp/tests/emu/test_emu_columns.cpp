@@ -55,6 +55,11 @@ TEST(Emu_Im2colT, BitExactVsCpu) {
   geoms.push_back(g4);
   g4.patches = true, g4.sh = 2, g4.sw = 2, g4.H = 16, g4.W = 16;  // patch order, stride 2
   geoms.push_back(g4);
+  hot::ConvGeometry big;  // 131,072 rows: 256 tiles of 512 rows; at C = 16 the 16-byte gathers
+  big.N = 8, big.C = 4, big.H = 128, big.W = 128, big.kh = 3, big.kw = 3, big.ph = 1, big.pw = 1;
+  geoms.push_back(big);
+  big.N = 2, big.C = 16, big.H = 96, big.W = 96;  // 18,432 rows: 144 tiles of 128 rows
+  geoms.push_back(big);
 #endif
   uint64_t seed = 9160;
   for (const hot::ConvGeometry& g : geoms)

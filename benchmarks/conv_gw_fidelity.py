@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Per-convolution g_w relative error (against float64) of hot's default and of ``hot-gxcodes`` (g_w from the codes of
-G~ against the int8 map's columns, no rotation along the pixels; benchmarks/NOTES.md plan item 22), on a small
+"""Per-convolution g_w relative error (against float64) of the columns' path (``hot``'s linear numerics on the
+columns: rotation along the pixels, HLA at rank 16, hot's convolution default until 2026-11-29) and of ``hot-gxcodes``
+(g_w from the codes of G~ against the int8 map's columns, no rotation along the pixels: the convolution default since
+then, SPEC §4; benchmarks/NOTES.md plan item 22), on a small
 bottleneck ResNet with BatchNorm trained exact on the synthetic 32x32 images (hot.experiments.synth) for STEPS steps
 of batch 32; one captured batch of 32, the mean over 4 rounding seeds per layer. CPU, one thread (~5 minutes at 100
 steps on a busy 2-core VM).

@@ -223,7 +223,9 @@ def test_single_path_methods_isolate_one_path(captured):
         np.testing.assert_array_equal(gx_b, gx_ref.astype(np.float32))
         np.testing.assert_array_equal(gx_e, gx_ref.astype(np.float32))
         np.testing.assert_array_equal(gw_e, gw_ref.astype(np.float32))
-    rep = ha.fidelity_of_captures(caps, methods=("paper", "hot-gx8", "hot-gx8-r16", "hot-token", "hot"), seed=1)
+    rep = ha.fidelity_of_captures(caps, methods=("paper", "hot-gx8", "hot-gx8-r16", "hot-token", "hot", "hot-gxcodes"),
+                                  seed=1)
+    kinds = {c.name: c.kind for c in caps}
     for layer in rep.layers:
         # 8-bit g_x: 16x finer steps than 4-bit, so a far smaller error (same Hadamard transform).
         assert rep.get(layer, "hot-gx8").gx_rel < 0.5 * rep.get(layer, "paper").gx_rel
@@ -234,8 +236,11 @@ def test_single_path_methods_isolate_one_path(captured):
         # rows per block come out no better there (48 seeds: 0.0326 against 0.0308), so no order is asserted for it.
         if layer != "fc2":
             assert rep.get(layer, "hot-gx8-r16").gw_rel < 0.5 * rep.get(layer, "paper").gw_rel
-        # hot's default is 8-bit g_x at full rank: the same numbers as hot-gx8-r16
-        assert rep.get(layer, "hot") == dataclasses.replace(rep.get(layer, "hot-gx8-r16"), method="hot")
+        # hot's default is 8-bit g_x at full rank: the same numbers as hot-gx8-r16, but on a convolution that keeps
+        # its int8 map, whose g_w comes from G~'s codes (SPEC §4): hot-gxcodes' numbers there
+        same = "hot-gxcodes" if kinds[layer] == "conv2d" else "hot-gx8-r16"
+        assert rep.get(layer, "hot") == dataclasses.replace(rep.get(layer, same), method="hot")
+    assert "conv2d" in kinds.values()
 
 
 def test_cli_fidelity_writes_report(tmp_path, capsys):

@@ -16,13 +16,17 @@
 //   hot_backward_conv2d          g_y (N*Ho*Wo, O), w (O, kh*kw*C), q (kh*kw*C, K_pad) s8, scale f32 (1,), seed u32 (2,)
 //                                                                -> g_x (N*H*W, C) channels-last, g_w (O, kh*kw*C)
 //   hot_backward_conv2d_bias     the same                        -> g_x, g_w, g_b (O,)
-//                                attributes of both: n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, patches (0/1): i32,
+//                                attributes of both: n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, patches (0/1),
+//                                codes (0/1: q, scale are hot_im2col_t's codes and the map's scale, SPEC §4): i32,
 //                                config: i64 (hot::backward_conv2d, SPEC §8)
 //   hot_quantize_nearest         x (..., C) float                -> q s8 (..., C), scale f32 (1,)
 //                                (Q8 per tensor, round-to-nearest: a convolution's kept feature map, SPEC §8)
 //   hot_compress_columns         q_map (N, H, W, C) s8           -> q s8 (kh*kw*C, K_pad), scale f32 (1,)
 //                                (the ABC buffer of a convolution's im2col columns from its int8 map, SPEC §8)
 //                                attributes kh, kw, sh, sw, ph, pw, dh, dw, patches (0/1), rank: i32
+//   hot_im2col_t                 q_map (N, H, W, C) s8           -> q s8 (kh*kw*C, padded_k(N*Ho*Wo))
+//                                (the codes of the map's im2col columns, transposed: g_w at full rank, SPEC §4, §8)
+//                                attributes kh, kw, sh, sw, ph, pw, dh, dw, patches (0/1): i32
 // The seed operand holds two words of jax.random.bits(key, (2,), uint32); the 64-bit seed of the stochastic rounding
 // is word0 | word1 << 32 (hot.jax.seed_from_key documents and computes the same). It is an operand, not an
 // attribute, so a jitted step compiles once whatever its key. On the GPU the kernels read it where it is (hot::Seed):
@@ -160,14 +164,26 @@ void compress_columns(hot::Device dev, hot::Stream stream, const ffi::AnyBuffer&
   hot::compress_columns(mv, g, qv, sv, a.rank, stream);
 }
 
+void im2col_t(hot::Device dev, hot::Stream stream, const ffi::AnyBuffer& m, ffi::AnyBuffer q, const ColumnsAttrs& a) {
+  const char* op = "hot.jax im2col_t";
+  const auto dims = m.dimensions();
+  HOT_CHECK_VALUE(dims.size() == 4, op, ": q_map has ", dims.size(), " dims, expected 4 (N, H, W, C)");
+  hot::ConvGeometry g;
+  g.N = dims[0], g.H = dims[1], g.W = dims[2], g.C = dims[3];
+  g.kh = a.kh, g.kw = a.kw, g.sh = a.sh, g.sw = a.sw, g.ph = a.ph, g.pw = a.pw, g.dh = a.dh, g.dw = a.dw;
+  g.patches = a.patches != 0;
+  hot::im2col_t(view_2d(op, "q_map", m, dev, false), g, view_2d(op, "q", q, dev, false), stream);
+}
+
 // The ABC buffer (q, scale) of a rows x cols operand as the core's SavedActivation: non-owning tensors over XLA's
 // buffers (Tensor::wrap without a keepalive: XLA keeps them for the call).
 hot::SavedActivation saved_buffer(const char* op, hot::Device dev, const ffi::AnyBuffer& q, const ffi::AnyBuffer& scale,
-                                  int64_t rows, int64_t cols, int rank) {
+                                  int64_t rows, int64_t cols, int rank, bool codes = false) {
   hot::SavedActivation saved;
   saved.rows = rows;
   saved.cols = cols;
   saved.rank = rank;
+  saved.codes = codes;
   saved.q = hot::Tensor::wrap(view_2d(op, "saved.q", q, dev, false), nullptr);
   saved.scale = hot::Tensor::wrap(view_1d(op, "saved.scale", scale, dev, hot::DType::f32, false), nullptr);
   return saved;
@@ -195,7 +211,7 @@ void backward(hot::Device dev, hot::Stream stream, const hot::Seed& seed, const 
 
 // The geometry attributes of hot_backward_conv2d, in the handlers' order.
 struct ConvAttrs {
-  int32_t n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, patches;
+  int32_t n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, patches, codes;
 };
 
 void backward_conv(hot::Device dev, hot::Stream stream, const hot::Seed& seed, const ffi::AnyBuffer& gy,
@@ -207,7 +223,8 @@ void backward_conv(hot::Device dev, hot::Stream stream, const hot::Seed& seed, c
   g.ph = a.ph, g.pw = a.pw, g.dh = a.dh, g.dw = a.dw, g.patches = a.patches != 0;
   const hot::TensorView gyv = view_2d(op, "grad_output", gy, dev, true);
   const hot::TensorView wv = view_2d(op, "weight", w, dev, true);
-  const hot::SavedActivation saved = saved_buffer(op, dev, q, scale, gyv.shape[0], wv.shape[1], config.rank);
+  const hot::SavedActivation saved =
+      saved_buffer(op, dev, q, scale, gyv.shape[0], wv.shape[1], config.rank, a.codes != 0);
   hot::BackwardOutputs out;
   out.grad_input = view_2d(op, "grad_input", gx, dev, true);
   out.grad_weight = view_2d(op, "grad_weight", gw, dev, true);
@@ -269,10 +286,10 @@ ffi::Error backward_conv_cpu(ffi::AnyBuffer gy, ffi::AnyBuffer w, ffi::AnyBuffer
                              ffi::AnyBuffer seed, ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw,
                              int32_t n, int32_t c, int32_t h, int32_t wd, int32_t kh, int32_t kw, int32_t sh,
                              int32_t sw, int32_t ph, int32_t pw, int32_t dh, int32_t dw, int32_t patches,
-                             int64_t config) {
+                             int32_t codes, int64_t config) {
   return guarded([&] {
     backward_conv(hot::Device::cpu(), hot::Stream{}, host_seed("hot.jax backward_conv2d", seed), gy, w, q, scale, *gx,
-                  *gw, nullptr, make_config(config), {n, c, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, patches});
+                  *gw, nullptr, make_config(config), {n, c, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, patches, codes});
   });
 }
 
@@ -280,11 +297,11 @@ ffi::Error backward_conv_bias_cpu(ffi::AnyBuffer gy, ffi::AnyBuffer w, ffi::AnyB
                                   ffi::AnyBuffer seed, ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw,
                                   ffi::Result<ffi::AnyBuffer> gb, int32_t n, int32_t c, int32_t h, int32_t wd,
                                   int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t ph, int32_t pw, int32_t dh,
-                                  int32_t dw, int32_t patches, int64_t config) {
+                                  int32_t dw, int32_t patches, int32_t codes, int64_t config) {
   return guarded([&] {
     const ffi::AnyBuffer b = *gb;
     backward_conv(hot::Device::cpu(), hot::Stream{}, host_seed("hot.jax backward_conv2d", seed), gy, w, q, scale, *gx,
-                  *gw, &b, make_config(config), {n, c, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, patches});
+                  *gw, &b, make_config(config), {n, c, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, patches, codes});
   });
 }
 
@@ -294,6 +311,11 @@ ffi::Error compress_columns_cpu(ffi::AnyBuffer m, ffi::Result<ffi::AnyBuffer> q,
   return guarded([&] {
     compress_columns(hot::Device::cpu(), hot::Stream{}, m, *q, *scale, {kh, kw, sh, sw, ph, pw, dh, dw, patches, rank});
   });
+}
+
+ffi::Error im2col_t_cpu(ffi::AnyBuffer m, ffi::Result<ffi::AnyBuffer> q, int32_t kh, int32_t kw, int32_t sh, int32_t sw,
+                        int32_t ph, int32_t pw, int32_t dh, int32_t dw, int32_t patches) {
+  return guarded([&] { im2col_t(hot::Device::cpu(), hot::Stream{}, m, *q, {kh, kw, sh, sw, ph, pw, dh, dw, patches, 16}); });
 }
 
 ffi::Error quantize_cpu(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> scale) {
@@ -344,11 +366,11 @@ ffi::Error backward_conv_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffe
                               ffi::AnyBuffer q, ffi::AnyBuffer scale, ffi::AnyBuffer seed,
                               ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw, int32_t n, int32_t c,
                               int32_t h, int32_t wd, int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t ph,
-                              int32_t pw, int32_t dh, int32_t dw, int32_t patches, int64_t config) {
+                              int32_t pw, int32_t dh, int32_t dw, int32_t patches, int32_t codes, int64_t config) {
   return guarded([&] {
     const hot::Seed s = device_seed("hot.jax backward_conv2d", seed, device);
     backward_conv(hot::Device::cuda(device), hot::Stream{stream}, s, gy, w, q, scale, *gx, *gw, nullptr,
-                  make_config(config), {n, c, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, patches});
+                  make_config(config), {n, c, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, patches, codes});
   });
 }
 
@@ -357,12 +379,12 @@ ffi::Error backward_conv_bias_cuda(cudaStream_t stream, int32_t device, ffi::Any
                                    ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw,
                                    ffi::Result<ffi::AnyBuffer> gb, int32_t n, int32_t c, int32_t h, int32_t wd,
                                    int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t ph, int32_t pw, int32_t dh,
-                                   int32_t dw, int32_t patches, int64_t config) {
+                                   int32_t dw, int32_t patches, int32_t codes, int64_t config) {
   return guarded([&] {
     const hot::Seed s = device_seed("hot.jax backward_conv2d", seed, device);
     const ffi::AnyBuffer b = *gb;
     backward_conv(hot::Device::cuda(device), hot::Stream{stream}, s, gy, w, q, scale, *gx, *gw, &b,
-                  make_config(config), {n, c, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, patches});
+                  make_config(config), {n, c, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, patches, codes});
   });
 }
 
@@ -372,6 +394,14 @@ ffi::Error compress_columns_cuda(cudaStream_t stream, int32_t device, ffi::AnyBu
   return guarded([&] {
     compress_columns(hot::Device::cuda(device), hot::Stream{stream}, m, *q, *scale,
                      {kh, kw, sh, sw, ph, pw, dh, dw, patches, rank});
+  });
+}
+
+ffi::Error im2col_t_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer m, ffi::Result<ffi::AnyBuffer> q,
+                         int32_t kh, int32_t kw, int32_t sh, int32_t sw, int32_t ph, int32_t pw, int32_t dh, int32_t dw,
+                         int32_t patches) {
+  return guarded([&] {
+    im2col_t(hot::Device::cuda(device), hot::Stream{stream}, m, *q, {kh, kw, sh, sw, ph, pw, dh, dw, patches, 16});
   });
 }
 
@@ -394,6 +424,7 @@ HOT_JAX_EXPORT XLA_FFI_Error* HotJaxQuantizeCpu(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxCompressColumnsCpu(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardConvCpu(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardConvBiasCpu(XLA_FFI_CallFrame*);
+HOT_JAX_EXPORT XLA_FFI_Error* HotJaxIm2colTCpu(XLA_FFI_CallFrame*);
 #if HOT_JAX_CUDA
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxCompressCuda(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardCuda(XLA_FFI_CallFrame*);
@@ -402,10 +433,11 @@ HOT_JAX_EXPORT XLA_FFI_Error* HotJaxQuantizeCuda(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxCompressColumnsCuda(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardConvCuda(XLA_FFI_CallFrame*);
 HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardConvBiasCuda(XLA_FFI_CallFrame*);
+HOT_JAX_EXPORT XLA_FFI_Error* HotJaxIm2colTCuda(XLA_FFI_CallFrame*);
 #endif
 
 // The bindings' shared parts: the CUDA handlers' stream and device; the backward handlers' operands g_y, w, q, scale,
-// seed and results g_x, g_w (+ g_b); the other handlers' one operand and two results.
+// seed and results g_x, g_w (+ g_b); the other handlers' one operand and two results (hot_im2col_t's one).
 #define HOT_JAX_CUDA_CTX .Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::DeviceOrdinal>()
 #define HOT_JAX_BACKWARD_IO                                                                                   \
   .Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>()                      \
@@ -418,7 +450,10 @@ HOT_JAX_EXPORT XLA_FFI_Error* HotJaxBackwardConvBiasCuda(XLA_FFI_CallFrame*);
 #define HOT_JAX_CONV_ATTRS                                                                                    \
   .Attr<int32_t>("n").Attr<int32_t>("c").Attr<int32_t>("h").Attr<int32_t>("w").Attr<int32_t>("kh")             \
       .Attr<int32_t>("kw").Attr<int32_t>("sh").Attr<int32_t>("sw").Attr<int32_t>("ph").Attr<int32_t>("pw")      \
-      .Attr<int32_t>("dh").Attr<int32_t>("dw").Attr<int32_t>("patches").Attr<int64_t>("config")
+      .Attr<int32_t>("dh").Attr<int32_t>("dw").Attr<int32_t>("patches").Attr<int32_t>("codes").Attr<int64_t>("config")
+#define HOT_JAX_IM2COL_T_ATTRS                                                                                \
+  .Attr<int32_t>("kh").Attr<int32_t>("kw").Attr<int32_t>("sh").Attr<int32_t>("sw").Attr<int32_t>("ph")         \
+      .Attr<int32_t>("pw").Attr<int32_t>("dh").Attr<int32_t>("dw").Attr<int32_t>("patches")
 #define HOT_JAX_COLUMNS_ATTRS                                                                                 \
   .Attr<int32_t>("kh").Attr<int32_t>("kw").Attr<int32_t>("sh").Attr<int32_t>("sw").Attr<int32_t>("ph")         \
       .Attr<int32_t>("pw").Attr<int32_t>("dh").Attr<int32_t>("dw").Attr<int32_t>("patches").Attr<int32_t>("rank")
@@ -441,6 +476,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardConvCpu, backward_conv_cpu,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardConvBiasCpu, backward_conv_bias_cpu,
                               ffi::Ffi::Bind() HOT_JAX_BACKWARD_BIAS_IO HOT_JAX_CONV_ATTRS);
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxIm2colTCpu, im2col_t_cpu,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>() HOT_JAX_IM2COL_T_ATTRS);
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxQuantizeCpu, quantize_cpu,
                               ffi::Ffi::Bind() HOT_JAX_ONE_IN_TWO_OUT);
 
@@ -462,6 +500,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardConvCuda, backward_conv_cuda,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardConvBiasCuda, backward_conv_bias_cuda,
                               ffi::Ffi::Bind() HOT_JAX_CUDA_CTX HOT_JAX_BACKWARD_BIAS_IO HOT_JAX_CONV_ATTRS);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxIm2colTCuda, im2col_t_cuda,
+                              ffi::Ffi::Bind() HOT_JAX_CUDA_CTX.Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>()
+                                  HOT_JAX_IM2COL_T_ATTRS);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxQuantizeCuda, quantize_cuda,
                               ffi::Ffi::Bind() HOT_JAX_CUDA_CTX HOT_JAX_ONE_IN_TWO_OUT);

@@ -365,6 +365,12 @@ def compress_columns(q_map, kernel, stride=1, padding=0, dilation=1, patches: bo
     return SavedActivation(q, scale, (N * Ho * Wo, kernel[0] * kernel[1] * C), config.rank)
 
 
+def gw_from_codes(config: Config) -> bool:
+    """Whether a convolution that keeps its int8 map takes g_w from the codes of G~ and of the map's columns (SPEC §4
+    "g_w from G~'s codes", §8): at full rank with 8-bit g_x and one g_x scale (the default), not in exact mode."""
+    return not config.exact and config.rank == 16 and config.gx_bits == 8 and config.gx_scale == "tensor"
+
+
 def column_codes(q_map, scale, kernel, stride=1, padding=0, dilation=1, patches: bool = False) -> SavedActivation:
     """The g_w operand of a convolution at full rank (SPEC §4 "g_w from G~'s codes", §8): the im2col columns of the
     int8 map q_map (N, H, W, C, channels-last; e.g. ``hot.quantize``'s q of the map) as they are, transposed

@@ -36,13 +36,17 @@ def _reference(x, w, b, gy, seed, config, stride, padding, dilation):
         return [gx, gw.reshape(w.shape)] + ([gb] if b is not None else [])
     q, s = hot.quantize(x.reshape(N * C, H * W), bits=8, scale="tensor", rounding="nearest")
     qh = np.ascontiguousarray(q.reshape(N, C, H, W).transpose(0, 2, 3, 1))  # the map's integers, channels-last
-    cols = hot.compress_columns(qh, (kh, kw), stride, padding, dilation, patches=patches, config=config)
+    codes = hot._api.gw_from_codes(config)  # g_w from the codes of G~ and of the columns, the map's scale applied
+    if codes:
+        cols = hot.column_codes(qh, s, (kh, kw), stride, padding, dilation, patches=patches)
+    else:
+        cols = hot.compress_columns(qh, (kh, kw), stride, padding, dilation, patches=patches, config=config)
     wc = tops.conv_weight_cols(torch.from_numpy(w))  # (O, kh*kw*C): im2col's (i, j, c) column order
     gxr, gw, gb = tops._backward_conv2d(torch.from_numpy(g), wc, torch.from_numpy(cols.q), torch.from_numpy(cols.scale),
                                         seed, config, (N, C, H, W), (kh, kw), stride, padding, dilation, patches,
-                                        True, True, b is not None, gw_dtype="float32")
+                                        True, True, b is not None, gw_dtype="float32", codes=codes)
     gx = gxr.reshape(N, H, W, C).permute(0, 3, 1, 2).numpy()
-    gw = tops.conv_weight_from_cols(gw * torch.from_numpy(s), w.shape).numpy()  # times the scale
+    gw = tops.conv_weight_from_cols(gw if codes else gw * torch.from_numpy(s), w.shape).numpy()  # times the scale
     return [gx, gw] + ([gb.numpy()] if b is not None else [])
 
 

@@ -270,7 +270,7 @@ def test_conv_weight_gradient_from_the_codes_is_the_linear_backward_of_the_colum
     ref.load_state_dict(model[0].state_dict())
     ht.convert(model)
     conv = model[0]
-    assert tops.gw_from_codes(conv.hot_config)
+    assert hot._api.gw_from_codes(conv.hot_config)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     x = torch.randn(2, 5, 8, 8).to(memory_format=fmt)
     gy = torch.randn(2, 24, 8, 8)

@@ -218,25 +218,3 @@ def test_cli_parity_synth(tmp_path, capsys):
     assert all(math.isfinite(v) for r in d["runs"] for v in r["losses"])
     assert main(["parity", "--task", "digits", "--n-train", "100", "--out", str(tmp_path)]) == 2
     assert main(["parity", "--task", "synth-tiny", "--n-test", "0", "--out", str(tmp_path)]) == 2
-
-
-def test_simulate_gives_linear_layers_their_own_method():
-    # hot-gxcodes-conv: the convolution runs hot-gxcodes, the Linear layers hot's default, whose gradients are then
-    # those of simulating hot alone.
-    torch.manual_seed(0)
-    base = _Net()
-    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,))
-    grads = {}
-    for tag, name, lin in (("mixed", "hot-gxcodes", "hot"), ("lin", "hot", None)):
-        net = copy.deepcopy(base)
-        assert hp.simulate(net, name, exclude=(), linear_name=lin) == ["conv", "fc1", "fc2"]
-        assert (net.fc1.sim_fn.name, net.conv.sim_fn.name) == (lin or name, name)
-        torch.manual_seed(5)
-        F.cross_entropy(net(x), y).backward()
-        grads[tag] = {n: p.grad.clone() for n, p in net.named_parameters()}
-    for n in grads["mixed"]:
-        # the backward runs from the last layer down: fc2's and fc1's gradients are the Linear method's alone
-        if n.startswith("fc"):
-            assert torch.equal(grads["mixed"][n], grads["lin"][n]), n
-    assert not torch.equal(grads["mixed"]["conv.weight"], grads["lin"]["conv.weight"])
-    assert hp.method("hot-gxcodes-conv").sim_linear == "hot"

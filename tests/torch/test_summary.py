@@ -87,12 +87,21 @@ def test_exact_config_counts_as_exact():
 
 def test_conv_counts():
     """A 3x3 conv (non-pointwise) keeps the int8 feature map: quantised forward, g_w of its integer columns times its
-    scale in the backward (SPEC §8), col2im."""
+    scale in the backward (SPEC §8), col2im. At the default g_w comes from G~'s codes (SPEC §4): no HLA, no second
+    quantisation, H_b along O on the O x I result; G~ is formed for g_w alone where no g_x is wanted."""
     h = cost.hot_ops(128, 27, 8, DEFAULT, fmap=384, col2im=True)
-    assert h.overhead["gw: Q(fmap)"] == 384 and h.overhead["gw: scale g_w"] == 8 * 27
+    assert h.overhead["gw: Q(fmap)"] == 384 and h.overhead["gw: H(g_w)"] == 8 * 27 * 3  # O = 8: block 8
+    assert not any(k.startswith("gw: HLA") or k == "gw: Q(x)" or k.startswith("gw: H(g_y)") for k in h.overhead)
     assert h.overhead["gx: col2im"] == 128 * 27
-    assert h.overhead["gx: H(g_y)"] == 128 * 8 * 3  # O = 8: block 8
+    assert h.overhead["gx: H(g_y)"] == 128 * 8 * 3
     assert h.int8 == 2 * 128 * 8 * 27 * 2  # g_x at 8 bits and g_w at full rank (L = 128, no padding)
+    first = cost.hot_ops(128, 27, 8, DEFAULT, need_gx=False, fmap=384)  # a network's first conv: G~ for g_w alone
+    assert first.overhead["gw: H(g_y)"] == 128 * 8 * 3 and first.overhead["gw: Q(g_y)"] == 128 * 8
+    assert first.int8 == 2 * 128 * 8 * 27
+    r8 = cost.hot_ops(128, 27, 8, hot.Config(rank=8), fmap=384, col2im=True)  # below full rank: HLA of the columns
+    assert r8.overhead["gw: Q(fmap)"] == 384 and r8.overhead["gw: scale g_w"] == 8 * 27
+    assert r8.overhead["gw: HLA(x)"] == 128 * 27 * 4
+    assert r8.int8 == 2 * 128 * 8 * 27 + 2 * 64 * 8 * 27  # K = 128 / 16 * 8 = 64
 
 
 # ---------------------------------------------------------------------------------------------------------------

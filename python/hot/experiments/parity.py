@@ -144,7 +144,6 @@ class Method:
     calibrate: bool = False
     warmup: float = 0.0  # fraction of the steps run at hot.Config() first (the paper's INT8 warm-up)
     sim: Optional[str] = None
-    sim_linear: Optional[str] = None  # 'sim' methods: the Linear layers' method where it is not ``sim``
     input_layer: bool = False
     exclude: Tuple[str, ...] = ()
 
@@ -191,8 +190,6 @@ METHODS: Dict[str, Method] = {m.name: m for m in [
        config={"gx_bits": 4, "gx_scale": "token", "rank": 16}, exclude=("head",)),
     _m("hot-gxcodes", "sim", "a candidate numerics: hot's g_x, and g_w from the same codes of G~ (rotated along O) "
        "against a per-tensor 8-bit copy of x, no rotation along the tokens", sim="hot-gxcodes"),
-    _m("hot-gxcodes-conv", "sim", "hot-gxcodes on the convolutions (their rows are neighbouring pixels), hot's "
-       "default (through the simulation harness) on the Linear layers", sim="hot-gxcodes", sim_linear="hot"),
     _m("sim-hot", "sim", "the paper's HOT through the simulation harness (checks the harness)", sim="hot"),
 ]}
 
@@ -380,21 +377,15 @@ def _sim_layer_classes():
     return SimLinear, SimConv2d
 
 
-def simulate(model, name: str, exclude: Sequence[str] = INPUT_LAYERS, device_path: Optional[bool] = None,
-             linear_name: Optional[str] = None) -> List[str]:
+def simulate(model, name: str, exclude: Sequence[str] = INPUT_LAYERS, device_path: Optional[bool] = None) -> List[str]:
     """Swap (in place) every nn.Linear and nn.Conv2d (groups = 1, zero padding, not named in ``exclude``)
     of ``model`` for a layer whose backward is ``hot.experiments.analysis.method_fn(name)`` (or its torch twin
-    ``device_fn(name)``, see ``SimFn`` for ``device_path``; the Linear layers' ``linear_name`` where given); returns
-    the names."""
+    ``device_fn(name)``, see ``SimFn`` for ``device_path``); returns the names."""
     import torch.nn as nn
 
     from hot.experiments.analysis import method_fn
 
-    def sim_fn(n):
-        return SimFn(n, method_fn(n), device_fn(n), device_path)
-
-    fn = sim_fn(name)
-    fn_linear = fn if linear_name is None else sim_fn(linear_name)
+    fn = SimFn(name, method_fn(name), device_fn(name), device_path)
     SimLinear, SimConv2d = _sim_layer_classes()
     done = []
     for n, m in model.named_modules():
@@ -402,7 +393,7 @@ def simulate(model, name: str, exclude: Sequence[str] = INPUT_LAYERS, device_pat
             continue
         if type(m) is nn.Linear:
             m.__class__ = SimLinear
-            m.sim_fn = fn_linear
+            m.sim_fn = fn
         elif type(m) is nn.Conv2d and m.groups == 1 and m.padding_mode == "zeros" and not isinstance(m.padding, str):
             m.__class__ = SimConv2d
             m.sim_fn = fn
@@ -428,8 +419,8 @@ def prepare(model, name: str, calib_batch=None, steps: Optional[int] = None, los
     if m.kind == "exact":
         return "exact"
     if m.kind == "sim":
-        layers = simulate(model, m.sim, linear_name=m.sim_linear)
-        return f"{len(layers)} layers simulated ({m.sim}" + (f", Linear: {m.sim_linear})" if m.sim_linear else ")")
+        layers = simulate(model, m.sim)
+        return f"{len(layers)} layers simulated ({m.sim})"
     cfg = hot.Config(**m.config)
     exclude = list(m.exclude) + ([] if m.input_layer else list(INPUT_LAYERS))
     report = ht.convert(model, cfg, exclude=exclude or None)

@@ -155,10 +155,11 @@ def _backward_saved(code: int, x_dtype, w_dtype, b_dtype, gy, w, q, scale, seed)
 
 
 def _backward_conv_call(code: int, x_dtype, b_dtype, g, w_cols, q, scale, seed, x_shape, kernel, stride, padding,
-                        dilation, patches: bool):
+                        dilation, patches: bool, codes: bool = False):
     """hot::backward_conv2d of a convolution's g_y rows g (N*Ho*Wo, O) and weight columns w_cols (O, kh*kw*C) from the
-    ABC buffer (q, scale) of its columns, through the FFI target hot_backward_conv2d[_bias]: (g_x as the channels-last
-    map (N*H*W, C) in x_dtype, g_w in float32[, g_b in b_dtype])."""
+    ABC buffer (q, scale) of its columns, or with ``codes`` from the columns' codes (_im2col_t) and the map's scale,
+    through the FFI target hot_backward_conv2d[_bias]: (g_x as the channels-last map (N*H*W, C) in x_dtype, g_w in
+    float32[, g_b in b_dtype])."""
     N, C, H, W = x_shape
     O, CKK = w_cols.shape
     bias = b_dtype is not None
@@ -170,7 +171,7 @@ def _backward_conv_call(code: int, x_dtype, b_dtype, g, w_cols, q, scale, seed, 
     i32 = np.int32
     return call(g, w_cols, q, scale, seed, n=i32(N), c=i32(C), h=i32(H), w=i32(W), kh=i32(kernel[0]),
                 kw=i32(kernel[1]), sh=i32(stride[0]), sw=i32(stride[1]), ph=i32(padding[0]), pw=i32(padding[1]),
-                dh=i32(dilation[0]), dw=i32(dilation[1]), patches=i32(patches), config=np.int64(code))
+                dh=i32(dilation[0]), dw=i32(dilation[1]), patches=i32(patches), codes=i32(codes), config=np.int64(code))
 
 
 @functools.lru_cache(maxsize=None)
@@ -329,6 +330,20 @@ def _compress_columns(q, kernel, stride, padding, dilation, patches: bool, rank:
                 pw=i32(padding[1]), dh=i32(dilation[0]), dw=i32(dilation[1]), patches=i32(patches), rank=i32(rank))
 
 
+def _im2col_t(q, kernel, stride, padding, dilation, patches: bool):
+    """The codes of the im2col columns of the int8 map q (N, H, W, C), transposed (SPEC §4, §8; ``hot.column_codes``),
+    through the FFI target hot_im2col_t: int8 (kh*kw*C, padded_k(N*Ho*Wo))."""
+    N, H, W, C = q.shape
+    Ho = _conv_out(H, kernel[0], stride[0], padding[0], dilation[0])
+    Wo = _conv_out(W, kernel[1], stride[1], padding[1], dilation[1])
+    call = jax.ffi.ffi_call("hot_im2col_t",
+                            jax.ShapeDtypeStruct((kernel[0] * kernel[1] * C, hot._C.padded_k(N * Ho * Wo)), jnp.int8),
+                            vmap_method="sequential")
+    i32 = np.int32
+    return call(q, kh=i32(kernel[0]), kw=i32(kernel[1]), sh=i32(stride[0]), sw=i32(stride[1]), ph=i32(padding[0]),
+                pw=i32(padding[1]), dh=i32(dilation[0]), dw=i32(dilation[1]), patches=i32(patches))
+
+
 def _pixel_rows(t, stride, Ho, Wo, patches):
     """The (N*Ho*Wo) x C rows of a pointwise conv's operand t (N, C, H, W): the pixels the kernel reads, in (n, ho, wo)
     or 4 x 4 patch order (``hot.torch.ops._pixel_rows``)."""
@@ -355,6 +370,7 @@ def _conv2d_fn(code: int, stride, padding, dilation, x_hw, x_dtype, w_dtype, b_d
     """The custom_vjp of hot.jax.conv2d for one configuration, geometry, input size (H, W) and set of dtypes."""
     cfg = hot.Config.from_code(code)
     bias = b_dtype is not None
+    codes = hot._api.gw_from_codes(cfg)  # g_w from the codes of G~ and of the map's columns (SPEC §4)
 
     def fwd(x, w, b, seed):
         y = _conv(x, w, stride, padding, dilation)
@@ -378,13 +394,20 @@ def _conv2d_fn(code: int, stride, padding, dilation, x_hw, x_dtype, w_dtype, b_d
             res = _backward_saved(code, x_dtype, w_dtype, b_dtype, g, w.reshape(O, C), q, scale, seed)
             gx = _pixel_unrows(res[0], (N, C, H, W), stride, Ho, Wo, patches)
             return (gx, res[1].reshape(w.shape), res[2] if bias else None, None)
-        # the ABC buffer of the columns of the int8 map's integers, formed from the map by the engine; g_w =
-        # scale * (g_y^T Q), scaled after the GEMM in float32 (SPEC §8; as hot.torch.Conv2d)
-        cq, cs = _compress_columns(q, (kh, kw), stride, padding, dilation, patches, cfg.rank)
-        res = _backward_conv_call(code, x_dtype, b_dtype, g, jnp.transpose(w, (0, 2, 3, 1)).reshape(O, kh * kw * C),
-                                  cq, cs, seed, (N, C, H, W), (kh, kw), stride, padding, dilation, patches)
+        w_cols = jnp.transpose(w, (0, 2, 3, 1)).reshape(O, kh * kw * C)
+        if codes:  # g_w from G~'s codes and the columns' codes, the map's scale applied by the engine (SPEC §4)
+            cq = _im2col_t(q, (kh, kw), stride, padding, dilation, patches)
+            res = _backward_conv_call(code, x_dtype, b_dtype, g, w_cols, cq, scale, seed, (N, C, H, W), (kh, kw),
+                                      stride, padding, dilation, patches, True)
+            gw32 = res[1]
+        else:  # the ABC buffer of the columns of the int8 map's integers, formed from the map by the engine; g_w =
+            # scale * (g_y^T Q), scaled after the GEMM in float32 (SPEC §8; as hot.torch.Conv2d)
+            cq, cs = _compress_columns(q, (kh, kw), stride, padding, dilation, patches, cfg.rank)
+            res = _backward_conv_call(code, x_dtype, b_dtype, g, w_cols, cq, cs, seed, (N, C, H, W), (kh, kw), stride,
+                                      padding, dilation, patches)
+            gw32 = res[1] * scale[0]
         gx = jnp.transpose(res[0].reshape(N, H, W, C), (0, 3, 1, 2))  # the engine's channels-last map
-        gw = jnp.transpose((res[1] * scale[0]).astype(w_dtype).reshape(O, kh, kw, C), (0, 3, 1, 2))
+        gw = jnp.transpose(gw32.astype(w_dtype).reshape(O, kh, kw, C), (0, 3, 1, 2))
         return (gx, gw, res[2] if bias else None, None)
 
     @jax.custom_vjp

@@ -17,6 +17,7 @@ TARGETS = {
     "hot_backward_linear_bias": "HotJaxBackwardBias",
     "hot_quantize_nearest": "HotJaxQuantize",
     "hot_compress_columns": "HotJaxCompressColumns",
+    "hot_im2col_t": "HotJaxIm2colT",
     "hot_backward_conv2d": "HotJaxBackwardConv",
     "hot_backward_conv2d_bias": "HotJaxBackwardConvBias",
 }

@@ -29,6 +29,7 @@ import torch
 import torch.nn as nn
 
 import hot
+from hot import _api
 
 from . import ops
 from .convert import hot_layers
@@ -108,7 +109,10 @@ def hot_ops(L: int, I: int, O: int, config, need_gx: bool = True, need_gw: bool 
     and X^ (K·I; in the forward pass, the ABC buffer), the s8 GEMM O x K x I (2·K·O·I OPs), dequantisation (O·I).
     A convolution other than a pointwise one keeps an int8 feature map of ``fmap`` elements: quantised in the forward
     (fmap); its columns hold the map's integers, so g_w is multiplied by the map's scale (O·I); ``col2im``: its g_x
-    columns are summed back onto the map (L·I adds).
+    columns are summed back onto the map (L·I adds). At the default (rank 16, 8-bit per-tensor g_x: SPEC §4 "g_w from
+    G~'s codes") such a convolution's g_w is instead the s8 GEMM O x K x I (K = L_pad) of G~'s codes (formed for g_w
+    alone where no g_x is wanted) and the map's columns as they are, dequantised with the map's scale (O·I) and
+    transformed along O (O·I·log2 b): no HLA and no second quantisation.
     ``config.exact``: :func:`exact_ops`."""
     if config.exact:
         return exact_ops(L, I, O, need_gx, need_gw, fp_bits)
@@ -127,7 +131,16 @@ def hot_ops(L: int, I: int, O: int, config, need_gx: bool = True, need_gw: bool 
             c.int4 += 2 * L * O * I
         else:
             c.int8 += 2 * L * O * I
-    if need_gw:
+    if need_gw and fmap is not None and _api.gw_from_codes(config):
+        lg = int(math.log2(gx_block(O)))
+        if not need_gx:  # G~ formed for g_w alone
+            ov["gw: H(g_y)"] = L * O * lg
+            ov["gw: Q(g_y)"] = L * O
+        ov["gw: Q(fmap)"] = fmap
+        ov["gw: dequant"] = O * I  # the map's scale included
+        ov["gw: H(g_w)"] = O * I * lg
+        c.int8 += 2 * ops.padded_k(L, 16) * O * I
+    elif need_gw:
         Lp, K = padded_rows(L), ops.padded_k(L, config.rank)
         lg = int(math.log2(HLA_BLOCK))
         ov["gw: HLA(g_y)"] = Lp * O * lg

@@ -282,12 +282,6 @@ def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tens
                                  gx_dtype)
 
 
-def gw_from_codes(cfg) -> bool:
-    """Whether a convolution that keeps its int8 map takes g_w from the codes of G~ and of the map's columns
-    (SPEC §4, §8): at full rank with 8-bit g_x and one g_x scale."""
-    return not cfg.exact and cfg.rank == 16 and cfg.gx_bits == 8 and cfg.gx_scale == "tensor"
-
-
 def _backward_conv2d(g: Tensor, w: Tensor, q: Optional[Tensor], scale: Optional[Tensor], seed, cfg, x_shape,
                      kernel, stride, padding, dilation, patches: bool, need_gx: bool, need_gw: bool, need_gb: bool,
                      reuse=None, gw_dtype: Optional[str] = None, codes: bool = False):
@@ -802,7 +796,7 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed, x_shape, stride, pa
             cols = im2col(x, (kh, kw), stride, padding, dilation, patches)  # N*P x CKK, columns (i, j, c)
         else:
             qh = _nchw_rows(q.detach()).view(N, H, W, C)  # the channels-last map: a view, or NCHW transposed in int8
-            if gw_from_codes(cfg):  # the columns' codes transposed, the g_w GEMM's K-major operand (SPEC §8)
+            if _api.gw_from_codes(cfg):  # the columns' codes transposed, the g_w GEMM's K-major operand (SPEC §8)
                 cq = _api._im2col_t(_call("im2col_t", qh), qh, (N, C, H, W), (kh, kw), tuple(stride), tuple(padding),
                                     tuple(dilation), patches)
                 cs, codes = scale.detach(), True

@@ -149,15 +149,22 @@ struct ColumnsAttrs {
   int32_t kh, kw, sh, sw, ph, pw, dh, dw, patches, rank;
 };
 
-void compress_columns(hot::Device dev, hot::Stream stream, const ffi::AnyBuffer& m, ffi::AnyBuffer q,
-                      ffi::AnyBuffer scale, const ColumnsAttrs& a) {
-  const char* op = "hot.jax compress_columns";
+// The geometry of a convolution over the int8 map m (N, H, W, C) with a's kernel, strides, padding, dilation and row
+// order.
+hot::ConvGeometry map_geometry(const char* op, const ffi::AnyBuffer& m, const ColumnsAttrs& a) {
   const auto dims = m.dimensions();
   HOT_CHECK_VALUE(dims.size() == 4, op, ": q_map has ", dims.size(), " dims, expected 4 (N, H, W, C)");
   hot::ConvGeometry g;
   g.N = dims[0], g.H = dims[1], g.W = dims[2], g.C = dims[3];
   g.kh = a.kh, g.kw = a.kw, g.sh = a.sh, g.sw = a.sw, g.ph = a.ph, g.pw = a.pw, g.dh = a.dh, g.dw = a.dw;
   g.patches = a.patches != 0;
+  return g;
+}
+
+void compress_columns(hot::Device dev, hot::Stream stream, const ffi::AnyBuffer& m, ffi::AnyBuffer q,
+                      ffi::AnyBuffer scale, const ColumnsAttrs& a) {
+  const char* op = "hot.jax compress_columns";
+  const hot::ConvGeometry g = map_geometry(op, m, a);
   const hot::TensorView mv = view_2d(op, "q_map", m, dev, false);
   const hot::TensorView qv = view_2d(op, "q", q, dev, false);
   const hot::TensorView sv = view_1d(op, "scale", scale, dev, hot::DType::f32, false);
@@ -166,12 +173,7 @@ void compress_columns(hot::Device dev, hot::Stream stream, const ffi::AnyBuffer&
 
 void im2col_t(hot::Device dev, hot::Stream stream, const ffi::AnyBuffer& m, ffi::AnyBuffer q, const ColumnsAttrs& a) {
   const char* op = "hot.jax im2col_t";
-  const auto dims = m.dimensions();
-  HOT_CHECK_VALUE(dims.size() == 4, op, ": q_map has ", dims.size(), " dims, expected 4 (N, H, W, C)");
-  hot::ConvGeometry g;
-  g.N = dims[0], g.H = dims[1], g.W = dims[2], g.C = dims[3];
-  g.kh = a.kh, g.kw = a.kw, g.sh = a.sh, g.sw = a.sw, g.ph = a.ph, g.pw = a.pw, g.dh = a.dh, g.dw = a.dw;
-  g.patches = a.patches != 0;
+  const hot::ConvGeometry g = map_geometry(op, m, a);
   hot::im2col_t(view_2d(op, "q_map", m, dev, false), g, view_2d(op, "q", q, dev, false), stream);
 }
 

@@ -353,16 +353,25 @@ def compress_columns(q_map, kernel, stride=1, padding=0, dilation=1, patches: bo
     in 4 x 4 patch order with ``patches``). A layer's g_w from it is in units of the map's scale."""
     op = "compress_columns"
     config = _config(op, config)
+    c, q_map, xs, geom, cols_shape = _map_args(op, q_map, kernel, stride, padding, dilation)
+    q, scale = _compress_columns(c, q_map, xs, *geom, bool(patches), config.rank)
+    return SavedActivation(q, scale, cols_shape, config.rank)
+
+
+def _map_args(op: str, q_map, kernel, stride, padding, dilation):
+    """The checked arguments of an operation on a convolution's int8 map q_map (N, H, W, C): (the call, q_map, x's
+    shape (N, C, H, W), (kernel, stride, padding, dilation) as pairs, the columns' shape (N*Ho*Wo, kh*kw*C))."""
     q_map = _prep(q_map)
     c = _Call(op, q_map=q_map)
     _need_ndim(op, "q_map", q_map, 4, 4)
     _nonempty(op, "q_map", q_map)
+    if c.fw.dtype_name(q_map) != "int8":
+        raise TypeError(f"{op}: q_map has dtype {c.fw.dtype_name(q_map)}, expected int8")
     N, H, W, C = fws.shape(q_map)
     kernel, stride = _pair(op, "kernel", kernel, 1), _pair(op, "stride", stride, 1)
     padding, dilation = _pair(op, "padding", padding, 0), _pair(op, "dilation", dilation, 1)
-    q, scale = _compress_columns(c, q_map, (N, C, H, W), kernel, stride, padding, dilation, bool(patches), config.rank)
     Ho, Wo = _conv_out_hw(H, W, kernel, stride, padding, dilation)
-    return SavedActivation(q, scale, (N * Ho * Wo, kernel[0] * kernel[1] * C), config.rank)
+    return c, q_map, (N, C, H, W), (kernel, stride, padding, dilation), (N * Ho * Wo, kernel[0] * kernel[1] * C)
 
 
 def gw_from_codes(config: Config) -> bool:
@@ -377,17 +386,8 @@ def column_codes(q_map, scale, kernel, stride=1, padding=0, dilation=1, patches:
     (``hot::im2col_t``: (kh*kw*C, padded_k(N*Ho*Wo)) int8, zero past N*Ho*Wo), with the map's scale (a (1,) float32
     array), as a SavedActivation of x shape (N*Ho*Wo, kh*kw*C) at rank 16 with ``codes`` set: ``backward_linear`` of the
     columns' g_y rows then takes g_w from the codes of G~ (rank 16, 8-bit per-tensor g_x) with the map's scale applied."""
-    op = "column_codes"
-    q_map = _prep(q_map)
-    c = _Call(op, q_map=q_map)
-    _need_ndim(op, "q_map", q_map, 4, 4)
-    _nonempty(op, "q_map", q_map)
-    N, H, W, C = fws.shape(q_map)
-    kernel, stride = _pair(op, "kernel", kernel, 1), _pair(op, "stride", stride, 1)
-    padding, dilation = _pair(op, "padding", padding, 0), _pair(op, "dilation", dilation, 1)
-    q = _im2col_t(c, q_map, (N, C, H, W), kernel, stride, padding, dilation, bool(patches))
-    Ho, Wo = _conv_out_hw(H, W, kernel, stride, padding, dilation)
-    return SavedActivation(q, scale, (N * Ho * Wo, kernel[0] * kernel[1] * C), 16, codes=True)
+    c, q_map, xs, geom, cols_shape = _map_args("column_codes", q_map, kernel, stride, padding, dilation)
+    return SavedActivation(_im2col_t(c, q_map, xs, *geom, bool(patches)), scale, cols_shape, 16, codes=True)
 
 
 def relu_mask(x):

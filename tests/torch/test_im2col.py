@@ -254,6 +254,27 @@ def test_public_compress_columns_equals_compress_activation_of_the_columns(patch
         hot.compress_columns(q[0], 3)
 
 
+def test_column_codes_are_the_transposed_integer_columns():
+    """hot.column_codes (SPEC §4, §8): the im2col columns of the int8 map's integers as they are, transposed, zero past
+    N*Ho*Wo up to padded_k, with the map's scale, as a rank-16 SavedActivation of codes; bad maps are refused by name."""
+    import numpy as np
+
+    import hot
+
+    rng = np.random.default_rng(5)
+    q = rng.integers(-128, 128, size=(2, 5, 7, 3), dtype=np.int8)  # (N, H, W, C); L = 2 * 3 * 4 = 24 at stride 2
+    s = np.array([0.25], dtype=np.float32)
+    got = hot.column_codes(q, s, 3, stride=2, padding=1)
+    cols = hot.im2col(q.astype(np.float32), 3, stride=2, padding=1)
+    assert got.codes and got.rank == 16 and got.shape == (24, 27) and got.q.shape == (27, 32)
+    assert np.array_equal(got.q[:, :24], cols.T.astype(np.int8)) and not got.q[:, 24:].any()
+    assert got.scale is s and "codes" in repr(got)
+    with pytest.raises(TypeError, match="column_codes: q_map has dtype float32, expected int8"):
+        hot.column_codes(q.astype(np.float32), s, 3)
+    with pytest.raises(ValueError, match="column_codes: q_map has 3 dims, expected 4"):
+        hot.column_codes(q[0], s, 3)
+
+
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_conv_weight_gradient_from_the_codes_is_the_linear_backward_of_the_column_codes(channels_last):
     """At the default (rank 16, 8-bit g_x per tensor) the converted conv's g_w (SPEC §4 "g_w from G~'s codes", §8) is

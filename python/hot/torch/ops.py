@@ -26,11 +26,14 @@ Ops (namespace ``hot``):
     a linear layer would.
 ``hot::conv2d_backward(...) -> (g_x, g_w, g_b)``
     Pointwise: ``hot.backward_linear`` over the pixel rows from their ABC buffer (no columns, no feature map), g_x
-    put back onto the pixels read. Otherwise: the engine's ``hot.compress_columns`` forms the ABC buffer of the im2col
-    columns ((i, j, c) order) of the feature map's integers straight from the map (HLA + Q8 of the columns, the
-    compression a linear layer applies to its input, without writing the columns), ``hot.backward_linear`` takes it as
-    the saved buffer, and the float32 g_w is multiplied by the map's scale (SPEC §8). The column gradient is folded
-    back by :func:`col2im` (the core's). Choice: the stored buffer stays at one byte per input element (instead of
+    put back onto the pixels read. Otherwise, at the default (rank 16, 8-bit per-tensor g_x; ``_api.gw_from_codes``):
+    the engine's ``im2col_t`` writes the im2col columns ((i, j, c) order) of the feature map's integers transposed, and
+    the core's ``backward_conv2d`` takes g_w from G~'s codes against them, the map's scale applied in its epilogue
+    (SPEC §4 "g_w from G~'s codes"). Below full rank: the engine's ``hot.compress_columns`` forms the ABC buffer of
+    those columns straight from the map (HLA + Q8 of the columns, the compression a linear layer applies to its input,
+    without writing the columns), ``backward_conv2d`` takes it as the saved buffer, and the float32 g_w is multiplied
+    by the map's scale (SPEC §8). The column gradient is folded back by :func:`col2im` (the core's) where g_x is not the
+    transposed convolution of G~'s codes. Choice: the stored buffer stays at one byte per input element (instead of
     ``r/16 * kh*kw`` bytes per element for an ABC buffer of the columns kept from the forward), which is what SPEC §8
     asks for, for one HLA pass in backward; the double quantisation (8-bit feature map, then 8-bit HLA) adds at most
     ``s_fmap/2`` per input element before the projection.

@@ -317,7 +317,8 @@ ffi::Error compress_columns_cpu(ffi::AnyBuffer m, ffi::Result<ffi::AnyBuffer> q,
 
 ffi::Error im2col_t_cpu(ffi::AnyBuffer m, ffi::Result<ffi::AnyBuffer> q, int32_t kh, int32_t kw, int32_t sh, int32_t sw,
                         int32_t ph, int32_t pw, int32_t dh, int32_t dw, int32_t patches) {
-  return guarded([&] { im2col_t(hot::Device::cpu(), hot::Stream{}, m, *q, {kh, kw, sh, sw, ph, pw, dh, dw, patches, 16}); });
+  return guarded(
+      [&] { im2col_t(hot::Device::cpu(), hot::Stream{}, m, *q, {kh, kw, sh, sw, ph, pw, dh, dw, patches, 16}); });
 }
 
 ffi::Error quantize_cpu(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> scale) {

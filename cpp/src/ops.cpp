@@ -552,7 +552,8 @@ void backward_rows(const TensorView& gy, const QuantizedWeight& wq, const Tensor
     // g_w = blockdiag(H_b) (G~ᵀ x) / b: G~'s codes transposed (O x K, zero past L: the K-major A operand) against x's
     // codes (q: I x K), dequantised by s_g * s_x / b into grad_weight (f32), then H_b along O in place
     const int64_t Kc = q.shape[1];
-    Tensor q_g_t = Kc > L ? Tensor::zeros(DType::s8, {O, Kc}, dev, stream) : Tensor::empty(DType::s8, {O, Kc}, dev, stream);
+    Tensor q_g_t =
+        Kc > L ? Tensor::zeros(DType::s8, {O, Kc}, dev, stream) : Tensor::empty(DType::s8, {O, Kc}, dev, stream);
     TensorView src = q_g.view(), dst = q_g_t.view();
     src.shape = {1, L, O};
     src.strides = {L * O_pad, O_pad, 1};

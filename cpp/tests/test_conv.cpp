@@ -255,7 +255,8 @@ TEST(Cpu_Im2colT, EqualsTransposedGather) {
                 for (int64_t c = 0; c < g.C; ++c) {
                   const int64_t hp = ho * g.sh + i * g.dh, wp = wo * g.sw + j * g.dw;  // padded coordinates
                   const bool inside = hp >= g.ph && hp < g.H + g.ph && wp >= g.pw && wp < g.W + g.pw;
-                  const int64_t want = inside ? ints[static_cast<size_t>(((n * g.H + hp - g.ph) * g.W + wp - g.pw) * g.C + c)] : 0;
+                  const size_t px = static_cast<size_t>(((n * g.H + hp - g.ph) * g.W + wp - g.pw) * g.C + c);
+                  const int64_t want = inside ? ints[px] : 0;
                   const int64_t col = (static_cast<int64_t>(i) * g.kw + j) * g.C + c;
                   ASSERT_EQ(q.geti(col, row_of(g, Ho, Wo, n, ho, wo)), want) << "geometry " << (&g - kGeoms.data());
                 }
@@ -486,7 +487,8 @@ TEST(Cpu_BackwardConv2d, GwFromTheCodes) {
       const int b = ref.block;
       std::vector<int64_t> colv(static_cast<size_t>(L * CKK));
       for (int64_t k = 0; k < CKK; ++k)
-        for (int64_t l = 0; l < L; ++l) colv[static_cast<size_t>(l * CKK + k)] = saved.q.view().ptr<int8_t>()[k * hot::padded_k(L) + l];
+        for (int64_t l = 0; l < L; ++l)
+          colv[static_cast<size_t>(l * CKK + k)] = saved.q.view().ptr<int8_t>()[k * hot::padded_k(L) + l];
       std::vector<double> D(static_cast<size_t>(O * CKK), 0.0);
       for (int64_t o = 0; o < O; ++o)
         for (int64_t k = 0; k < CKK; ++k) {

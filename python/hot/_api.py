@@ -384,8 +384,9 @@ def column_codes(q_map, scale, kernel, stride=1, padding=0, dilation=1, patches:
     """The g_w operand of a convolution at full rank (SPEC §4 "g_w from G~'s codes", §8): the im2col columns of the
     int8 map q_map (N, H, W, C, channels-last; e.g. ``hot.quantize``'s q of the map) as they are, transposed
     (``hot::im2col_t``: (kh*kw*C, padded_k(N*Ho*Wo)) int8, zero past N*Ho*Wo), with the map's scale (a (1,) float32
-    array), as a SavedActivation of x shape (N*Ho*Wo, kh*kw*C) at rank 16 with ``codes`` set: ``backward_linear`` of the
-    columns' g_y rows then takes g_w from the codes of G~ (rank 16, 8-bit per-tensor g_x) with the map's scale applied."""
+    array), as a SavedActivation of x shape (N*Ho*Wo, kh*kw*C) at rank 16 with ``codes`` set: ``backward_linear`` of
+    the columns' g_y rows then takes g_w from the codes of G~ (rank 16, 8-bit per-tensor g_x) with the map's scale
+    applied."""
     c, q_map, xs, geom, cols_shape = _map_args("column_codes", q_map, kernel, stride, padding, dilation)
     return SavedActivation(_im2col_t(c, q_map, xs, *geom, bool(patches)), scale, cols_shape, 16, codes=True)
 

@@ -255,8 +255,9 @@ def test_public_compress_columns_equals_compress_activation_of_the_columns(patch
 
 
 def test_column_codes_are_the_transposed_integer_columns():
-    """hot.column_codes (SPEC §4, §8): the im2col columns of the int8 map's integers as they are, transposed, zero past
-    N*Ho*Wo up to padded_k, with the map's scale, as a rank-16 SavedActivation of codes; bad maps are refused by name."""
+    """hot.column_codes (SPEC §4, §8): the im2col columns of the int8 map's integers as they are, transposed, zero
+    past N*Ho*Wo up to padded_k, with the map's scale, as a rank-16 SavedActivation of codes; bad maps are refused by
+    name."""
     import numpy as np
 
     import hot

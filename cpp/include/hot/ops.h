@@ -215,9 +215,10 @@ void backward_linear(const TensorView& grad_output, const TensorView& weight, co
 // or patch order), weight O x kh*kw*C (columns (i, j, c)), saved the ABC buffer of the columns (compress_columns) or,
 // with saved->codes, the columns' codes (im2col_t) and the map's scale, whose g_w comes from G~'s codes (SPEC §4: rank
 // 16, 8-bit per-tensor g_x, a float32 grad_weight; G~ is formed even without grad_input) (needed for grad_weight);
-// out.grad_input is the channels-last map N*H*W x C. g_w and g_b are backward_linear's over the columns. g_x: at stride 1 (raster order, per-tensor g_x scale, padding <= dilation * (k - 1)) the transposed
-// convolution of the int8 codes of G~ with W~, one exact int32 sum over (i, j, o) per element scaled once by
-// (s_g * s_w) / b and rounded once to grad_input's dtype. Otherwise the g_x GEMM writes the columns in grad_input's
+// out.grad_input is the channels-last map N*H*W x C. g_w and g_b are backward_linear's over the columns. g_x: at
+// stride 1 (raster order, per-tensor g_x scale, padding <= dilation * (k - 1)) the transposed convolution of the int8
+// codes of G~ with W~, one exact int32 sum over (i, j, o) per element scaled once by (s_g * s_w) / b and rounded once
+// to grad_input's dtype. Otherwise the g_x GEMM writes the columns in grad_input's
 // dtype and col2im adds them onto the map.
 void backward_conv2d(const TensorView& grad_output, const TensorView& weight, const SavedActivation* saved,
                      const ConvGeometry& geometry, const Config& config, const Seed& seed, const BackwardOutputs& out,

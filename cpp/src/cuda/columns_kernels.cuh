@@ -351,8 +351,9 @@ __global__ void __launch_bounds__(kIm2colTThreads)
       const int h = o.h + idh, w = o.w + jdw;
 #pragma unroll
       for (int k = 0; k < W; ++k) word[t][k] = 0u;
-      if (static_cast<unsigned>(h) < static_cast<unsigned>(p.H) && static_cast<unsigned>(w) < static_cast<unsigned>(p.W))
-        im2col_t_load<V>(map + (o.off + off), word[t]);
+      const bool in = static_cast<unsigned>(h) < static_cast<unsigned>(p.H) &&
+                      static_cast<unsigned>(w) < static_cast<unsigned>(p.W);
+      if (in) im2col_t_load<V>(map + (o.off + off), word[t]);
     }
     const int64_t rs = r0 + sb * 16;  // this item's first row
     const bool full = vec && rs + 16 <= K;
@@ -378,7 +379,8 @@ __global__ void __launch_bounds__(kIm2colTThreads)
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const uint32_t a = word[4 * k][m], b = word[4 * k + 1][m], cc = word[4 * k + 2][m], d = word[4 * k + 3][m];
-          const uint32_t ab_lo = __byte_perm(a, b, 0x5140), ab_hi = __byte_perm(a, b, 0x7362);  // a0 b0 a1 b1 | a2 b2 a3 b3
+          // ab_lo = a0 b0 a1 b1, ab_hi = a2 b2 a3 b3 (bytes low to high); the same for c, d
+          const uint32_t ab_lo = __byte_perm(a, b, 0x5140), ab_hi = __byte_perm(a, b, 0x7362);
           const uint32_t cd_lo = __byte_perm(cc, d, 0x5140), cd_hi = __byte_perm(cc, d, 0x7362);
           out[0][k] = __byte_perm(ab_lo, cd_lo, 0x5410);  // a0 b0 c0 d0
           out[1][k] = __byte_perm(ab_lo, cd_lo, 0x7632);  // a1 b1 c1 d1
@@ -447,7 +449,8 @@ void im2col_t_launch(const TensorView& map, const ConvGeometry& g, const TensorV
   int rows = kIm2colTMaxRows;
   while (rows > 128 && ceil_div(K, int64_t{rows}) < kColumnsGridTarget / 4) rows /= 2;
   const int64_t tiles = ceil_div(K, int64_t{rows});
-  const int ychunks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(units, ceil_div(kColumnsGridTarget, tiles))));
+  const int ychunks =
+      static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(units, ceil_div(kColumnsGridTarget, tiles))));
   const int unit_chunk = static_cast<int>(ceil_div(int64_t{units}, int64_t{ychunks}));
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(ceil_div(int64_t{units}, int64_t{unit_chunk})));
   const auto* m = static_cast<const int8_t*>(map.data);

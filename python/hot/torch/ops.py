@@ -32,8 +32,8 @@ Ops (namespace ``hot``):
     (SPEC §4 "g_w from G~'s codes"). Below full rank: the engine's ``hot.compress_columns`` forms the ABC buffer of
     those columns straight from the map (HLA + Q8 of the columns, the compression a linear layer applies to its input,
     without writing the columns), ``backward_conv2d`` takes it as the saved buffer, and the float32 g_w is multiplied
-    by the map's scale (SPEC §8). The column gradient is folded back by :func:`col2im` (the core's) where g_x is not the
-    transposed convolution of G~'s codes. Choice: the stored buffer stays at one byte per input element (instead of
+    by the map's scale (SPEC §8). The column gradient is folded back by :func:`col2im` (the core's) where g_x is not
+    the transposed convolution of G~'s codes. Choice: the stored buffer stays at one byte per input element (instead of
     ``r/16 * kh*kw`` bytes per element for an ABC buffer of the columns kept from the forward), which is what SPEC §8
     asks for, for one HLA pass in backward; the double quantisation (8-bit feature map, then 8-bit HLA) adds at most
     ``s_fmap/2`` per input element before the projection.

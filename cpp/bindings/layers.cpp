@@ -96,24 +96,26 @@ void register_layers(py::module_& m) {
   m.def(
       "compress_activation",
       [](py::handle x, const hot::Config& config, int64_t stream, const std::string& op_name,
-         const std::string& arg_name, py::handle q, py::handle scale, py::handle x_cast) {
+         const std::string& arg_name, py::handle q, py::handle scale, py::handle x_cast, bool codes) {
         const char* op = op_name.c_str();
         const char* name = arg_name.c_str();
-        const int rank = config.rank;
+        const int rank = codes ? 16 : config.rank;
         OpContext ctx(op, stream);
         hot::TensorView xv = nonempty(ctx.input(x, name, hotpy::kFloat), op, name);
         auto s = std::make_shared<hot::SavedActivation>();
         if (q.is_none() != scale.is_none()) HOT_FAIL(value, op, ": give both q and scale outputs, or neither");
         if (!x_cast.is_none() && q.is_none()) HOT_FAIL(value, op, ": x_cast needs the q and scale outputs as well");
+        if (!x_cast.is_none() && codes) HOT_FAIL(value, op, ": x_cast is for the ABC buffer, not x's codes");
         if (q.is_none()) {
           py::gil_scoped_release nogil;
-          *s = hot::compress_activation(xv, rank, ctx.stream());
+          *s = codes ? hot::activation_codes(xv, ctx.stream()) : hot::compress_activation(xv, rank, ctx.stream());
           return PySaved{s, stream};
         }
         // Caller-allocated buffers (the framework's allocator): write into them and keep them alive.
         s->rows = xv.shape[0];
         s->cols = xv.shape[1];
         s->rank = rank;
+        s->codes = codes;
         hot::TensorView qv = ctx.output(q, "q", hotpy::kS8, -2);
         s->q = hot::Tensor::wrap(qv, ctx.release_last());
         hot::TensorView sv = ctx.output(scale, "scale", hotpy::kF32, -2);
@@ -126,16 +128,20 @@ void register_layers(py::module_& m) {
         }
         {
           py::gil_scoped_release nogil;
-          hot::compress_activation(xv, qv, sv, rank, ctx.stream());
+          if (codes) {
+            hot::activation_codes(xv, qv, sv, ctx.stream());
+          } else {
+            hot::compress_activation(xv, qv, sv, rank, ctx.stream());
+          }
         }
         return PySaved{s, stream};
       },
       py::arg("x"), py::arg("config"), py::arg("stream"), py::arg("op") = "compress_activation",
       py::arg("name") = "x", py::arg("q") = py::none(), py::arg("scale") = py::none(),
-      py::arg("x_cast") = py::none(),
+      py::arg("x_cast") = py::none(), py::arg("codes") = false,
       "compress_activation(x, config.rank): the ABC buffer of x (a SavedActivation), into q and scale when given; "
       "with x_cast (an array of x's shape), x rounded to x_cast's dtype goes there and the buffer is x_cast's "
-      "(compress_activation_cast).");
+      "(compress_activation_cast). codes: x's own codes instead (activation_codes: rank 16, no rotation).");
 
   py::class_<PyQuantizedWeight>(m, "QuantizedWeight",
                                  "The core's W~ of the g_x path (q_wt: I x padded_k(O) int8, s_w: [1] float32).")

@@ -8,11 +8,13 @@
 // with CUDA, HotJaxHasCuda() == 1) for "CUDA", where they run on the stream XLA gives the call.
 //
 // Targets (operands / results / attributes):
-//   hot_compress_activation      x (..., I) float               -> q s8 (I, K_pad), scale f32 (1,)        rank:i32
+//   hot_compress_activation      x (..., I) float               -> q s8 (I, K_pad), scale f32 (1,)
+//                                attributes rank: i32, codes (0/1: x's own codes instead, activation_codes): i32
 //   hot_backward_linear          g_y (..., O), w (O, I), q (I, K_pad) s8, scale f32 (1,), seed u32 (2,)
 //                                                                -> g_x (..., I), g_w (O, I)
 //   hot_backward_linear_bias     the same                        -> g_x, g_w, g_b (O,)
-//                                attribute of both: config:i64 (hot::Config::code(), the whole configuration)
+//                                attributes of both: codes (0/1: q, scale are x's codes, SPEC §4): i32, config: i64
+//                                (hot::Config::code(), the whole configuration)
 //   hot_backward_conv2d          g_y (N*Ho*Wo, O), w (O, kh*kw*C), q (kh*kw*C, K_pad) s8, scale f32 (1,), seed u32 (2,)
 //                                                                -> g_x (N*H*W, C) channels-last, g_w (O, kh*kw*C)
 //   hot_backward_conv2d_bias     the same                        -> g_x, g_w, g_b (O,)
@@ -135,13 +137,17 @@ ffi::Error guarded(Fn&& fn) {
 // ---- the operations, backend-neutral: dev and stream say where they run ----------------------------------------
 
 void compress(hot::Device dev, hot::Stream stream, const ffi::AnyBuffer& x, ffi::AnyBuffer q, ffi::AnyBuffer scale,
-              int32_t rank) {
+              int32_t rank, int32_t codes) {
   const char* op = "hot.jax compress_activation";
   const hot::TensorView xv = view_2d(op, "x", x, dev, true);
   const hot::TensorView qv = view_2d(op, "q", q, dev, false);
   HOT_CHECK_VALUE(q.dimensions().size() == 2, op, ": q has ", q.dimensions().size(), " dims, expected 2");
   const hot::TensorView sv = view_1d(op, "scale", scale, dev, hot::DType::f32, false);
-  hot::compress_activation(xv, qv, sv, rank, stream);
+  if (codes != 0) {
+    hot::activation_codes(xv, qv, sv, stream);
+  } else {
+    hot::compress_activation(xv, qv, sv, rank, stream);
+  }
 }
 
 // The geometry attributes of hot_compress_columns, in the handlers' order.
@@ -193,13 +199,13 @@ hot::SavedActivation saved_buffer(const char* op, hot::Device dev, const ffi::An
 
 void backward(hot::Device dev, hot::Stream stream, const hot::Seed& seed, const ffi::AnyBuffer& gy, const ffi::AnyBuffer& w,
               const ffi::AnyBuffer& q, const ffi::AnyBuffer& scale, ffi::AnyBuffer gx, ffi::AnyBuffer gw,
-              const ffi::AnyBuffer* gb, const hot::Config& config) {
+              const ffi::AnyBuffer* gb, const hot::Config& config, int32_t codes) {
   const char* op = "hot.jax backward_linear";
   const hot::TensorView gyv = view_2d(op, "grad_output", gy, dev, true);
   HOT_CHECK_VALUE(w.dimensions().size() == 2, op, ": weight has ", w.dimensions().size(), " dims, expected 2 (O x I)");
   const hot::TensorView wv = view_2d(op, "weight", w, dev, true);
   const int64_t L = gyv.shape[0], I = wv.shape[1];
-  const hot::SavedActivation saved = saved_buffer(op, dev, q, scale, L, I, config.rank);
+  const hot::SavedActivation saved = saved_buffer(op, dev, q, scale, L, I, codes != 0 ? 16 : config.rank, codes != 0);
 
   hot::BackwardOutputs out;
   out.grad_input = view_2d(op, "grad_input", gx, dev, true);
@@ -250,8 +256,8 @@ void quantize_nearest(hot::Device dev, hot::Stream stream, const ffi::AnyBuffer&
 // ---- CPU handlers ------------------------------------------------------------------------------------------------
 
 ffi::Error compress_cpu(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> q, ffi::Result<ffi::AnyBuffer> scale,
-                        int32_t rank) {
-  return guarded([&] { compress(hot::Device::cpu(), hot::Stream{}, x, *q, *scale, rank); });
+                        int32_t rank, int32_t codes) {
+  return guarded([&] { compress(hot::Device::cpu(), hot::Stream{}, x, *q, *scale, rank, codes); });
 }
 
 uint64_t host_seed(const char* op, const ffi::AnyBuffer& seed) {
@@ -265,22 +271,22 @@ uint64_t host_seed(const char* op, const ffi::AnyBuffer& seed) {
 
 ffi::Error backward_cpu(ffi::AnyBuffer gy, ffi::AnyBuffer w, ffi::AnyBuffer q, ffi::AnyBuffer scale,
                         ffi::AnyBuffer seed, ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw,
-                        int64_t config) {
+                        int32_t codes, int64_t config) {
   return guarded([&] {
     const hot::Config c = make_config(config);
     backward(hot::Device::cpu(), hot::Stream{}, host_seed("hot.jax backward_linear", seed), gy, w, q, scale, *gx, *gw,
-             nullptr, c);
+             nullptr, c, codes);
   });
 }
 
 ffi::Error backward_bias_cpu(ffi::AnyBuffer gy, ffi::AnyBuffer w, ffi::AnyBuffer q, ffi::AnyBuffer scale,
                              ffi::AnyBuffer seed, ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw,
-                             ffi::Result<ffi::AnyBuffer> gb, int64_t config) {
+                             ffi::Result<ffi::AnyBuffer> gb, int32_t codes, int64_t config) {
   return guarded([&] {
     const hot::Config c = make_config(config);
     const ffi::AnyBuffer b = *gb;
     backward(hot::Device::cpu(), hot::Stream{}, host_seed("hot.jax backward_linear", seed), gy, w, q, scale, *gx, *gw,
-             &b, c);
+             &b, c, codes);
   });
 }
 
@@ -339,29 +345,29 @@ hot::Seed device_seed(const char* op, const ffi::AnyBuffer& seed, int32_t device
 }
 
 ffi::Error compress_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> q,
-                         ffi::Result<ffi::AnyBuffer> scale, int32_t rank) {
-  return guarded([&] { compress(hot::Device::cuda(device), hot::Stream{stream}, x, *q, *scale, rank); });
+                         ffi::Result<ffi::AnyBuffer> scale, int32_t rank, int32_t codes) {
+  return guarded([&] { compress(hot::Device::cuda(device), hot::Stream{stream}, x, *q, *scale, rank, codes); });
 }
 
 ffi::Error backward_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer gy, ffi::AnyBuffer w, ffi::AnyBuffer q,
                          ffi::AnyBuffer scale, ffi::AnyBuffer seed, ffi::Result<ffi::AnyBuffer> gx,
-                         ffi::Result<ffi::AnyBuffer> gw, int64_t config) {
+                         ffi::Result<ffi::AnyBuffer> gw, int32_t codes, int64_t config) {
   return guarded([&] {
     const hot::Config c = make_config(config);
     const hot::Seed s = device_seed("hot.jax backward_linear", seed, device);
-    backward(hot::Device::cuda(device), hot::Stream{stream}, s, gy, w, q, scale, *gx, *gw, nullptr, c);
+    backward(hot::Device::cuda(device), hot::Stream{stream}, s, gy, w, q, scale, *gx, *gw, nullptr, c, codes);
   });
 }
 
 ffi::Error backward_bias_cuda(cudaStream_t stream, int32_t device, ffi::AnyBuffer gy, ffi::AnyBuffer w,
                               ffi::AnyBuffer q, ffi::AnyBuffer scale, ffi::AnyBuffer seed,
                               ffi::Result<ffi::AnyBuffer> gx, ffi::Result<ffi::AnyBuffer> gw,
-                              ffi::Result<ffi::AnyBuffer> gb, int64_t config) {
+                              ffi::Result<ffi::AnyBuffer> gb, int32_t codes, int64_t config) {
   return guarded([&] {
     const hot::Config c = make_config(config);
     const hot::Seed s = device_seed("hot.jax backward_linear", seed, device);
     const ffi::AnyBuffer b = *gb;
-    backward(hot::Device::cuda(device), hot::Stream{stream}, s, gy, w, q, scale, *gx, *gw, &b, c);
+    backward(hot::Device::cuda(device), hot::Stream{stream}, s, gy, w, q, scale, *gx, *gw, &b, c, codes);
   });
 }
 
@@ -449,7 +455,7 @@ HOT_JAX_EXPORT XLA_FFI_Error* HotJaxIm2colTCuda(XLA_FFI_CallFrame*);
       .Ret<ffi::AnyBuffer>()
 #define HOT_JAX_BACKWARD_BIAS_IO HOT_JAX_BACKWARD_IO.Ret<ffi::AnyBuffer>()
 #define HOT_JAX_ONE_IN_TWO_OUT .Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>()
-#define HOT_JAX_BACKWARD_ATTRS .Attr<int64_t>("config")
+#define HOT_JAX_BACKWARD_ATTRS .Attr<int32_t>("codes").Attr<int64_t>("config")
 #define HOT_JAX_CONV_ATTRS                                                                                    \
   .Attr<int32_t>("n").Attr<int32_t>("c").Attr<int32_t>("h").Attr<int32_t>("w").Attr<int32_t>("kh")             \
       .Attr<int32_t>("kw").Attr<int32_t>("sh").Attr<int32_t>("sw").Attr<int32_t>("ph").Attr<int32_t>("pw")      \
@@ -462,7 +468,7 @@ HOT_JAX_EXPORT XLA_FFI_Error* HotJaxIm2colTCuda(XLA_FFI_CallFrame*);
       .Attr<int32_t>("pw").Attr<int32_t>("dh").Attr<int32_t>("dw").Attr<int32_t>("patches").Attr<int32_t>("rank")
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxCompressCpu, compress_cpu,
-                              ffi::Ffi::Bind() HOT_JAX_ONE_IN_TWO_OUT.Attr<int32_t>("rank"));
+                              ffi::Ffi::Bind() HOT_JAX_ONE_IN_TWO_OUT.Attr<int32_t>("rank").Attr<int32_t>("codes"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardCpu, backward_cpu,
                               ffi::Ffi::Bind() HOT_JAX_BACKWARD_IO HOT_JAX_BACKWARD_ATTRS);
@@ -487,7 +493,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxQuantizeCpu, quantize_cpu,
 
 #if HOT_JAX_CUDA
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxCompressCuda, compress_cuda,
-                              ffi::Ffi::Bind() HOT_JAX_CUDA_CTX HOT_JAX_ONE_IN_TWO_OUT.Attr<int32_t>("rank"));
+                              ffi::Ffi::Bind() HOT_JAX_CUDA_CTX HOT_JAX_ONE_IN_TWO_OUT.Attr<int32_t>("rank")
+                                  .Attr<int32_t>("codes"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HotJaxBackwardCuda, backward_cuda,
                               ffi::Ffi::Bind() HOT_JAX_CUDA_CTX HOT_JAX_BACKWARD_IO HOT_JAX_BACKWARD_ATTRS);

@@ -29,10 +29,14 @@ struct GradOutputPlan {
   const uint64_t* seed_ptr = nullptr;  // a seed in the call's device memory (Seed::tensor): the seed is *seed_ptr + seed,
                                        // read by the backend when the work runs (on the GPU: by the kernels)
   bool bias = false;      // produce g_b
+  bool codes = false;     // the g_w path's rows as they are (no H^, rank 16, round-to-nearest, no g_x, no g_b): x's
+                          // own codes, transposed (activation_codes)
 };
 
 struct GradOutputQuant {
   TensorView q_g;     // s8, L x O_pad (O_pad = padded_k(O)): Q(g_y blockdiag(H_b)), zero columns past O
+  TensorView q_g_t;   // optional, with q_g and no q_gh_t: s8, O x padded_k(L), q_g's first O columns transposed, zero
+                      // past L (the K-major operand of g_w from G~'s codes, SPEC §4)
   TensorView s_g;     // f32, [1] (tensor) or [L] (token)
   TensorView q_gh_t;  // s8, O x K_pad (K = hla_rows(L, rank)): Q8(blockdiag(H^) g_y) transposed, zero past K
   TensorView s_gh;    // f32, [1]
@@ -62,6 +66,8 @@ struct GradOutputQuant {
   /* ABC: q_t is I x K_pad s8 (zero past K), scale [1] f32 */                                              \
   void compress_activation(const TensorView& x, const TensorView& q_t, const TensorView& scale, int rank,   \
                            Stream s);                                                                      \
+  /* x's own codes (per-tensor round-to-nearest), transposed: q_t is I x padded_k(L) s8 (zero past L) */   \
+  void activation_codes(const TensorView& x, const TensorView& q_t, const TensorView& scale, Stream s);     \
   /* x rounded to x_cast's dtype into x_cast, and the ABC buffer of x_cast */                               \
   void compress_activation_cast(const TensorView& x, const TensorView& x_cast, const TensorView& q_t,       \
                                 const TensorView& scale, int rank, Stream s);                              \

@@ -413,6 +413,25 @@ void compress_activation(const TensorView& x, const TensorView& q_t, const Tenso
   HOT_DISPATCH(x.device, compress_activation, x, q_t, scale, rank, stream);
 }
 
+void activation_codes(const TensorView& x, const TensorView& q_t, const TensorView& scale, Stream stream) {
+  check_compress("activation_codes", x, q_t, scale, 16);
+  HOT_DISPATCH(x.device, activation_codes, x, q_t, scale, stream);
+}
+
+SavedActivation activation_codes(const TensorView& x, Stream stream) {
+  check_float_matrix("activation_codes", "x", x);
+  const int64_t L = x.shape[0], I = x.shape[1];
+  SavedActivation s;
+  s.rows = L;
+  s.cols = I;
+  s.rank = 16;
+  s.codes = true;
+  s.q = Tensor::empty(DType::s8, {I, padded_k(L)}, x.device, stream);
+  s.scale = Tensor::empty(DType::f32, {1}, x.device, stream);
+  activation_codes(x, s.q.view(), s.scale.view(), stream);
+  return s;
+}
+
 void compress_activation_cast(const TensorView& x, const TensorView& x_cast, const TensorView& q_t,
                               const TensorView& scale, int rank, Stream stream) {
   const char* op = "compress_activation_cast";
@@ -525,13 +544,17 @@ void backward_rows(const TensorView& gy, const QuantizedWeight& wq, const Tensor
   plan.seed_ptr = seed.tensor.data != nullptr ? static_cast<const uint64_t*>(seed.tensor.data) : nullptr;
   plan.bias = gb;
 
-  Tensor q_g, s_g, q_gh_t, s_gh;
+  Tensor q_g, s_g, q_gh_t, s_gh, q_g_t;
   GradOutputQuant qo;
   if (plan.gx) {
     q_g = Tensor::empty(DType::s8, {L, O_pad}, dev, stream);
     s_g = Tensor::empty(DType::f32, {config.gx_scale == ScaleMode::tensor ? 1 : L}, dev, stream);
     qo.q_g = q_g.view();
     qo.s_g = s_g.view();
+  }
+  if (gw_codes) {  // x's codes q are I x padded_k(L) (checked): G~'s codes transposed to match
+    q_g_t = Tensor::empty(DType::s8, {O, q.shape[1]}, dev, stream);
+    qo.q_g_t = q_g_t.view();
   }
   if (plan.gw) {
     q_gh_t = Tensor::empty(DType::s8, {O, padded_k(K)}, dev, stream);
@@ -549,17 +572,9 @@ void backward_rows(const TensorView& gy, const QuantizedWeight& wq, const Tensor
     HOT_DISPATCH(dev, gemm_s8_dequant, q_g.view(), wq.q_wt.view(), s_g.view(), wq.s_w.view(), 1.0f / block,
                  config.gx_bits, out.grad_input, stream);
   if (gw_codes) {
-    // g_w = blockdiag(H_b) (G~ᵀ x) / b: G~'s codes transposed (O x K, zero past L: the K-major A operand) against x's
-    // codes (q: I x K), dequantised by s_g * s_x / b into grad_weight (f32), then H_b along O in place
-    const int64_t Kc = q.shape[1];
-    Tensor q_g_t =
-        Kc > L ? Tensor::zeros(DType::s8, {O, Kc}, dev, stream) : Tensor::empty(DType::s8, {O, Kc}, dev, stream);
-    TensorView src = q_g.view(), dst = q_g_t.view();
-    src.shape = {1, L, O};
-    src.strides = {L * O_pad, O_pad, 1};
-    dst.shape = {1, O, L};
-    dst.strides = {O * Kc, Kc, 1};
-    HOT_DISPATCH(dev, transpose, src, dst, stream);
+    // g_w = blockdiag(H_b) (G~ᵀ x) / b: G~'s codes transposed (q_g_t, O x K, zero past L: the K-major A operand,
+    // written by the g_y pass) against x's codes (q: I x K), dequantised by s_g * s_x / b into grad_weight (f32), then
+    // H_b along O in place
     HOT_DISPATCH(dev, gemm_s8_dequant, q_g_t.view(), q, s_g.view(), scale, 1.0f / block, 8, out.grad_weight, stream);
     HOT_DISPATCH(dev, hadamard_transform, out.grad_weight, out.grad_weight, block, 0, stream);
   } else if (gw) {

@@ -1,4 +1,4 @@
-// compress_activation (SPEC §2) and backward_linear / backward_linear_exact (SPEC §3, §4).
+// compress_activation and activation_codes (SPEC §2) and backward_linear / backward_linear_exact (SPEC §3, §4).
 #include <cstdio>
 
 #include "backend.h"
@@ -124,6 +124,56 @@ TEST(Cpu_Compress, CastIsRoundingThenCompression) {
       EXPECT_EQ(tensor_ints(s.q), tensor_ints(hot::Tensor::wrap(q.view(), nullptr)));
       EXPECT_EQ(f32_bits(tensor_scalar(s.scale)), f32_bits(sc.getf(0)));
     }
+}
+
+// activation_codes: x's own codes, transposed: quantize(x, 8 bits, per tensor, nearest) byte for byte, zero past L,
+// one scale; a SavedActivation of rank 16 with codes set.
+TEST(Cpu_ActivationCodes, QuantizeTransposed) {
+  uint64_t seed = 900;
+  for (DType dt : {DType::f32, DType::f16, DType::bf16})
+    for (int64_t L : {1, 15, 16, 17, 100})
+      for (int64_t I : {1, 5, 32}) {
+        SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " L " << L << " I " << I);
+        const std::vector<float> x = rounded(randn(static_cast<size_t>(L * I), seed++, 3.0f), dt);
+        const HostTensor xt = host_from(dt, L, I, x, I + 2);
+        const hot::SavedActivation s = hot::activation_codes(xt);
+        const int64_t Kp = hot::padded_k(L);
+        ASSERT_EQ(s.q.view().shape, (hot::Shape{I, Kp}));
+        EXPECT_TRUE(s.codes);
+        EXPECT_EQ(s.rank, 16);
+        EXPECT_EQ(s.rows, L);
+        EXPECT_EQ(s.cols, I);
+        HostTensor q = HostTensor::make2d(DType::s8, L, I), sc = HostTensor::make1d(DType::f32, 1);
+        hot::QuantizeParams p;
+        p.bits = 8;
+        p.scale = ScaleMode::tensor;
+        p.rounding = Rounding::nearest;
+        hot::quantize(xt, q, sc, p);
+        const std::vector<int64_t> got = tensor_ints(s.q);
+        for (int64_t i = 0; i < I; ++i)
+          for (int64_t k = 0; k < Kp; ++k) ASSERT_EQ(got[i * Kp + k], k < L ? q.geti(k, i) : 0) << i << ", " << k;
+        EXPECT_EQ(f32_bits(tensor_scalar(s.scale)), f32_bits(sc.getf(0)));
+        // the caller's buffers: the same bytes
+        HostTensor q2 = HostTensor::make2d(DType::s8, I, Kp), s2 = HostTensor::make1d(DType::f32, 1);
+        hot::activation_codes(xt, q2, s2);
+        EXPECT_EQ(tensor_ints(hot::Tensor::wrap(q2.view(), nullptr)), got);
+        EXPECT_EQ(f32_bits(s2.getf(0)), f32_bits(sc.getf(0)));
+      }
+}
+
+TEST(Cpu_ActivationCodes, ZeroNonFiniteAndBadArguments) {
+  const std::vector<float> z(20 * 4, 0.0f);
+  const hot::SavedActivation s = hot::activation_codes(host_from(DType::f32, 20, 4, z));
+  for (int64_t q : tensor_ints(s.q)) EXPECT_EQ(q, 0);
+  EXPECT_EQ(tensor_scalar(s.scale), 0.0f);
+  std::vector<float> x = randn(80, 1);
+  x[17] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(std::isfinite(tensor_scalar(hot::activation_codes(host_from(DType::f32, 20, 4, x)).scale)));  // §5
+  const HostTensor xt = host_from(DType::f32, 20, 4, x);
+  HostTensor q = HostTensor::make2d(DType::s8, 4, 16), sc = HostTensor::make1d(DType::f32, 1);  // 16 < padded_k(20)
+  EXPECT_THROW(hot::activation_codes(xt, q, sc), hot::Error);
+  HostTensor qi = HostTensor::make2d(DType::s8, 20, 4);
+  EXPECT_THROW(hot::activation_codes(qi), hot::Error);  // int8 x
 }
 
 TEST(Cpu_Compress, DefaultRankIsOneEighthOfFp32) {

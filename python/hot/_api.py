@@ -532,6 +532,21 @@ def compress_activation(x, config: Optional[Config] = None) -> SavedActivation:
     return SavedActivation(q, scale, xs, config.rank, core)
 
 
+def activation_codes(x) -> SavedActivation:
+    """x's own codes (SPEC §2 "codes"): Q8(x) of x (..., I) flattened to L x I, per tensor with round-to-nearest,
+    stored transposed (q: int8, I x padded_k(L), zero past L; scale: float32 (1,)), without HLA's rotation along the
+    rows: the g_w operand from which :func:`backward_linear` takes g_w against G~'s codes (SPEC §4, "g_w from G~'s
+    codes"; rank 16, 8-bit per-tensor g_x), as hot's pointwise convolutions keep their input at the default."""
+    op = "activation_codes"
+    x = _prep(x)
+    c = _Call(op, x=x)
+    xs = fws.shape(x)
+    _need_ndim(op, "x", x, 1, shape=xs)
+    _nonempty(op, "x", x, shape=xs)
+    q, scale, core = _compress(c, x, xs, _config(op, None), codes=True)
+    return SavedActivation(q, scale, xs, 16, core, codes=True)
+
+
 class QuantizedWeight:
     """W~ of the g_x path (SPEC §3): the weight's rows mixed by block Hadamard matrices along O and quantised per tensor
     to config.gx_bits, K-major: q_wt (int8, I x padded_k(O)) and s_w (float32, (1,)) as arrays of the caller's
@@ -642,14 +657,16 @@ def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: O
 # dtypes, devices and shapes again, and runs the operation whole.
 
 
-def _compress(c: _Call, x, xs, config, x_cast=None):
+def _compress(c: _Call, x, xs, config, x_cast=None, codes: bool = False):
     """compress_activation of x (shape xs, (..., I), non-empty): (q, scale, the core's SavedActivation), q and
     scale arrays of c's framework (hot's own, imported, where it cannot allocate). With x_cast (an array of c's
     framework, x's shape, another float dtype; only where c can allocate): x rounded to x_cast's dtype is written
-    there and the buffer is x_cast's (the core's compress_activation_cast: one pass over x on the GPU)."""
-    q = c.empty((xs[-1], _C.padded_k(_C.hla_rows(fws.prod(xs[:-1]), config.rank))), "int8")
+    there and the buffer is x_cast's (the core's compress_activation_cast: one pass over x on the GPU). codes: x's
+    own codes instead (the core's activation_codes, SPEC §2: rank 16, no rotation; the buffer's shape is the same)."""
+    rank = 16 if codes else config.rank
+    q = c.empty((xs[-1], _C.padded_k(_C.hla_rows(fws.prod(xs[:-1]), rank))), "int8")
     scale = c.empty((1,), "float32") if q is not None else None
-    core = c.call(_C.compress_activation, x, config, c.stream, c.op, "x", q, scale, x_cast)
+    core = c.call(_C.compress_activation, x, config, c.stream, c.op, "x", q, scale, x_cast, codes)
     if q is None:  # hot allocated them: the caller's framework imports them
         q, scale = c.result(None, core.q), c.result(None, core.scale)
     return q, scale, core

@@ -313,6 +313,57 @@ def test_conv_weight_gradient_from_the_codes_is_the_linear_backward_of_the_colum
     assert err < 0.05, float(err)
 
 
+def test_activation_codes_are_the_transposed_quantisation():
+    """hot.activation_codes (SPEC §2 "codes"): x's per-tensor round-to-nearest int8 codes (hot.quantize's, bit for
+    bit) transposed, zero past L up to padded_k, with their scale, as a rank-16 SavedActivation of codes."""
+    import numpy as np
+
+    import hot
+
+    x = np.random.default_rng(6).standard_normal((3, 7, 5)).astype(np.float32)  # L = 21
+    got = hot.activation_codes(x)
+    q, s = hot.quantize(x.reshape(21, 5), bits=8, scale="tensor", rounding="nearest")
+    assert got.codes and got.rank == 16 and got.shape == (3, 7, 5) and got.q.shape == (5, 32)
+    assert np.array_equal(got.q[:, :21], q.T) and not got.q[:, 21:].any()
+    assert got.scale.tobytes() == s.tobytes() and "codes" in repr(got)
+    with pytest.raises(TypeError, match="activation_codes: x has dtype int8"):
+        hot.activation_codes(q)
+
+
+@pytest.mark.parametrize("stride,channels_last", [(1, False), (1, True), (2, True)])
+def test_pointwise_conv_weight_gradient_from_the_codes_of_its_pixel_rows(stride, channels_last):
+    """At the default a pointwise conv keeps the codes of the pixel rows it reads (hot.activation_codes) and its g_w is
+    hot.backward_linear's over them (g_w from G~'s codes, SPEC §4) with the layer's seed, rounded once from float32;
+    within a few percent of exact's."""
+    import hot
+    import hot.torch as ht
+    from hot.torch import ops as tops
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(6, 24, 1, stride=stride, bias=False))
+    ref = nn.Conv2d(6, 24, 1, stride=stride, bias=False)
+    ref.load_state_dict(model[0].state_dict())
+    ht.convert(model)
+    conv = model[0]
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(2, 6, 8, 8).to(memory_format=fmt)
+    gy = torch.randn(2, 24, 8 // stride, 8 // stride)
+    torch.manual_seed(11)
+    model(x.requires_grad_(True)).backward(gy)
+    torch.manual_seed(11)
+    seed = int(torch.randint(0, 2**62, (1,)).item())
+    rows = tops._pixel_rows(x.detach(), (stride, stride), False).contiguous()
+    saved = hot.activation_codes(rows)
+    g = tops._pixel_rows(gy, (1, 1), False).contiguous()
+    gx, gw, _ = hot.backward_linear(g, conv.weight.detach().reshape(24, 6), saved, config=conv.hot_config, seed=seed)
+    assert gw.dtype == torch.float32
+    assert torch.equal(conv.weight.grad, gw.reshape(conv.weight.shape))
+    assert torch.equal(x.grad, tops._pixel_unrows(gx, x.shape, (stride, stride), 8 // stride, 8 // stride, False))
+    ref(x.detach()).backward(gy)
+    err = (conv.weight.grad - ref.weight.grad).norm() / ref.weight.grad.norm()
+    assert err < 0.05, float(err)
+
+
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_conv_weight_gradient_is_the_linear_backward_of_the_integer_columns(channels_last):
     """Below full rank (the paper's rank 8) the converted conv's g_w (SPEC §8) is the map's scale times

@@ -286,9 +286,10 @@ def test_bad_inputs_raise_clear_errors():
                                                           (1, (6, 5), 16, True), (2, (16, 16), 8, True)],
                          ids=["patches", "strided", "channels_last", "strided_patches_cl"])
 def test_pointwise_conv_is_the_linear_layer_over_its_pixels(stride, HW, rank, channels_last, route, device):
-    """SPEC §8: a 1 x 1 conv without padding keeps the ABC buffer of the pixel rows it reads (every stride-th pixel,
-    rows in 4 x 4 patch order below rank 16 where the output map tiles) and its backward is hot.backward_linear over
-    those rows: bit-identical to that composition of hot's public API, with zeros at the pixels a stride skips."""
+    """SPEC §8: a 1 x 1 conv without padding keeps the codes of the pixel rows it reads at rank 16 (every stride-th
+    pixel; hot.activation_codes, g_w from G~'s codes, SPEC §4), below it their ABC buffer (rows in 4 x 4 patch order
+    where the output map tiles), and its backward is hot.backward_linear over those rows: bit-identical to that
+    composition of hot's public API, with zeros at the pixels a stride skips."""
     from hot.torch import ops
 
     N, C, O = 2, 6, 20
@@ -307,7 +308,7 @@ def test_pointwise_conv_is_the_linear_layer_over_its_pixels(stride, HW, rank, ch
     Ho, Wo = y.shape[2:]
     L = N * Ho * Wo
     int8 = [t for t in saved if t.dtype == torch.int8 and t.numel() > 0]
-    assert [tuple(t.shape) for t in int8] == [(C, ops.padded_k(L, rank))]  # no feature map, the pixels' ABC
+    assert [tuple(t.shape) for t in int8] == [(C, ops.padded_k(L, rank))]  # no feature map: the pixels' codes / ABC
     gy = torch.randn(y.shape, generator=g).to(device)
     if channels_last:  # a channels-last network's g_y: g_x comes back channels-last (strided: the engine's scatter)
         gy = gy.contiguous(memory_format=torch.channels_last)
@@ -318,8 +319,9 @@ def test_pointwise_conv_is_the_linear_layer_over_its_pixels(stride, HW, rank, ch
     if patches:
         xs, g2 = ops._patch_split(xs, 1), ops._patch_split(g2, 1)
     xs, g2 = xs.reshape(L, C).contiguous(), g2.reshape(L, O).contiguous()
-    rx, rw, rb = hot.backward_linear(g2, w0.reshape(O, C).to(device), hot.compress_activation(xs, cfg), bias=True,
-                                     config=cfg, seed=int(seed))
+    saved = hot.activation_codes(xs) if hot._api.gw_from_codes(cfg) else hot.compress_activation(xs, cfg)
+    assert saved.codes == (rank == 16)
+    rx, rw, rb = hot.backward_linear(g2, w0.reshape(O, C).to(device), saved, bias=True, config=cfg, seed=int(seed))
     assert torch.equal(w.grad.reshape(O, C), rw) and torch.equal(b.grad, rb)
     gx = torch.zeros_like(x0).to(device)
     if patches:

@@ -90,6 +90,56 @@ def test_synth_models():
     assert not hasattr(a, "layer3")
 
 
+def _conv_kernels(model):
+    """(1x1 convs, 3x3 convs) of a model, its stem left out."""
+    convs = [m for n, m in model.named_modules() if isinstance(m, nn.Conv2d) and n.split(".")[0] != "stem"]
+    return sum(m.kernel_size == (1, 1) for m in convs), sum(m.kernel_size == (3, 3) for m in convs)
+
+
+def test_bottleneck_models():
+    # the bottleneck ResNets (1x1 -> 3x3 -> 1x1 blocks): digits and synth shapes give (batch, 10) logits; most of
+    # their convolutions are pointwise; hot parity converts every conv but the stem, and the head
+    torch.manual_seed(0)
+    digits, synth_net = models.build("cnn_bneck"), models.build("cnn_bneck_synth")
+    assert digits(torch.randn(5, 1, 8, 8)).shape == (5, 10)
+    assert synth_net(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    # digits: 2 stages of 1 block (3 convs + a projection shortcut each); synth: 3 stages of 2 blocks (shortcut on
+    # the first block of each stage)
+    assert _conv_kernels(digits) == (6, 2)
+    assert _conv_kernels(synth_net) == (3 * (2 * 2 + 1), 3 * 2)
+    n1, n3 = _conv_kernels(digits)
+    assert n1 > n3
+    assert digits.stem.kernel_size == (3, 3) and not any(m.bias is not None for m in digits.modules()
+                                                         if isinstance(m, nn.Conv2d))
+    assert digits.layer1.conv3.out_channels == 64 and digits.layer2.conv2.stride == (2, 2)
+    assert digits.head.in_features == 128 and synth_net.head.in_features == 256
+    assert synth_net.layer2[0].short is not None and synth_net.layer2[1].short is None
+    assert len(ht.convert(copy.deepcopy(digits), hot.Config(), exclude=["stem"]).converted) == 6 + 2 + 1
+    assert len(ht.convert(copy.deepcopy(synth_net), hot.Config(), exclude=["stem"]).converted) == 15 + 6 + 1
+    # the parity tasks' "bneck" models
+    assert isinstance(hp.build_model("bneck", "digits"), models.BottleneckResNet)
+    tiny = hp.build_model("bneck", "synth-tiny")
+    assert tiny.stem.out_channels == 4 and tiny(torch.randn(2, 3, 16, 16)).shape == (2, 10)
+    for arg in ("width", "stages", "blocks", "expansion"):
+        with pytest.raises(ValueError, match=arg):
+            models.BottleneckResNet(**{arg: 0})
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_parity_synth_tiny_bneck(device):
+    # CI smoke run of the bottleneck ResNet on the tiny synthetic task (width 4, three stages of one block, 100
+    # steps of 64): exact and HOT (real layers: 12 convs and the head) both learn (on this run both reach about
+    # 35 %; chance is 10 %), with finite, decreasing losses
+    res = hp.run_parity("bneck", ["exact", "hot"], seeds=[0], task="synth-tiny", device=device)
+    assert [r.note for r in res.runs] == ["exact", "13 layers converted"]
+    for r in res.runs:
+        assert len(r.losses) == 100 and all(math.isfinite(v) for v in r.losses), r.method
+        assert r.accuracy > 22.0, (r.method, r.accuracy)
+        first, last = sum(r.losses[:10]) / 10, sum(r.losses[-10:]) / 10
+        assert last < first - 0.4, (r.method, first, last)
+    assert math.isfinite(res.paired_gap("hot")[0])
+
+
 class _Net(nn.Module):
     def __init__(self):
         super().__init__()

@@ -122,7 +122,8 @@ struct SavedActivation {
   int64_t rows = 0;  // L, the number of rows of x
   int64_t cols = 0;  // I
   int rank = 8;
-  // q holds x's own int8 codes, transposed (im2col_t of a convolution's kept map; K_pad = padded_k(L), zero past L),
+  // q holds x's own int8 codes, transposed (activation_codes, or im2col_t of a convolution's kept map; K_pad =
+  // padded_k(L), zero past L),
   // and scale is their quantisation scale: no rotation along the rows, no second rounding. Then g_w comes from the
   // codes of G~ (SPEC §4, "g_w from G~'s codes"): rank 16, 8-bit g_x with a per-tensor scale only.
   bool codes = false;
@@ -133,6 +134,12 @@ SavedActivation compress_activation(const TensorView& x, int rank, Stream stream
 // The same into caller-allocated buffers (e.g. a framework's allocator): q_t s8 I x K_pad, scale f32 [1].
 void compress_activation(const TensorView& x, const TensorView& q_t, const TensorView& scale, int rank,
                          Stream stream = {});
+// x's own codes (SPEC §2 "codes"), the g_w operand of a layer whose g_w comes from G~'s codes (SPEC §4): Q8(x) per
+// tensor with round-to-nearest (the scale and codes of quantize(x, 8, tensor, nearest)), stored transposed as
+// I x padded_k(L) int8, zero past L, and its scale f32 [1]; no rotation along the rows. A SavedActivation of rank 16
+// with `codes` set.
+SavedActivation activation_codes(const TensorView& x, Stream stream = {});
+void activation_codes(const TensorView& x, const TensorView& q_t, const TensorView& scale, Stream stream = {});
 // The same for an input that the layer reads in another float dtype (autocast's cast of a float32 LayerNorm output to
 // bfloat16): x_cast (float, L x I, row-major, not overlapping x) receives x rounded to x_cast's dtype (to nearest
 // even), and q_t / scale are the ABC buffer of x_cast, bit for bit compress_activation(x_cast) after the cast. The CUDA

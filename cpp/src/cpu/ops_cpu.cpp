@@ -429,6 +429,16 @@ void compress_activation(const TensorView& x, const TensorView& q_t, const Tenso
   quantize_transposed(m, 127, Rounding::nearest, 0, 0, q_t, scale.ptr<float>());
 }
 
+// x's own codes: its rows as they are (zero rows up to a multiple of 16), quantised as compress_activation's HLA rows.
+void activation_codes(const TensorView& x, const TensorView& q_t, const TensorView& scale, Stream) {
+  const int64_t L = x.shape[0], I = x.shape[1];
+  Mat m(hla_rows(L, 16), I);
+  parallel_for(L, row_grain(I), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) load_row(x, r, m.row(r));
+  });
+  quantize_transposed(m, 127, Rounding::nearest, 0, 0, q_t, scale.ptr<float>());
+}
+
 void compress_activation_cast(const TensorView& x, const TensorView& x_cast, const TensorView& q_t,
                               const TensorView& scale, int rank, Stream st) {
   const int64_t L = x.shape[0], I = x.shape[1];
@@ -517,6 +527,16 @@ void quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, cons
         std::memset(dst + O, 0, static_cast<size_t>(O_pad - O));
       }
     });
+    if (out.q_g_t.data != nullptr) {  // q_g transposed, zero past L
+      const int64_t K = out.q_g_t.shape[1];
+      parallel_for(O, row_grain(K), [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+          int8_t* dst = out.q_g_t.ptr<int8_t>() + c * out.q_g_t.strides[0];
+          for (int64_t r = 0; r < L; ++r) dst[r] = out.q_g.ptr<int8_t>()[r * out.q_g.strides[0] + c];
+          std::memset(dst + L, 0, static_cast<size_t>(K - L));
+        }
+      });
+    }
   }
   if (plan.gw) {
     Mat m(hla_rows(L, plan.rank), O);

@@ -64,6 +64,8 @@ void run_qgo(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQ
     // Only the instantiation this call launches is set up.
     if (su.fixed_rank == 8) {
       QgoKernels<T, 8>::ensure(dev);
+    } else if (su.fixed_rank == kAsIs) {
+      QgoKernels<T, kAsIs>::ensure(dev);
     } else if (su.fixed_rank == 16) {
       QgoKernels<T, 16>::ensure(dev);
     } else {
@@ -86,6 +88,13 @@ void compress_activation(const TensorView& x, const TensorView& q_t, const Tenso
   out.q_gh_t = q_t;
   out.s_gh = scale;
   run_qgo(x, abc_plan(rank), out, st);
+}
+
+void activation_codes(const TensorView& x, const TensorView& q_t, const TensorView& scale, Stream st) {
+  GradOutputQuant out;
+  out.q_gh_t = q_t;
+  out.s_gh = scale;
+  run_qgo(x, abc_plan(16, true), out, st);
 }
 
 void compress_activation_cast(const TensorView& x, const TensorView& x_cast, const TensorView& q_t,

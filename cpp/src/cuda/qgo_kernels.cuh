@@ -39,7 +39,8 @@
 // the copy as any 16-bit input (qgo_cast_or_bind; other layouts cast first with cast_kernel).
 // The HLA rank is a template parameter R of the kernels: 8 or 16 (compiled-in ranks: with R = 8 the G^ rows not kept
 // are dead code, so pass 2 fits 64 registers and 4 CTAs per SM; with R = 16 the rank loops and the staging layout are
-// constants) or 0 (any rank 1..16, read at run time).
+// constants) or 0 (any rank 1..16, read at run time); or kAsIs: the g_w path's rows as they are, no H^, all 16 of a
+// block kept in row order (activation_codes: x's own codes, transposed).
 #pragma once
 
 #include <algorithm>
@@ -64,6 +65,7 @@ constexpr int kRowBlocks = kTileRows / 16;
 // than the run-time-rank ones (R = 0). Identical bytes; the switch exists so the benchmark can time both.
 std::atomic<bool> g_qgo_fixed_rank{true};
 constexpr bool is_fixed_rank(int rank) { return rank == 8 || rank == 16; }
+constexpr int kAsIs = -16;  // R of activation_codes' kernels (see the header)
 
 // Minimum resident CTAs per SM that qgo_kernel is compiled for (__launch_bounds__), i.e. the registers it may
 // use: 3 (64 KB of shared memory each: the most that fit), 80 registers.
@@ -83,6 +85,8 @@ struct QgoParams {
   bool gx_per_row;
   int8_t* q_g;          // L x O_pad
   int64_t ld_qg, O_pad;
+  int8_t* q_gt = nullptr;  // O x K_t, q_g transposed (zero past L), or null (GradOutputQuant::q_g_t)
+  int64_t ld_qgt = 0, K_t = 0;
   // g_w path
   bool gw;
   int rank;
@@ -107,6 +111,7 @@ struct QgoParams {
   bool vec_load;        // 4 consecutive columns load as one vector
   bool vec_store_qg;    // 4 consecutive q_g bytes store as one word
   bool word_store_qgh;  // q_gh_t rows can be written in 4-byte words
+  bool vec_store_qgt = false;  // q_gt's runs of 16 rows can be written as 16-byte vectors
   // Row tiles packed side by side in one 64 x 256 tile (qgo16_kernel only): 1, or 2 / 4 for a narrow g_y (max(O,
   // O_pad) <= 128 / 64): tile t holds row tiles t * pack + q, q = 0 .. pack - 1, in columns q * seg .. q * seg + seg - 1
   // (seg = 256 / pack = 1 << seg_shift), so that every thread has columns to work on.
@@ -407,18 +412,25 @@ __device__ __forceinline__ void bias_partials(const QgoParams& p, const Tile& ti
 
 // G^ = blockdiag(H^) g_y for one G^ unit of a thread (row block jb, the 2 columns c2, c2 + 1): the 16 transformed rows,
 // hx[t][v] = row t of the block (in transform order), column c2 + v.
-template <class Tile>
+// kRaw (activation_codes): no transform; row t goes where the kept row t is read from (hx[hla_order(t)]), so that
+// the codes come out in row order.
+template <bool kRaw, class Tile>
 __device__ __forceinline__ void gw_load_transform(const Tile& tile, int jb, int c2, float (&hx)[16][2]) {
+  if constexpr (kRaw) {
 #pragma unroll
-  for (int t = 0; t < 16; ++t) tile.load2(jb * 16 + t, c2, hx[t][0], hx[t][1]);
+    for (int t = 0; t < 16; ++t) tile.load2(jb * 16 + t, c2, hx[hla_order(t)][0], hx[hla_order(t)][1]);
+  } else {
 #pragma unroll
-  for (int v = 0; v < 2; ++v) {
-    float col[16];
+    for (int t = 0; t < 16; ++t) tile.load2(jb * 16 + t, c2, hx[t][0], hx[t][1]);
 #pragma unroll
-    for (int t = 0; t < 16; ++t) col[t] = hx[t][v];
-    fwht_regs<16>(col);
+    for (int v = 0; v < 2; ++v) {
+      float col[16];
 #pragma unroll
-    for (int t = 0; t < 16; ++t) hx[t][v] = col[t];
+      for (int t = 0; t < 16; ++t) col[t] = hx[t][v];
+      fwht_regs<16>(col);
+#pragma unroll
+      for (int t = 0; t < 16; ++t) hx[t][v] = col[t];
+    }
   }
 }
 
@@ -542,7 +554,7 @@ __device__ __forceinline__ void gw_amax_or_quant(const QgoParams& p, const Key& 
 // The g_w projection of one G^ unit (row block jb, columns c2, c2 + 1): its amax (pass 1) or the codes of the kept
 // rows, packed[v][k / 4] byte k % 4 = code of row k, column c2 + v (pass 2; zeros outside L x O).
 // Also the unit's two column sums over its 16 rows (G^'s row 0, H_16's row of ones; the g_b partials of pass 1).
-template <int PASS, class Tile, class Key>
+template <int PASS, bool kRaw, class Tile, class Key>
 __device__ __forceinline__ void gw_projection(const QgoParams& p, const Key& key, const Tile& tile, int rank, int64_t rt,
                                               int64_t c0, int jb, int c2, uint32_t& amax_gw, uint32_t (&packed)[2][4],
                                               float (&block_sum)[2]) {
@@ -554,7 +566,7 @@ __device__ __forceinline__ void gw_projection(const QgoParams& p, const Key& key
   GwWords words{};
   if (sr8) words = gw_sr_words(p, key, rank, jglob, nb, cg);
   float hx[16][2];
-  gw_load_transform(tile, jb, c2, hx);
+  gw_load_transform<kRaw>(tile, jb, c2, hx);
   block_sum[0] = hx[0][0], block_sum[1] = hx[0][1];
   const int nvalid = static_cast<int>(std::min<int64_t>(2, std::max<int64_t>(0, p.O - cg)));
   if (sr8) {
@@ -674,13 +686,72 @@ __device__ __forceinline__ void bias_from_block_sums(const QgoParams& p, int64_t
   if (at.c < p.O && at.rt * kTileRows < p.L) p.bias_partial[at.rt * p.O + at.c] = sum;
 }
 
+// G~'s codes transposed (pass 2 with p.q_gt: the g_w operand of SPEC §4's "g_w from G~'s codes"). Once every thread
+// has stored its units of q_g (the barrier), the CTA reads the tile's q_g rows back (its own 16 KB, from L2) and writes
+// q_gt's columns [rt * 64, rt * 64 + 64) of rows c < O, through 16 KB of `stage` (dead by then: G~'s words, or the fp32
+// tile). Word w (rows 4w .. 4w + 3) of local column lc is staged at word lc * 16 + (w ^ qgt_swizzle(lc)), so that
+// neither the byte stores (lanes 16 columns apart, two rows) nor the word loads (8 columns, 4 words of 16 bytes)
+// meet in a bank. Rows past L are zeros; columns past K_t are not written (K_t = padded_k(L) <= the row tiles' rows).
+__device__ __forceinline__ int qgt_swizzle(int lc) { return ((lc >> 4) ^ (lc >> 1)) & 15; }
+constexpr int kQgtStageBytes = kTileCols * kTileRows;
+
+__device__ __forceinline__ void qgt_store(const QgoParams& p, int64_t t, int64_t c0, unsigned char* stage) {
+  __syncthreads();  // q_g's rows of the tile are written; the words (or the fp32 tile) are read no more
+  const int tid = threadIdx.x;
+  // 64 rows x 16 groups of 16 columns, as gx_transform's units: the codes of row `row`, columns lc .. lc + 15
+  for (int u = tid; u < kTileRows * (kTileCols / 16); u += kThreads) {
+    const int row = u >> 4, lc = (u & 15) << 4;
+    const TileSpot at = tile_spot(p, t, c0, lc);
+    const int64_t r = at.rt * kTileRows + row;
+    uint32_t w[4] = {0u, 0u, 0u, 0u};
+    if (r < p.L && at.c < p.O_pad) {
+      const int8_t* src = p.q_g + r * p.ld_qg + at.c;
+      if (p.vec_store_qg) {
+        const uint4 v = *reinterpret_cast<const uint4*>(src);
+        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+      } else {
+        for (int i = 0; i < 16; ++i)
+          if (at.c + i < p.O_pad) w[i >> 2] |= static_cast<uint32_t>(static_cast<uint8_t>(src[i])) << (8 * (i & 3));
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int col = lc + i;
+      stage[col * kTileRows + 4 * ((row >> 2) ^ qgt_swizzle(col)) + (row & 3)] =
+          static_cast<unsigned char>(w[i >> 2] >> (8 * (i & 3)));
+    }
+  }
+  __syncthreads();
+  // per local column, 4 runs of 16 rows (16 bytes of q_gt)
+  const uint32_t* s32 = reinterpret_cast<const uint32_t*>(stage);
+  for (int u = tid; u < kTileCols * 4; u += kThreads) {
+    const int lc = u >> 2, j = u & 3;
+    const TileSpot at = tile_spot(p, t, c0, lc);
+    const int64_t k0 = at.rt * kTileRows + 16 * j;  // >= K_t for a row tile past the last
+    if (at.c >= p.O || k0 >= p.K_t) continue;
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[k] = s32[lc * (kTileRows / 4) + ((4 * j + k) ^ qgt_swizzle(lc))];
+      const int64_t valid = p.L - (k0 + 4 * k);  // rows of this word below L
+      if (valid < 4) w[k] = valid <= 0 ? 0u : w[k] & ((1u << (8 * valid)) - 1u);
+    }
+    int8_t* dst = p.q_gt + at.c * p.ld_qgt + k0;
+    if (p.vec_store_qgt) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+    } else {
+      for (int i = 0; i < 16; ++i) dst[i] = static_cast<int8_t>(w[i >> 2] >> (8 * (i & 3)));
+    }
+  }
+}
+
 // The whole tile: G~ (amax in pass 1; quantised and stored in pass 2), the g_b column sums (pass 1) and G^ (amax;
 // quantised, staged in `stage` and stored transposed). amax_gx / amax_gw accumulate this thread's maxima. In pass 1
 // `stage` is the tile's own shared memory (the g_b exchange, once the tile is read).
 template <int PASS, int R, class Tile, class Key>
 __device__ __forceinline__ void qgo_tile(const QgoParams& p, const Key& key, const Tile& tile, int64_t rt, int64_t ct,
                                          unsigned char* stage, uint32_t& amax_gx, uint32_t& amax_gw) {
-  const int rank = R > 0 ? R : p.rank;  // HLA rank: compile-time (R) or run-time (R == 0)
+  const int rank = R == kAsIs ? 16 : R > 0 ? R : p.rank;  // HLA rank: compile-time (R) or run-time (R == 0)
   const int64_t c0 = ct * kTileCols;
   if (p.gx) {
     // Pass 2's stochastic-rounding words of G~ in the staging's shared memory, where it has its own (16-bit tiles),
@@ -693,6 +764,7 @@ __device__ __forceinline__ void qgo_tile(const QgoParams& p, const Key& key, con
     }
     gx_transform<PASS>(p, key, tile, rt, c0, amax_gx, words);
     if (words != nullptr && p.gw) __syncthreads();  // every thread is done with the words: the staging is G^'s
+    if (PASS == 2 && p.q_gt != nullptr) qgt_store(p, rt, c0, stage);
   }
   if (PASS == 1 && p.bias && !p.gw) bias_partials(p, tile, rt, c0);
   if (p.gw) {
@@ -706,7 +778,7 @@ __device__ __forceinline__ void qgo_tile(const QgoParams& p, const Key& key, con
     float block_sum[2][2];          // pass 1: [unit][v] column sums of the unit's 16 rows
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      gw_projection<PASS>(p, key, tile, rank, rt, c0, jb0 + 2 * i, c2, amax_gw, packed[i], block_sum[i]);
+      gw_projection<PASS, R == kAsIs>(p, key, tile, rank, rt, c0, jb0 + 2 * i, c2, amax_gw, packed[i], block_sum[i]);
       if (PASS == 2 && kEarly) stage_unit(packed[i], rank, jb0 + 2 * i, c2, stage);
     }
     if (PASS == 1 && p.bias) bias_from_block_sums(p, rt, c0, jb0, c2, block_sum, stage);
@@ -804,6 +876,7 @@ constexpr int kRawTileBytes = kTileRows * kRawRowBytes;
 constexpr int kStageBytes = kTileCols * (kRowBlocks * 16 + 20);
 constexpr size_t qgo16_smem_bytes(int pass) { return kRawTileBytes + (pass == 2 ? kStageBytes : 0); }
 static_assert(kGxWordBytes <= kStageBytes && kRawTileBytes % 16 == 0, "G~'s words live in the q_gh_t staging");
+static_assert(kQgtStageBytes <= kStageBytes, "q_gt is staged where q_gh_t would be");
 
 template <typename T>
 struct TileRaw16 {
@@ -946,12 +1019,14 @@ static_assert(kTileCols * (kRowBlocks * 16 + 20) <= kTileRows * kTileCols * 4, "
 
 // ---- host side: one call's parameters, scratch layout and launch sequence --------------------------------
 
-// compress_activation (ABC, SPEC §2) is the g_w part of the pass over x, with round-to-nearest.
-GradOutputPlan abc_plan(int rank) {
+// compress_activation (ABC, SPEC §2) is the g_w part of the pass over x, with round-to-nearest; activation_codes the
+// same without H^ (codes: x's rows as they are, rank 16).
+GradOutputPlan abc_plan(int rank, bool codes = false) {
   GradOutputPlan plan;
   plan.gx = false;
   plan.gw = true;
-  plan.rank = rank;
+  plan.rank = codes ? 16 : rank;
+  plan.codes = codes;
   plan.rounding = Rounding::nearest;
   plan.bias = false;
   return plan;
@@ -963,7 +1038,7 @@ struct QgoSetup {
   int64_t n_gx = 1;       // amax keys / scales of the g_x path: 1 (per tensor) or L (per token)
   int64_t n_rt = 0, n_ct = 0;  // row tiles (64 rows) and column tiles (256 columns) of g_y
   int64_t n_t = 0;              // tiles down the grid: n_rt / pack, rounded up
-  int fixed_rank = 0;     // R of the kernels: a compiled-in rank (8, 16), or 0 (run-time rank)
+  int fixed_rank = 0;     // R of the kernels: a compiled-in rank (8, 16), 0 (run-time rank) or kAsIs (plan.codes)
   bool raw16 = false;     // qgo16_kernel (16-bit g_y, aligned rows) rather than qgo_kernel
   size_t keys_bytes = 0, inv_bytes = 0, bias_bytes = 0;
   size_t scratch_bytes() const { return keys_bytes + inv_bytes + bias_bytes; }
@@ -1023,6 +1098,11 @@ QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradO
   su.bias_bytes = plan.bias ? static_cast<size_t>(su.n_rt * O) * 4 : 0;
 
   su.fixed_rank = plan.gw && is_fixed_rank(plan.rank) && g_qgo_fixed_rank.load(std::memory_order_relaxed) ? plan.rank : 0;
+  if (plan.codes) {  // x's own codes (activation_codes): the g_w path alone, rank 16, round-to-nearest, untransformed
+    HOT_CHECK(plan.gw && !plan.gx && !plan.bias && plan.rank == 16 && plan.rounding == Rounding::nearest, internal,
+              "quantize_grad_output: a codes plan is the g_w path alone at rank 16 with round-to-nearest");
+    su.fixed_rank = kAsIs;
+  }
   p.sr8 = p.stochastic && O % kSrGroup == 0;
   const int vec = gy.dtype == DType::f32 ? 4 : 8;  // elements per 16-byte load
   p.vec_load = O % vec == 0 && p.ld_in % vec == 0 && aligned(gy.data, 16);
@@ -1033,6 +1113,14 @@ QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradO
   HOT_CHECK(smem <= smem_optin, unavailable, "quantize_grad_output / compress_activation: the CUDA kernels need ",
             smem, " bytes of shared memory per block; this GPU allows ", smem_optin);
   p.vec_store_qg = plan.gx && p.ld_qg % 16 == 0 && aligned(p.q_g, 16) && p.O_pad % 16 == 0;
+  if (out.q_g_t.data != nullptr) {  // G~'s codes transposed as well (the g_x path alone: the staging is free)
+    HOT_CHECK(plan.gx && !plan.gw && out.q_g_t.shape[0] == O && out.q_g_t.shape[1] == padded_k(L), internal,
+              "quantize_grad_output: q_g_t goes with q_g and without q_gh_t, O x padded_k(L)");
+    p.q_gt = static_cast<int8_t*>(out.q_g_t.data);
+    p.ld_qgt = out.q_g_t.strides[0];
+    p.K_t = out.q_g_t.shape[1];
+    p.vec_store_qgt = p.ld_qgt % 16 == 0 && aligned(p.q_gt, 16);
+  }
   p.word_store_qgh = plan.gw && p.ld_qgh % 4 == 0 && aligned(p.q_gh, 4) && p.K_pad % 4 == 0;
   // Narrow 16-bit g_y: 2 or 4 row tiles to a tile (QgoParams::pack); not with per-token G~ scales, whose amax needs a
   // tile row to be one g_y row.
@@ -1108,6 +1196,8 @@ void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutput
     };
     if (su.fixed_rank == 8) {
       run(std::integral_constant<int, 8>{});
+    } else if (su.fixed_rank == kAsIs) {
+      run(std::integral_constant<int, kAsIs>{});
     } else if (su.fixed_rank == 16) {
       run(std::integral_constant<int, 16>{});
     } else {

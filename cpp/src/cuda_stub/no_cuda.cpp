@@ -51,6 +51,7 @@ void unpack_int4(const TensorView&, const TensorView&, Stream) { missing(); }
 void gemm_s8s8s32(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
 void gemm_s4s4s32(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
 void compress_activation(const TensorView&, const TensorView&, const TensorView&, int, Stream) { missing(); }
+void activation_codes(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
 void compress_activation_cast(const TensorView&, const TensorView&, const TensorView&, const TensorView&, int, Stream) {
   missing();
 }

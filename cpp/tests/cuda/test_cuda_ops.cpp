@@ -593,6 +593,28 @@ TEST_F(Cuda_CompressActivation, BitExactVsCpu) {
         }
 }
 
+// activation_codes (the ABC kernels with the rows as they are): the CPU's bytes, fp32 and 16-bit inputs, narrow
+// inputs (packed row tiles), odd widths and rows (the generic per-element path), a NaN.
+TEST_F(Cuda_CompressActivation, CodesBitExactVsCpu) {
+  uint64_t seed = 850;
+  for (DType dt : kFloatTypes)
+    for (int64_t L : {1, 31, 1000, 20011})
+      for (int64_t I : {8, 64, 77, 264}) {
+        if (L == 20011 && small_run()) continue;
+        SCOPED_TRACE(testing::Message() << dt_name(dt) << " L " << L << " I " << I);
+        HostTensor x = rand_float(dt, L, I, seed++, I + (L % 3));
+        if (L == 1000 && I == 77) x.setf(500, 40, std::nanf(""));
+        const int64_t Kp = hot::padded_k(L);
+        HostTensor qc = out2d(DType::s8, I, Kp), qg = qc, sc = out1d(DType::f32, 1), sg = sc;
+        DevTensor dx(x), dq(qg), ds(sg);
+        hot::cpu::activation_codes(x, qc, sc, {});
+        hot::cuda::activation_codes(dx, dq, ds, st());
+        sync();
+        EXPECT_TRUE(all_bytes_equal(qc, dq.to_host()));
+        EXPECT_TRUE(all_bytes_equal(sc, ds.to_host()));
+      }
+}
+
 // compress_activation_cast: the copy (a NaN as any NaN) and the buffer against the CPU backend's cast and buffer; rows
 // the GPU reads in one pass (float32 rows of 16-byte multiples, the copy's of 8 elements) and rows it casts first.
 TEST_F(Cuda_CompressActivation, CastBitExactVsCpu) {
@@ -647,8 +669,10 @@ class Cuda_QuantizeGradOutput : public CudaTest {
  protected:
   // One g_y-pass case on the GPU against the CPU backend: integer codes and scales byte for byte, g_b within the
   // fp32 summation bound.
-  // On `device` with `stream` (default: device 0 and the fixture's stream).
-  void check_qgo_case(DType dt, const QgoCase& c, uint64_t seed, int device = 0, cudaStream_t stream = nullptr) {
+  // On `device` with `stream` (default: device 0 and the fixture's stream). qgt: G~'s codes transposed as well (q_g_t,
+  // the g_x path alone).
+  void check_qgo_case(DType dt, const QgoCase& c, uint64_t seed, int device = 0, cudaStream_t stream = nullptr,
+                      bool qgt = false) {
     cudaStream_t strm = stream != nullptr ? stream : stream_;
     SCOPED_TRACE(testing::Message() << dt_name(dt) << " L " << c.L << " O " << c.O << " bits " << c.bits << " "
                                     << hot::scale_mode_name(c.sm) << " " << hot::rounding_name(c.rd) << " gx " << c.gx
@@ -658,9 +682,11 @@ class Cuda_QuantizeGradOutput : public CudaTest {
     const int64_t Op = hot::padded_k(c.O), Kp = hot::padded_k(hot::hla_rows(c.L, c.rank));
     HostTensor qg = out2d(DType::s8, c.L, Op), sg = out1d(DType::f32, c.sm == ScaleMode::tensor ? 1 : c.L);
     HostTensor qh = out2d(DType::s8, c.O, Kp), sh = out1d(DType::f32, 1), gb = out1d(DType::f32, c.O);
-    DevTensor dqg(qg, device), dsg(sg, device), dqh(qh, device), dsh(sh, device), dgb(gb, device);
+    HostTensor qt = out2d(DType::s8, c.O, hot::padded_k(c.L));
+    DevTensor dqg(qg, device), dsg(sg, device), dqh(qh, device), dsh(sh, device), dgb(gb, device), dqt(qt, device);
     hot::GradOutputQuant oc, og;
     if (c.gx) oc.q_g = qg, oc.s_g = sg, og.q_g = dqg, og.s_g = dsg;
+    if (qgt) oc.q_g_t = qt, og.q_g_t = dqt;
     if (c.gw) oc.q_gh_t = qh, oc.s_gh = sh, og.q_gh_t = dqh, og.s_gh = dsh;
     if (c.bias) oc.g_b = gb, og.g_b = dgb;
     DevTensor dgy(gy, device);
@@ -675,6 +701,7 @@ class Cuda_QuantizeGradOutput : public CudaTest {
       EXPECT_TRUE(all_bytes_equal(qh, dqh.to_host())) << "q_gh_t";
       EXPECT_TRUE(all_bytes_equal(sh, dsh.to_host())) << "s_gh";
     }
+    if (qgt) EXPECT_TRUE(all_bytes_equal(qt, dqt.to_host())) << "q_g_t";
     if (c.bias) {
       // g_b is a float sum: different (fixed) association orders, so compare against float64 with
       // the fp32 summation bound n * u * sum|g|.
@@ -710,6 +737,23 @@ TEST_F(Cuda_QuantizeGradOutput, BitExactVsCpu) {
       check_qgo_case(dt, c, seed);
       seed += 2;
     }
+}
+
+// G~'s codes transposed as well (q_g_t, the g_x path alone, 8 bits per tensor: g_w from G~'s codes): fp32 tiles and
+// 16-bit ones, packed narrow ones (O <= 128), partial last row tiles, a million rows.
+TEST_F(Cuda_QuantizeGradOutput, TransposedCodesBitExactVsCpu) {
+  uint64_t seed = 2500;
+  for (DType dt : kFloatTypes)
+    for (int64_t L : {1, 17, 513, 20003})
+      for (int64_t O : {16, 24, 30, 7, 64, 72, 129, 2304}) {
+        if (L == 20003 && (O == 2304 || small_run())) continue;
+        check_qgo_case(dt, {L, O, 8, ScaleMode::tensor, Rounding::stochastic, true, false, O % 3 == 0, 16}, seed, 0,
+                       nullptr, true);
+        seed += 2;
+      }
+  if (!small_run())
+    check_qgo_case(DType::bf16, {1000000 + 7, 64, 8, ScaleMode::tensor, Rounding::stochastic, true, false, false, 16},
+                   seed, 0, nullptr, true);
 }
 
 // Millions of rows (a convolution's L = batch x H x W): more tiles than a grid's y dimension holds (65535 tiles of

@@ -209,6 +209,54 @@ void run_abc_case(DType dt, int64_t L, int64_t I, int64_t ld, int rank, uint64_t
   EXPECT_TRUE(hot_cuda_test::all_bytes_equal(sc, se));
 }
 
+// G~'s codes transposed (GradOutputQuant::q_g_t, the g_x path alone): q_g, s_g, q_g_t and g_b against the CPU backend,
+// bit for bit (q_g_t zero past L); fp32 tiles and 16-bit ones (packed narrow ones too), a device seed.
+void run_qgt_case(DType dt, int64_t L, int64_t O, Rounding rd, bool bias, uint64_t seed, bool device_seed = false) {
+  SCOPED_TRACE(testing::Message() << "q_g_t " << hot::dtype_name(dt) << " L " << L << " O " << O << " "
+                                  << hot::rounding_name(rd) << " bias " << bias << " device seed " << device_seed);
+  HostTensor gy = rand_float(dt, L, O, seed, O + (L % 2));
+  const GradOutputPlan plan =
+      hot_cuda_test::qgo_plan({L, O, 8, ScaleMode::tensor, rd, true, false, bias, 16}, seed);
+  GradOutputPlan eplan = plan;
+  const uint64_t stored = plan.seed * 3 + 77;
+  if (device_seed) {
+    eplan.seed = plan.seed - stored;
+    eplan.seed_ptr = &stored;
+  }
+  const int64_t Op = hot::padded_k(O), Kp = hot::padded_k(L);
+  HostTensor qg = out2d(DType::s8, L, Op), sg = out1d(DType::f32, 1), qt = out2d(DType::s8, O, Kp);
+  HostTensor gb = out1d(DType::f32, O);
+  HostTensor eqg = qg, esg = sg, eqt = qt, egb = gb;
+  GradOutputQuant oc, oe;
+  oc.q_g = qg, oc.s_g = sg, oc.q_g_t = qt, oe.q_g = eqg, oe.s_g = esg, oe.q_g_t = eqt;
+  if (bias) oc.g_b = gb, oe.g_b = egb;
+  hot::cpu::quantize_grad_output(gy, plan, oc, {});
+  emu_quantize_grad_output(gy, eplan, oe);
+  EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qg, eqg)) << "q_g";
+  EXPECT_TRUE(hot_cuda_test::all_bytes_equal(sg, esg)) << "s_g";
+  EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qt, eqt)) << "q_g_t";
+  for (int64_t c = 0; c < O; ++c)
+    for (int64_t r = 0; r < Kp; ++r)
+      ASSERT_EQ(eqt.geti(c, r), r < L ? eqg.geti(r, c) : 0) << "q_g_t[" << c << ", " << r << "]";
+}
+
+// activation_codes of an L x I input with row stride ld: the emulated kernels (R = kAsIs) against the CPU backend.
+void run_codes_case(DType dt, int64_t L, int64_t I, int64_t ld, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << "codes " << hot::dtype_name(dt) << " L " << L << " I " << I << " ld " << ld);
+  HostTensor x = rand_float(dt, L, I, seed, ld);
+  const int64_t Kp = hot::padded_k(L);
+  HostTensor qc = out2d(DType::s8, I, Kp), qe = qc, sc = out1d(DType::f32, 1), se = sc;
+  hot::cpu::activation_codes(x, qc, sc, {});
+  GradOutputQuant out;
+  out.q_gh_t = qe;
+  out.s_gh = se;
+  const GradOutputPlan plan = hot::cuda::abc_plan(16, true);
+  EXPECT_EQ(hot::cuda::qgo_setup(x, plan, out).fixed_rank, hot::cuda::kAsIs);
+  emu_quantize_grad_output(x, plan, out);
+  EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qc, qe));
+  EXPECT_TRUE(hot_cuda_test::all_bytes_equal(sc, se));
+}
+
 // Narrow 16-bit g_y (max(O, O_pad) <= 128): 2 or 4 row tiles of 64 rows share one tile (QgoParams::pack). Row counts
 // whose last tile is partly past L (130: 3 row tiles, 600: 10), widths packing 4 (16, 48, 64), 2 (72, 128) and none
 // (136); with and without bias, each path alone, compiled-in and run-time ranks, a device seed; and ABC of such x.
@@ -260,6 +308,29 @@ TEST_P(Emu_CompressActivation, BitExactVsCpu) {
     for (int64_t L : kLs)
       for (int64_t I : kIs)
         for (int rank : kRanks) run_abc_case(dt, L, I, I + 3 * (L % 2), rank, seed++);
+}
+
+TEST_P(Emu_QuantizeGradOutput, TransposedCodesBitExactVsCpu) {
+  uint64_t seed = 9100;
+  for (DType dt : kDtypes)
+    for (int64_t L : kLs)
+      for (int64_t O : kOs) run_qgt_case(dt, L, O, seed % 2 ? Rounding::nearest : Rounding::stochastic, seed % 3 == 0,
+                                         seed++);
+#if !defined(HOT_EMU_RACE)
+  for (int64_t O : {16, 48, 64, 72, 128, 136}) run_qgt_case(DType::bf16, 600, O, Rounding::stochastic, true, seed++);
+  run_qgt_case(DType::bf16, 600, 264, Rounding::stochastic, false, seed++, true);
+#endif
+}
+
+// x's own codes: every dtype and shape of the ABC cases (16-bit tiles, packed narrow ones, fp32 tiles, odd widths).
+TEST_P(Emu_CompressActivation, CodesBitExactVsCpu) {
+  uint64_t seed = 7500;
+  for (DType dt : kDtypes)
+    for (int64_t L : kLs)
+      for (int64_t I : kIs) run_codes_case(dt, L, I, I + 3 * (L % 2), seed++);
+#if !defined(HOT_EMU_RACE)
+  for (int64_t I : {32, 64, 128}) run_codes_case(DType::bf16, 600, I, I, seed++);  // packed row tiles
+#endif
 }
 
 // compress_activation_cast of an L x I float input (row stride ld) into a 16-bit copy (row stride ld_cast): the

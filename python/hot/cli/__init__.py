@@ -82,7 +82,7 @@ def cmd_info(args) -> int:
 SUMMARY_ALIASES = {"vit_b16": "vit_base_patch16_224", "vit_s16": "vit_small_patch16_224"}
 #: input of the built-in models: an image shape (C, H, W) or ("tokens", T)
 _BUILTIN_INPUT = {"vit": (1, 8, 8), "cnn": (1, 8, 8), "vit_synth": (3, 32, 32), "cnn_synth": (3, 32, 32),
-                  "char_lm": ("tokens", 128)}
+                  "cnn_bneck": (1, 8, 8), "cnn_bneck_synth": (3, 32, 32), "char_lm": ("tokens", 128)}
 
 
 def shape_arg(s: str):
@@ -226,8 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.set_defaults(fn=cmd_info)
     s = sub.add_parser("summary", help="per-layer HOT cost report of a model: bytes kept, backward operations and "
                        "GBOPs, GPU forward and backward time, exact vs HOT")
-    s.add_argument("model", help="a built-in model (vit, cnn, vit_synth, cnn_synth, char_lm), a torchvision or timm "
-                   "model name (vit_b16 = timm vit_base_patch16_224), or pkg.module:factory")
+    s.add_argument("model", help="a built-in model (vit, cnn, cnn_bneck, vit_synth, cnn_synth, cnn_bneck_synth, "
+                   "char_lm), a torchvision or timm model name (vit_b16 = timm vit_base_patch16_224), or "
+                   "pkg.module:factory")
     s.add_argument("--batch", type=int_in(1), default=None, help="batch of the traced forward (default 128 for "
                    "built-in models, 8 for others)")
     s.add_argument("--input-shape", type=shape_arg, default=None, help="input shape without the batch, e.g. "

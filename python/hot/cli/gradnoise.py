@@ -15,7 +15,7 @@ def add_parser(sub) -> None:
                        "method (hot.experiments.parity names), several stochastic-rounding draws each, and compare every "
                        "Linear/Conv2d weight's gradient with the exact one and with the batch-sampling noise.")
     p.add_argument("--task", choices=list(TASKS), default="synth")
-    p.add_argument("--model", choices=["vit", "cnn"], default="vit")
+    p.add_argument("--model", choices=["vit", "cnn", "bneck"], default="vit")
     p.add_argument("--methods", default="hot,hot-r8,hot+lqs,hot-token,hot-gx8", help="comma-separated (default: %(default)s)")
     p.add_argument("--draws", type=int, default=6, help="backward passes per method (default 6)")
     p.add_argument("--batch", type=int_in(1), default=64)

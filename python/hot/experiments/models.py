@@ -1,6 +1,7 @@
 """Small built-in models for the demo, ``hot summary`` and tests: a vision transformer and a
 ResNet-style CNN sized for 8x8 single-channel images (scikit-learn's digits), and larger ones for the
-synthetic 32x32 RGB task of ``hot parity --task synth`` (``vit_synth``, ``cnn_synth``)."""
+synthetic 32x32 RGB task of ``hot parity --task synth`` (``vit_synth``, ``cnn_synth``); a bottleneck ResNet (1x1 ->
+3x3 -> 1x1 blocks, mostly pointwise convolutions) for each (``cnn_bneck``, ``cnn_bneck_synth``)."""
 from __future__ import annotations
 
 import functools
@@ -123,6 +124,64 @@ class ResNet(nn.Module):
         return self.head(x.mean((2, 3)))
 
 
+class Bottleneck(nn.Module):
+    """ResNet-50-style bottleneck block: 1x1 conv (cin -> mid), 3x3 conv (mid -> mid, ``stride``), 1x1 conv
+    (mid -> cout), each followed by BatchNorm (ReLU after the first two); the shortcut is the identity, or a
+    strided 1x1 conv + BatchNorm where the shape changes; ReLU of the sum. Convolutions have no bias."""
+
+    def __init__(self, cin: int, mid: int, cout: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, mid, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(mid)
+        self.conv2 = nn.Conv2d(mid, mid, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(mid)
+        self.conv3 = nn.Conv2d(mid, cout, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(cout)
+        self.short = None
+        if stride != 1 or cin != cout:
+            self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = F.relu(self.bn2(self.conv2(y)))
+        y = self.bn3(self.conv3(y))
+        return F.relu(y + (x if self.short is None else self.short(x)))
+
+
+class BottleneckResNet(nn.Module):
+    """Bottleneck ResNet (ResNet-50's block shape, most of its convolutions pointwise): 3x3 stem (``channels`` ->
+    ``width``), ``stages`` stages of ``blocks`` :class:`Bottleneck` blocks each (stage i: ``mid = width * 2**i``
+    channels inside the block, ``mid * expansion`` out; every stage after the first starts at half the resolution),
+    global average pool, linear head. The default (two stages of one block, width 16) is the digits model
+    ``cnn_bneck``."""
+
+    def __init__(self, channels: int = 1, classes: int = 10, width: int = 16, stages: int = 2, blocks: int = 1,
+                 expansion: int = 4) -> None:
+        super().__init__()
+        for arg, v in (("channels", channels), ("classes", classes), ("width", width), ("stages", stages),
+                       ("blocks", blocks), ("expansion", expansion)):
+            if v < 1:
+                raise ValueError(f"BottleneckResNet: {arg} must be >= 1, got {v}")
+        self.stem = nn.Conv2d(channels, width, 3, 1, 1, bias=False)
+        self.bn = nn.BatchNorm2d(width)
+        self.stages = stages
+        cin = width
+        for i in range(stages):
+            mid = width * 2 ** i
+            cout = mid * expansion
+            layer = [Bottleneck(cin if j == 0 else cout, mid, cout, stride=2 if (i > 0 and j == 0) else 1)
+                     for j in range(blocks)]
+            setattr(self, f"layer{i + 1}", layer[0] if blocks == 1 else nn.Sequential(*layer))
+            cin = cout
+        self.head = nn.Linear(cin, classes)
+
+    def forward(self, x):
+        x = F.relu(self.bn(self.stem(x)))
+        for i in range(self.stages):
+            x = getattr(self, f"layer{i + 1}")(x)
+        return self.head(x.mean((2, 3)))
+
+
 class CharLM(nn.Module):
     """Causal character-level transformer language model: token and learned position embeddings, pre-norm blocks
     with causal attention, linear head. Input (B, T) integer tokens; output logits laid out (B, vocab, T), the layout
@@ -191,6 +250,12 @@ MODELS = {
     # 32x32 RGB: three stages (32 -> 64 -> 128 channels at 32x32 -> 16x16 -> 8x8) of two residual blocks
     # (ResNet-14-like; 0.7 M parameters).
     "cnn_synth": functools.partial(ResNet, channels=3, width=32, stages=3, blocks=2),
+    # bottleneck ResNet (1x1 -> 3x3 -> 1x1 blocks, as ResNet-50's) for digits: width 16, two stages of one block
+    # (16 / 32 channels inside the blocks, 64 / 128 out)
+    "cnn_bneck": BottleneckResNet,
+    # 32x32 RGB: three stages of two bottleneck blocks (16 -> 32 -> 64 channels inside, 64 -> 128 -> 256 out, at
+    # 32x32 -> 16x16 -> 8x8)
+    "cnn_bneck_synth": functools.partial(BottleneckResNet, channels=3, width=16, stages=3, blocks=2),
     # character-level language model (hot parity --task text): context 128, dim 256, 4 blocks, 4 heads (3.2 M
     # parameters with the KJV's 75 characters)
     "char_lm": CharLM,
@@ -200,8 +265,9 @@ MODELS = {
 
 
 def build(name: str, **kw) -> nn.Module:
-    """A built-in model by name: 'vit' or 'cnn' (digits, 8x8 x 1), 'vit_synth' or 'cnn_synth' (32x32 x 3), 'char_lm'
-    (characters); keyword arguments override the model's defaults."""
+    """A built-in model by name: 'vit', 'cnn' or 'cnn_bneck' (digits, 8x8 x 1), 'vit_synth', 'cnn_synth' or
+    'cnn_bneck_synth' (32x32 x 3), 'char_lm' or 'char_lm_torch' (characters); keyword arguments override the model's
+    defaults."""
     if name not in MODELS:
         raise ValueError(f"hot.experiments.models.build: unknown model {name!r}, expected one of {sorted(MODELS)}")
     return MODELS[name](**kw)

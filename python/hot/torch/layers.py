@@ -503,7 +503,7 @@ class Conv2d(_HotMixin, nn.Conv2d):
 class Conv1d(_HotMixin, nn.Conv1d):
     """``nn.Conv1d`` (groups = 1, zero padding) with HOT's backward: the convolution of an (N, C, 1, L) map by an
     (O, C, 1, k) kernel (SPEC §8), i.e. :class:`Conv2d`'s engine calls on the inputs with a unit height; keeps an int8
-    copy of its input (a pointwise conv: the ABC buffer of the positions it reads)."""
+    copy of its input (a pointwise conv: the codes, or ABC buffer, of the positions it reads)."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = True, padding_mode: str = "zeros", device=None, dtype=None,

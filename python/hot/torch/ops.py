@@ -22,12 +22,13 @@ Ops (namespace ``hot``):
 ``hot::conv2d(x, weight, bias, seed, stride, padding, dilation, keep, config) -> (y, q, scale)``
     ``y = F.conv2d(...)``; with ``keep == 1`` the layer keeps the INPUT FEATURE MAP quantised to int8
     (per-tensor round-to-nearest, ``hot.quantize``; (N, C, H, W) in x's layout), not the im2col matrix (SPEC §8); a
-    pointwise conv (1 x 1, no padding, :func:`pointwise`) keeps the ABC buffer of the pixel rows it reads instead, as
-    a linear layer would.
+    pointwise conv (1 x 1, no padding, :func:`pointwise`) keeps the codes of the pixel rows it reads instead, the
+    same quantisation stored transposed (``hot.activation_codes``), at the default (``_api.gw_from_codes``), and below
+    it their ABC buffer, as a linear layer would.
 ``hot::conv2d_backward(...) -> (g_x, g_w, g_b)``
-    Pointwise: ``hot.backward_linear`` over the pixel rows from their ABC buffer (no columns, no feature map), g_x
-    put back onto the pixels read. Otherwise, at the default (rank 16, 8-bit per-tensor g_x; ``_api.gw_from_codes``):
-    the engine's ``im2col_t`` writes the im2col columns ((i, j, c) order) of the feature map's integers transposed, and
+    Pointwise: ``hot.backward_linear`` over the pixel rows from their codes (g_w from G~'s codes, SPEC §4) or ABC
+    buffer (no columns, no feature map), g_x put back onto the pixels read. Otherwise, at the default (rank 16, 8-bit
+    per-tensor g_x; ``_api.gw_from_codes``): the engine's ``im2col_t`` writes the im2col columns ((i, j, c) order) of the feature map's integers transposed, and
     the core's ``backward_conv2d`` takes g_w from G~'s codes against them, the map's scale applied in its epilogue
     (SPEC §4 "g_w from G~'s codes"). Below full rank: the engine's ``hot.compress_columns`` forms the ABC buffer of
     those columns straight from the map (HLA + Q8 of the columns, the compression a linear layer applies to its input,
@@ -157,17 +158,18 @@ def _call(op: str, t: Tensor) -> "_api._Call":
     return _api._Call(op, x=t)  # raises: "<op>: x is on torch device '...', expected a CPU or CUDA tensor"
 
 
-def _compress(x: Tensor, cfg) -> Tuple[Tensor, Tensor]:
+def _compress(x: Tensor, cfg, codes: bool = False) -> Tuple[Tensor, Tensor]:
     """(q, scale) of ``hot.compress_activation(x.reshape(-1, I), cfg)`` for a torch tensor x (..., I); a contiguous x
     goes to the engine as it is (the engine flattens its leading dims, as the reshape would). A layer accepts any
-    input layout F.linear does: a non-contiguous x is compressed from a temporary contiguous copy."""
+    input layout F.linear does: a non-contiguous x is compressed from a temporary contiguous copy. codes: x's own
+    codes instead (``hot.activation_codes``, SPEC §2; a buffer of the same shape at rank 16)."""
     I = x.shape[-1]
     if x.numel() == 0:  # an empty batch (or I = 0): an empty buffer (the engine refuses empty arrays)
-        return (x.new_zeros((I, padded_k(math.prod(x.shape[:-1]), cfg.rank)), dtype=torch.int8),
+        return (x.new_zeros((I, padded_k(math.prod(x.shape[:-1]), 16 if codes else cfg.rank)), dtype=torch.int8),
                 x.new_ones((1,), dtype=torch.float32))
     if not x.is_contiguous():
         x = x.contiguous()
-    q, scale, _ = _api._compress(_call("compress_activation", x), x, x.shape, cfg)
+    q, scale, _ = _api._compress(_call("compress_activation", x), x, x.shape, cfg, codes=codes)
     return q, scale
 
 
@@ -255,13 +257,13 @@ def shared_buffer_alive(x: Tensor, dt, cfg) -> bool:
 
 def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tensor], scale: Optional[Tensor],
                      seed, cfg, need_gx: bool, need_gw: bool, need_gb: bool, gx_shape, reuse=None,
-                     gw_dtype: Optional[str] = None, gx_dtype: Optional[str] = None):
+                     gw_dtype: Optional[str] = None, gx_dtype: Optional[str] = None, codes: bool = False):
     """``hot.backward_linear(g.reshape(-1, O), w, saved, bias=need_gb, config=cfg, seed=seed, ...)`` for a
     contiguous g (..., O) and w (O x I), where saved is the raw x (contiguous, L x I elements, given only when g_w
     is needed) or else the ABC buffer (q, scale) of L x I; g_x comes back shaped gx_shape (g's leading dims, I).
     reuse: (WeightReuse, parameter, its version at the forward) of a layer called inside weight_reuse, else None.
     gw_dtype, gx_dtype: g_w's and g_x's dtype names when not g's. seed: an int, or the 0-d int64 seed tensor on g's
-    device."""
+    device. codes: (q, scale) are x's own codes (``hot.activation_codes``; g_w from G~'s codes, in float32)."""
     O = g.shape[-1]
     I = w.shape[1]
     L = math.prod(g.shape[:-1])
@@ -275,7 +277,8 @@ def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tens
     c = _call("backward_linear", g)
     saved = None
     if need_gw:
-        saved = x if x is not None else _api._wrap_saved(c, q, scale, L, I, cfg.rank, "backward_linear")
+        saved = x if x is not None else _api._wrap_saved(c, q, scale, L, I, 16 if codes else cfg.rank,
+                                                          "backward_linear", codes)
     wq = reuse[0]._get(c, w, cfg, reuse[1], reuse[2]) if reuse is not None and need_gx and not cfg.exact else None
     if cfg.exact and (gw_dtype is not None or gx_dtype is not None):  # the exact GEMMs write their operands' dtype:
         gx, gw, gb = _api._backward_linear(c, g, w, saved, gx_shape, need_gx, need_gw, need_gb, cfg, seed, wq)
@@ -661,12 +664,13 @@ def _pixel_unrows(rows: Tensor, x_shape, stride, Ho: int, Wo: int, patches: bool
 
 
 def _conv_keep(x: Tensor, weight: Tensor, stride, padding, dilation, cfg) -> Tuple[Tensor, Tensor]:
-    """What a converted conv keeps of x (SPEC §8): a pointwise conv keeps the ABC buffer of its pixel rows (as a
-    linear layer over channels), any other the int8 feature map."""
+    """What a converted conv keeps of x (SPEC §8): a pointwise conv keeps the codes of its pixel rows, transposed, at
+    the default (``_api.gw_from_codes``; below it, their ABC buffer, as a linear layer over channels), any other the
+    int8 feature map."""
     if pointwise(weight.shape[2:], padding):
         Ho = _conv_out(x.shape[2], 1, stride[0], 0, 1)
         Wo = _conv_out(x.shape[3], 1, stride[1], 0, 1)
-        return _compress(_pixel_rows(x, stride, conv_patch_rows(Ho, Wo, cfg)), cfg)
+        return _compress(_pixel_rows(x, stride, conv_patch_rows(Ho, Wo, cfg)), cfg, _api.gw_from_codes(cfg))
     return _quantize_fmap(x)
 
 
@@ -685,7 +689,7 @@ def _conv2d_fake(x, weight, bias, seed, stride, padding, dilation, keep, config)
     Wo = _conv_out(W, kw, stride[1], padding[1], dilation[1])
     y = F.conv2d(x, weight, bias, stride, padding, dilation)  # torch's own output layout (channels-last for such x)
     if keep == KEEP_COMPRESSED:
-        if pointwise((kh, kw), padding):  # the ABC buffer of the N*Ho*Wo pixel rows
+        if pointwise((kh, kw), padding):  # the codes or ABC buffer of the N*Ho*Wo pixel rows (the same shape)
             q_shape = (x.shape[1], padded_k(N * Ho * Wo, config_of(config).rank))
             q = x.new_empty(q_shape, dtype=torch.int8)
         else:  # the int8 feature map, (N, C, H, W) in x's layout (channels-last or contiguous)
@@ -782,12 +786,20 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed, x_shape, stride, pa
     g = _pixel_rows(grad_y, (1, 1), patches).contiguous()
     if pointwise((kh, kw), padding):  # a linear layer over the pixels the kernel reads: no columns, no feature map
         rows = None
+        codes = need_gw and _api.gw_from_codes(cfg)  # g_w from the codes of G~ and of the pixel rows (SPEC §4)
         if need_gw and x is not None:  # the raw x (exact mode, or kept by its producer: compressed by the core now)
             rows = _pixel_rows(x, stride, patches).contiguous()
+            if codes:  # the codes the forward would have kept, formed now (deterministic)
+                (q, scale), rows = _compress(rows, cfg, True), None
         grows, gw, gb = _backward_linear(g, weight.reshape(O, C).contiguous(), rows, q, scale, seed, cfg, need_gx,
-                                         need_gw, need_gb, (N * P, C), reuse, _dtype_name(gw_dtype))
+                                         need_gw, need_gb, (N * P, C), reuse,
+                                         "float32" if codes else _dtype_name(gw_dtype), codes=codes)
         gx = _pixel_unrows(grows, x_shape, stride, Ho, Wo, patches, _channels_last(grad_y)) if need_gx else None
-        return gx, gw.reshape(weight.shape) if gw is not None else None, gb
+        if gw is not None:  # float32 from the codes (transformed along O in place), rounded once to its dtype
+            gw = gw.reshape(weight.shape)
+            if codes:
+                gw = gw.to(gw_dtype or grad_y.dtype)
+        return gx, gw, gb
     cols = cq = cs = None
     map_scale = None  # the int8 map's scale, when g_w comes from the ABC buffer of the columns of its integers
     codes = False  # g_w from the codes of G~ and of the map's columns (SPEC §4), the map's scale applied by the engine

@@ -48,7 +48,7 @@ def kept_bytes(m: nn.Module):
     exact = n * _elt(dtype)
     pw = getattr(ops, "pointwise", None)
     k, _, p, _ = conv_geom(m)
-    if pw is not None and pw(k, p):  # the ABC buffer of its pixel rows (I = C_in)
+    if pw is not None and pw(k, p):  # the codes or ABC buffer of its pixel rows (I = C_in; the same bytes)
         hot_b = exact if c.exact else 0 if shared else C * ops.padded_k(rows, c.rank) + 4
     else:  # the int8 input feature map and its scale
         hot_b = exact if c.exact else 0 if shared else n + 4

@@ -26,14 +26,16 @@ def _reference(x, w, b, gy, seed, config, stride, padding, dilation):
     if patches:
         g = tops._patch_split(g, 1)
     g = g.reshape(N * Ho * Wo, O).contiguous().numpy()
-    if tops.pointwise((kh, kw), padding):  # a linear layer over the pixels it reads, from their ABC buffer
+    if tops.pointwise((kh, kw), padding):  # a linear layer over the pixels it reads, from their codes or ABC buffer
         rows = torch.from_numpy(x)[:, :, ::stride[0], ::stride[1]].permute(0, 2, 3, 1)
         if patches:
             rows = tops._patch_split(rows, 1)
-        saved = hot.compress_activation(rows.reshape(N * Ho * Wo, C).contiguous().numpy(), config)
+        rows = rows.reshape(N * Ho * Wo, C).contiguous().numpy()
+        codes = hot._api.gw_from_codes(config)  # g_w from the codes of G~ and of the rows (float32, then w's dtype)
+        saved = hot.activation_codes(rows) if codes else hot.compress_activation(rows, config)
         grows, gw, gb = hot.backward_linear(g, w.reshape(O, C), saved, bias=b is not None, config=config, seed=seed)
         gx = tops._pixel_unrows(torch.from_numpy(grows), (N, C, H, W), stride, Ho, Wo, patches).numpy()
-        return [gx, gw.reshape(w.shape)] + ([gb] if b is not None else [])
+        return [gx, gw.astype(w.dtype).reshape(w.shape)] + ([gb] if b is not None else [])
     q, s = hot.quantize(x.reshape(N * C, H * W), bits=8, scale="tensor", rounding="nearest")
     qh = np.ascontiguousarray(q.reshape(N, C, H, W).transpose(0, 2, 3, 1))  # the map's integers, channels-last
     codes = hot._api.gw_from_codes(config)  # g_w from the codes of G~ and of the columns, the map's scale applied

@@ -287,11 +287,11 @@ def test_handler_checks_its_operands(rng):
     q, s = hot.jax.compress_activation(x)
     call = jax.ffi.ffi_call("hot_backward_linear", (jax.ShapeDtypeStruct(x.shape, jnp.float32),
                                                     jax.ShapeDtypeStruct(w.shape, jnp.float32)))
-    attrs = dict(config=np.int64(hot.Config().code))  # the configuration crosses whole, as its code
+    attrs = dict(codes=np.int32(0), config=np.int64(hot.Config().code))  # the configuration crosses whole, as its code
     with pytest.raises(Exception, match=r"seed has 3 elements, expected 2"):
         jax.block_until_ready(call(gy, w, q, s, jnp.zeros(3, jnp.uint32), **attrs))
     with pytest.raises(Exception, match=r"code 3 is no configuration's code"):  # gx_bits 3, rank 0
-        jax.block_until_ready(call(gy, w, q, s, jnp.zeros(2, jnp.uint32), config=np.int64(3)))
+        jax.block_until_ready(call(gy, w, q, s, jnp.zeros(2, jnp.uint32), codes=np.int32(0), config=np.int64(3)))
     with pytest.raises(Exception, match=r"saved.q has shape"):
         jax.block_until_ready(call(gy, w, q[:, :16], s, jnp.zeros(2, jnp.uint32), **attrs))
 

@@ -85,7 +85,7 @@ def test_hot_layers_keep_the_abc_buffer(report, model, dtype):
             assert hb == 0, name
             checked += 1
             continue
-        if info["type"] == "Linear" or info["pointwise"]:  # a pointwise conv: the ABC buffer of its pixel rows
+        if info["type"] == "Linear" or info["pointwise"]:  # a pointwise conv: its pixel rows' codes (ABC's bytes)
             assert hb == i * padded_k(rows, info["rank"]) + 4, name
             if rows % 32 == 0:  # no padding: r/16 of the rows at 1 byte for elt (r = 16: 1/4 of fp32, 1/2 of bf16)
                 read = rows * i * elt  # the rows the layer reads (a stride-s pointwise conv: 1/s^2 of its input)

@@ -19,7 +19,7 @@ def _model(kind: str) -> nn.Module:
     torch.manual_seed(0)
     if kind == "linear":
         m = nn.Sequential(nn.Linear(192, 320), nn.GELU(), nn.Linear(320, 96))
-    else:  # a 3 x 3 conv (int8 map, the engine's conv backward) and a pointwise one (ABC of its pixel rows)
+    else:  # a 3 x 3 conv (int8 map, the engine's conv backward) and a pointwise one (its pixel rows' codes)
         m = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 24, 1))
     ht.convert(m)
     return m.cuda()

@@ -101,8 +101,8 @@ def test_conv2d_grads_within_derived_bounds(case, cfg, device):
     y.backward(gy.to(device))
     k = layer.kernel_size
     if ops.pointwise(k, layer.padding):
-        # a pointwise conv is a linear layer over the pixels it reads: it keeps their ABC buffer (SPEC §8), whose
-        # projection of the raw x is what the g_w bound below covers
+        # a pointwise conv is a linear layer over the pixels it reads: it keeps their codes (or ABC buffer; SPEC
+        # §8), whose quantisation of the raw x is what the g_w bound below covers
         xq = x.double()
     else:
         # what the layer keeps: the int8 RTN feature map (the engine's quantiser, deterministic)

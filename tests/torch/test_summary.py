@@ -155,7 +155,7 @@ class CNN(nn.Module):
     def __init__(self):
         super().__init__()
         self.c1 = nn.Conv2d(3, 8, 3, padding=1)
-        self.c2 = nn.Conv2d(8, 16, 1, stride=2)   # pointwise, strided: the ABC buffer of its pixel rows
+        self.c2 = nn.Conv2d(8, 16, 1, stride=2)   # pointwise, strided: the codes of its pixel rows (ABC bytes)
         self.c3 = nn.Conv2d(16, 16, 3, padding=1)  # 3x3: the int8 feature map
         self.c4 = nn.Conv2d(16, 8, 1)              # input: a ReLU output
         self.fc = nn.Linear(8, 5)

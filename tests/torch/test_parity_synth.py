@@ -125,6 +125,17 @@ def test_bottleneck_models():
             models.BottleneckResNet(**{arg: 0})
 
 
+def _assert_learns(res, min_accuracy: float, min_drop: float) -> None:
+    """Every run of a 100-step smoke run: finite losses, accuracy above min_accuracy, the mean loss of the last 10 steps
+    below the first 10's by more than min_drop; and a finite paired gap of hot."""
+    for r in res.runs:
+        assert len(r.losses) == 100 and all(math.isfinite(v) for v in r.losses), r.method
+        assert r.accuracy > min_accuracy, (r.method, r.accuracy)
+        first, last = sum(r.losses[:10]) / 10, sum(r.losses[-10:]) / 10
+        assert last < first - min_drop, (r.method, first, last)
+    assert math.isfinite(res.paired_gap("hot")[0])
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_parity_synth_tiny_bneck(device):
     # CI smoke run of the bottleneck ResNet on the tiny synthetic task (width 4, three stages of one block, 100
@@ -132,12 +143,7 @@ def test_parity_synth_tiny_bneck(device):
     # 35 %; chance is 10 %), with finite, decreasing losses
     res = hp.run_parity("bneck", ["exact", "hot"], seeds=[0], task="synth-tiny", device=device)
     assert [r.note for r in res.runs] == ["exact", "13 layers converted"]
-    for r in res.runs:
-        assert len(r.losses) == 100 and all(math.isfinite(v) for v in r.losses), r.method
-        assert r.accuracy > 22.0, (r.method, r.accuracy)
-        first, last = sum(r.losses[:10]) / 10, sum(r.losses[-10:]) / 10
-        assert last < first - 0.4, (r.method, first, last)
-    assert math.isfinite(res.paired_gap("hot")[0])
+    _assert_learns(res, 22.0, 0.4)
 
 
 class _Net(nn.Module):
@@ -224,13 +230,8 @@ def test_parity_synth_tiny(device, tmp_path):
     res = hp.run_parity("vit", ["exact", "hot"], seeds=[0], task="synth-tiny", device=device)
     assert (res.task, res.steps, res.batch, res.n_train, res.n_test) == ("synth-tiny", 100, 64, 2048, 512)
     assert [r.note for r in res.runs] == ["exact", "9 layers converted"]
-    for r in res.runs:
-        assert len(r.losses) == 100 and all(math.isfinite(v) for v in r.losses), r.method
-        assert r.accuracy > 28.0, (r.method, r.accuracy)
-        first, last = sum(r.losses[:10]) / 10, sum(r.losses[-10:]) / 10
-        assert last < first - 0.5, (r.method, first, last)
+    _assert_learns(res, 28.0, 0.5)
     assert res.runs[0].accuracy > 35.0
-    assert math.isfinite(res.paired_gap("hot")[0])
     assert "synthetic 16x16 RGB images" in res.to_markdown()
     paths = res.save(str(tmp_path), "s")
     assert hp.ParityResult.from_json(json.loads(open(paths[1]).read())).task == "synth-tiny"

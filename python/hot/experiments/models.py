@@ -95,26 +95,23 @@ class ResBlock(nn.Module):
         return F.relu(y + (x if self.short is None else self.short(x)))
 
 
-class ResNet(nn.Module):
-    """ResNet-style CNN: 3x3 stem, ``stages`` residual stages (the first at ``width`` channels, each next one
-    at twice the channels and half the resolution) of ``blocks`` blocks each, global average pool, linear
-    head. The default (two stages of one block) is the digits model."""
+class _StagedCNN(nn.Module):
+    """The frame of :class:`ResNet` and :class:`BottleneckResNet`: a 3x3 stem (``channels`` -> ``width``) with
+    BatchNorm and ReLU, ``stages`` stages of ``blocks`` blocks each (``block(i, cin, stride)`` -> (the block of stage
+    i, its output channels); every stage after the first starts at stride 2), global average pool, linear head."""
 
-    def __init__(self, channels: int = 1, classes: int = 10, width: int = 32, stages: int = 2,
-                 blocks: int = 1) -> None:
+    def __init__(self, channels: int, classes: int, width: int, stages: int, blocks: int, block) -> None:
         super().__init__()
-        if stages < 1 or blocks < 1:
-            raise ValueError(f"ResNet: stages and blocks must be >= 1, got {stages}, {blocks}")
         self.stem = nn.Conv2d(channels, width, 3, 1, 1, bias=False)
         self.bn = nn.BatchNorm2d(width)
         self.stages = stages
         cin = width
         for i in range(stages):
-            cout = width * 2 ** i
-            layer = [ResBlock(cin if j == 0 else cout, cout, stride=2 if (i > 0 and j == 0) else 1)
-                     for j in range(blocks)]
+            layer = []
+            for j in range(blocks):
+                b, cin = block(i, cin, 2 if (i > 0 and j == 0) else 1)
+                layer.append(b)
             setattr(self, f"layer{i + 1}", layer[0] if blocks == 1 else nn.Sequential(*layer))
-            cin = cout
         self.head = nn.Linear(cin, classes)
 
     def forward(self, x):
@@ -122,6 +119,22 @@ class ResNet(nn.Module):
         for i in range(self.stages):
             x = getattr(self, f"layer{i + 1}")(x)
         return self.head(x.mean((2, 3)))
+
+
+class ResNet(_StagedCNN):
+    """ResNet-style CNN: 3x3 stem, ``stages`` residual stages (the first at ``width`` channels, each next one
+    at twice the channels and half the resolution) of ``blocks`` blocks each, global average pool, linear
+    head. The default (two stages of one block) is the digits model."""
+
+    def __init__(self, channels: int = 1, classes: int = 10, width: int = 32, stages: int = 2,
+                 blocks: int = 1) -> None:
+        if stages < 1 or blocks < 1:
+            raise ValueError(f"ResNet: stages and blocks must be >= 1, got {stages}, {blocks}")
+
+        def block(i, cin, stride):
+            return ResBlock(cin, width * 2 ** i, stride=stride), width * 2 ** i
+
+        super().__init__(channels, classes, width, stages, blocks, block)
 
 
 class Bottleneck(nn.Module):
@@ -148,7 +161,7 @@ class Bottleneck(nn.Module):
         return F.relu(y + (x if self.short is None else self.short(x)))
 
 
-class BottleneckResNet(nn.Module):
+class BottleneckResNet(_StagedCNN):
     """Bottleneck ResNet (ResNet-50's block shape, most of its convolutions pointwise): 3x3 stem (``channels`` ->
     ``width``), ``stages`` stages of ``blocks`` :class:`Bottleneck` blocks each (stage i: ``mid = width * 2**i``
     channels inside the block, ``mid * expansion`` out; every stage after the first starts at half the resolution),
@@ -157,29 +170,16 @@ class BottleneckResNet(nn.Module):
 
     def __init__(self, channels: int = 1, classes: int = 10, width: int = 16, stages: int = 2, blocks: int = 1,
                  expansion: int = 4) -> None:
-        super().__init__()
         for arg, v in (("channels", channels), ("classes", classes), ("width", width), ("stages", stages),
                        ("blocks", blocks), ("expansion", expansion)):
             if v < 1:
                 raise ValueError(f"BottleneckResNet: {arg} must be >= 1, got {v}")
-        self.stem = nn.Conv2d(channels, width, 3, 1, 1, bias=False)
-        self.bn = nn.BatchNorm2d(width)
-        self.stages = stages
-        cin = width
-        for i in range(stages):
-            mid = width * 2 ** i
-            cout = mid * expansion
-            layer = [Bottleneck(cin if j == 0 else cout, mid, cout, stride=2 if (i > 0 and j == 0) else 1)
-                     for j in range(blocks)]
-            setattr(self, f"layer{i + 1}", layer[0] if blocks == 1 else nn.Sequential(*layer))
-            cin = cout
-        self.head = nn.Linear(cin, classes)
 
-    def forward(self, x):
-        x = F.relu(self.bn(self.stem(x)))
-        for i in range(self.stages):
-            x = getattr(self, f"layer{i + 1}")(x)
-        return self.head(x.mean((2, 3)))
+        def block(i, cin, stride):
+            mid = width * 2 ** i
+            return Bottleneck(cin, mid, mid * expansion, stride=stride), mid * expansion
+
+        super().__init__(channels, classes, width, stages, blocks, block)
 
 
 class CharLM(nn.Module):

@@ -11,7 +11,8 @@
 //                   partials, fixed order) leave the SM.
 //   finalize:       scales and inverse scales from the amax keys.
 //   pass 2 (quant): the transforms are recomputed and quantised; q_g is written row-major (16 bytes per
-//                   thread), q_gh_t transposed through shared memory so that its rows are written whole.
+//                   thread), q_gh_t transposed through shared memory so that its rows are written whole; where
+//                   g_w comes from G~'s codes (no G^), q_g_t is q_g transposed the same way (qgt_store).
 // Tile order: pass 1 walks the tiles from the last to the first, so that it starts on the tail of g_y (or x) that
 // its producer has just written and L2 still holds, and pass 2 from the first to the last, starting on what pass 1
 // read last.

@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
                        description="Capture one batch of a built-in model (optionally trained exact on digits "
                        "first) and compare every Linear/Conv2d layer's g_x and g_w from HOT and from the "
                        "baselines with the exact float64 gradients.")
-    p.add_argument("--model", choices=["vit", "cnn"], default="vit")
+    p.add_argument("--model", choices=["vit", "cnn", "cnn_bneck"], default="vit")
     p.add_argument("--batch", type=int_in(1), default=128, help="images in the captured batch (default 128)")
     p.add_argument("--trained-steps", type=int, default=300,
                    help="exact training steps on digits before the capture (0: random init only; default 300). "

@@ -236,8 +236,8 @@ def test_single_path_methods_isolate_one_path(captured):
         # rows per block come out no better there (48 seeds: 0.0326 against 0.0308), so no order is asserted for it.
         if layer != "fc2":
             assert rep.get(layer, "hot-gx8-r16").gw_rel < 0.5 * rep.get(layer, "paper").gw_rel
-        # hot's default is 8-bit g_x at full rank: the same numbers as hot-gx8-r16, but on a convolution that keeps
-        # its int8 map, whose g_w comes from G~'s codes (SPEC §4): hot-gxcodes' numbers there
+        # hot's default is 8-bit g_x at full rank: the same numbers as hot-gx8-r16, but on a convolution, whose g_w
+        # comes from G~'s codes (SPEC §4): hot-gxcodes' numbers there
         same = "hot-gxcodes" if kinds[layer] == "conv2d" else "hot-gx8-r16"
         assert rep.get(layer, "hot") == dataclasses.replace(rep.get(layer, same), method="hot")
     assert "conv2d" in kinds.values()

@@ -205,7 +205,7 @@ void backward(hot::Device dev, hot::Stream stream, const hot::Seed& seed, const 
   HOT_CHECK_VALUE(w.dimensions().size() == 2, op, ": weight has ", w.dimensions().size(), " dims, expected 2 (O x I)");
   const hot::TensorView wv = view_2d(op, "weight", w, dev, true);
   const int64_t L = gyv.shape[0], I = wv.shape[1];
-  const hot::SavedActivation saved = saved_buffer(op, dev, q, scale, L, I, codes != 0 ? 16 : config.rank, codes != 0);
+  const hot::SavedActivation saved = saved_buffer(op, dev, q, scale, L, I, config.rank, codes != 0);
 
   hot::BackwardOutputs out;
   out.grad_input = view_2d(op, "grad_input", gx, dev, true);

@@ -418,20 +418,6 @@ void activation_codes(const TensorView& x, const TensorView& q_t, const TensorVi
   HOT_DISPATCH(x.device, activation_codes, x, q_t, scale, stream);
 }
 
-SavedActivation activation_codes(const TensorView& x, Stream stream) {
-  check_float_matrix("activation_codes", "x", x);
-  const int64_t L = x.shape[0], I = x.shape[1];
-  SavedActivation s;
-  s.rows = L;
-  s.cols = I;
-  s.rank = 16;
-  s.codes = true;
-  s.q = Tensor::empty(DType::s8, {I, padded_k(L)}, x.device, stream);
-  s.scale = Tensor::empty(DType::f32, {1}, x.device, stream);
-  activation_codes(x, s.q.view(), s.scale.view(), stream);
-  return s;
-}
-
 void compress_activation_cast(const TensorView& x, const TensorView& x_cast, const TensorView& q_t,
                               const TensorView& scale, int rank, Stream stream) {
   const char* op = "compress_activation_cast";
@@ -461,8 +447,9 @@ void compress_columns(const TensorView& map, const ConvGeometry& g, const Tensor
   HOT_DISPATCH(map.device, compress_columns, map, g, q_t, scale, rank, stream);
 }
 
-SavedActivation compress_activation(const TensorView& x, int rank, Stream stream) {
-  const char* op = "compress_activation";
+namespace {
+// The unfilled buffer (q I x padded_k(hla_rows(L, rank)), scale [1], on x's device) of a float matrix x (checked).
+SavedActivation empty_saved(const char* op, const TensorView& x, int rank, bool codes, Stream stream) {
   check_rank(op, rank);
   check_float_matrix(op, "x", x);
   const int64_t L = x.shape[0], I = x.shape[1];
@@ -470,9 +457,22 @@ SavedActivation compress_activation(const TensorView& x, int rank, Stream stream
   s.rows = L;
   s.cols = I;
   s.rank = rank;
+  s.codes = codes;
   s.q = Tensor::empty(DType::s8, {I, padded_k(hla_rows(L, rank))}, x.device, stream);
   s.scale = Tensor::empty(DType::f32, {1}, x.device, stream);
+  return s;
+}
+}  // namespace
+
+SavedActivation compress_activation(const TensorView& x, int rank, Stream stream) {
+  SavedActivation s = empty_saved("compress_activation", x, rank, false, stream);
   compress_activation(x, s.q.view(), s.scale.view(), rank, stream);
+  return s;
+}
+
+SavedActivation activation_codes(const TensorView& x, Stream stream) {
+  SavedActivation s = empty_saved("activation_codes", x, 16, true, stream);
+  activation_codes(x, s.q.view(), s.scale.view(), stream);
   return s;
 }
 

@@ -26,8 +26,9 @@ study of ``hot.experiments.parity``: ``exact`` (float64 reference, cast to float
 exact g_w), ``hot-gw-only`` (exact g_x, the paper's g_w), ``hot-gx8`` (8-bit g_x), ``hot-token`` (per-token
 g_x scales on every layer), ``hot-gx8-r16`` (8-bit g_x and full-rank g_w: only 8-bit quantisation left; the
 same configuration as ``hot``), ``hot-gxcodes`` (the engine's numerics on a convolution, a candidate elsewhere: g_x
-as ``hot``'s, and g_w from the same stochastic 8-bit codes of G̃ = g_y blockdiag(H_b), transposed, against a per-tensor 8-bit round-to-nearest copy
-of x, with H_b applied along O to the O x I product: g_yᵀ x = blockdiag(H_b) G̃ᵀ x / b, no rotation along the tokens).
+as ``hot``'s, and g_w from the same stochastic 8-bit codes of G̃ = g_y blockdiag(H_b), transposed, against a
+per-tensor 8-bit round-to-nearest copy of x, with H_b applied along O to the O x I product: g_yᵀ x = blockdiag(H_b)
+G̃ᵀ x / b, no rotation along the tokens).
 
 Every method gets the same seed. The report gives, per layer and method, the cosine similarity and the
 relative error ‖ĝ − g‖_F / ‖g‖_F of g_x and g_w against the exact float64 gradients, as a markdown
@@ -296,9 +297,7 @@ def capture(model, batch, loss_fn, include_conv: bool = True) -> List[LayerCaptu
             X = cols.transpose(1, 2).reshape(-1, cols.shape[1])  # L x (C k k)
             G = gy.permute(0, 2, 3, 1).reshape(-1, gy.shape[1])  # L x O
             W = m.weight.detach().float().reshape(m.out_channels, -1)
-            pad = m.padding if isinstance(m.padding, tuple) else (0, 0)  # 'same' / 'valid' of a 1 x 1 kernel: none
-            # a pointwise conv is a linear layer over its pixel rows (their codes); any other keeps its int8 map (§8)
-            kind = "conv2d-pointwise" if tuple(m.kernel_size) == (1, 1) and tuple(pad) == (0, 0) else "conv2d"
+            kind = "conv2d"
         out.append(LayerCapture(n, kind, X.cpu().contiguous().numpy(), W.cpu().contiguous().numpy(),
                                 G.cpu().contiguous().numpy()))
     return out
@@ -367,7 +366,7 @@ def fidelity_of_captures(captures: Sequence[LayerCapture], methods: Sequence[str
         for m in methods:
             # hot's default on a convolution (its int8 map's columns, or a pointwise one's pixel rows' codes) takes
             # g_w from G~'s codes (SPEC §4)
-            fn = _hot_gxcodes if m == "hot" and c.kind.startswith("conv2d") else fns[m]
+            fn = _hot_gxcodes if m == "hot" and c.kind == "conv2d" else fns[m]
             gx, gw = fn(c.x, c.w, c.gy, seed)
             rows.append(FidelityRow(c.name, m, *_metrics(gx, gx_ref), *_metrics(gw, gw_ref)))
     return FidelityReport(rows, tuple(methods), tuple(c.name for c in captures))

@@ -116,8 +116,7 @@ def _abc_shape(lead, cols, rank):
 
 def _compress_call(x, rank, codes: bool = False):
     """(q int8 (I, K_pad), scale float32 (1,)) of x (..., I), through the FFI target hot_compress_activation; codes:
-    x's own codes instead (``hot.activation_codes``: rank 16, no rotation, SPEC §2)."""
-    rank = 16 if codes else rank
+    x's own codes instead (``hot.activation_codes``: no rotation, SPEC §2; only at rank 16, the default)."""
     q_shape = _abc_shape(x.shape[:-1], x.shape[-1], rank)
     call = jax.ffi.ffi_call("hot_compress_activation",
                             (jax.ShapeDtypeStruct(q_shape, jnp.int8), jax.ShapeDtypeStruct((1,), jnp.float32)),

@@ -312,8 +312,9 @@ def kept_bytes(call: Call, config) -> Tuple[int, int]:
     """(HOT, exact) bytes kept for backward by one call at ``config`` (SPEC §2, §8): nothing for a frozen weight; the
     input for exact; the ABC buffer (int8, ``I x padded_k(L, r)``, plus a 4-byte scale) for a linear layer or a
     pointwise conv (its pixel rows, I = C_in; at the default their codes, the same bytes); the int8 input feature map
-    plus its scale for any other conv; nothing beyond its producer's tensor when its input is kept by its producer anyway. Under autocast both also keep the
-    weight's cast copy: an exact Linear when its input needs a gradient, an exact conv and a HOT layer always."""
+    plus its scale for any other conv; nothing beyond its producer's tensor when its input is kept by its producer
+    anyway. Under autocast both also keep the weight's cast copy: an exact Linear when its input needs a gradient, an
+    exact conv and a HOT layer always."""
     if not call.need_gw:  # a frozen weight: only the weight's cast copy under autocast, for g_x
         return (call.w_cast, call.w_cast) if call.need_gx else (0, 0)
     exact = _x_bytes(call)

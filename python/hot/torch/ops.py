@@ -28,7 +28,8 @@ Ops (namespace ``hot``):
 ``hot::conv2d_backward(...) -> (g_x, g_w, g_b)``
     Pointwise: ``hot.backward_linear`` over the pixel rows from their codes (g_w from G~'s codes, SPEC §4) or ABC
     buffer (no columns, no feature map), g_x put back onto the pixels read. Otherwise, at the default (rank 16, 8-bit
-    per-tensor g_x; ``_api.gw_from_codes``): the engine's ``im2col_t`` writes the im2col columns ((i, j, c) order) of the feature map's integers transposed, and
+    per-tensor g_x; ``_api.gw_from_codes``): the engine's ``im2col_t`` writes the im2col columns ((i, j, c) order) of
+    the feature map's integers transposed, and
     the core's ``backward_conv2d`` takes g_w from G~'s codes against them, the map's scale applied in its epilogue
     (SPEC §4 "g_w from G~'s codes"). Below full rank: the engine's ``hot.compress_columns`` forms the ABC buffer of
     those columns straight from the map (HLA + Q8 of the columns, the compression a linear layer applies to its input,
@@ -162,10 +163,11 @@ def _compress(x: Tensor, cfg, codes: bool = False) -> Tuple[Tensor, Tensor]:
     """(q, scale) of ``hot.compress_activation(x.reshape(-1, I), cfg)`` for a torch tensor x (..., I); a contiguous x
     goes to the engine as it is (the engine flattens its leading dims, as the reshape would). A layer accepts any
     input layout F.linear does: a non-contiguous x is compressed from a temporary contiguous copy. codes: x's own
-    codes instead (``hot.activation_codes``, SPEC §2; a buffer of the same shape at rank 16)."""
+    codes instead (``hot.activation_codes``, SPEC §2; only at the default, ``_api.gw_from_codes``: rank 16, the
+    buffer's shape the same)."""
     I = x.shape[-1]
     if x.numel() == 0:  # an empty batch (or I = 0): an empty buffer (the engine refuses empty arrays)
-        return (x.new_zeros((I, padded_k(math.prod(x.shape[:-1]), 16 if codes else cfg.rank)), dtype=torch.int8),
+        return (x.new_zeros((I, padded_k(math.prod(x.shape[:-1]), cfg.rank)), dtype=torch.int8),
                 x.new_ones((1,), dtype=torch.float32))
     if not x.is_contiguous():
         x = x.contiguous()
@@ -277,8 +279,7 @@ def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tens
     c = _call("backward_linear", g)
     saved = None
     if need_gw:
-        saved = x if x is not None else _api._wrap_saved(c, q, scale, L, I, 16 if codes else cfg.rank,
-                                                          "backward_linear", codes)
+        saved = x if x is not None else _api._wrap_saved(c, q, scale, L, I, cfg.rank, "backward_linear", codes)
     wq = reuse[0]._get(c, w, cfg, reuse[1], reuse[2]) if reuse is not None and need_gx and not cfg.exact else None
     if cfg.exact and (gw_dtype is not None or gx_dtype is not None):  # the exact GEMMs write their operands' dtype:
         gx, gw, gb = _api._backward_linear(c, g, w, saved, gx_shape, need_gx, need_gw, need_gb, cfg, seed, wq)

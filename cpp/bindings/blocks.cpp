@@ -54,7 +54,7 @@ void register_blocks(py::module_& m) {
   m.def(
       "quantize",
       [](py::handle x, py::handle q, py::handle scale, int bits, const std::string& scale_mode,
-         const std::string& rounding, uint64_t seed, uint32_t rng_stream, int64_t stream) {
+         const std::string& rounding, uint64_t seed, uint32_t rng_stream, int64_t stream, py::handle amax) {
         const char* op = "quantize";
         OpContext ctx(op, stream);
         hot::TensorView in = nonempty(ctx.input(x, "x", hotpy::kFloat), op, "x");
@@ -69,14 +69,18 @@ void register_blocks(py::module_& m) {
         py::object rq = output(ctx, q, "q", hotpy::kS8, hot::DType::s8, in.shape, qv);
         py::object rs = output(ctx, scale, "scale", hotpy::kF32, hot::DType::f32,
                                {p.scale == hot::ScaleMode::tensor ? 1 : in.shape[0]}, sv, -2);
-        {
+        if (!amax.is_none()) {  // x's amax, known (relu_mask's)
+          const hot::TensorView av = ctx.input(amax, "amax", hotpy::kF32, -2);
+          py::gil_scoped_release nogil;
+          hot::quantize(in, qv, sv, p, av, ctx.stream());
+        } else {
           py::gil_scoped_release nogil;
           hot::quantize(in, qv, sv, p, ctx.stream());
         }
         return py::make_tuple(rq, rs);
       },
       py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("bits"), py::arg("scale_mode"), py::arg("rounding"),
-      py::arg("seed"), py::arg("rng_stream"), py::arg("stream"));
+      py::arg("seed"), py::arg("rng_stream"), py::arg("stream"), py::arg("amax") = py::none());
 
   m.def(
       "dequantize",
@@ -196,19 +200,29 @@ void register_blocks(py::module_& m) {
 
   m.def(
       "relu_mask",
-      [](py::handle x, py::handle y, py::handle bits, int64_t stream) {
+      [](py::handle x, py::handle y, py::handle bits, int64_t stream, py::handle amax) -> py::tuple {
         const char* op = "relu_mask";
         OpContext ctx(op, stream);
         hot::TensorView xv = ctx.input(x, "x", hotpy::kFloat, -2), yv, bv;
         py::object ry = output(ctx, y, "y", hotpy::kFloat, xv.dtype, xv.shape, yv, -2);
         py::object rb = output(ctx, bits, "bits", hotpy::kS8, hot::DType::s8, {(xv.numel() + 7) / 8}, bv, -2);
+        if (py::isinstance<py::bool_>(amax) && !amax.cast<bool>()) {
+          {
+            py::gil_scoped_release nogil;
+            hot::relu_mask(xv, yv, bv, ctx.stream());
+          }
+          return py::make_tuple(ry, rb);
+        }
+        hot::TensorView av;  // amax True or an array: y's amax as well, into a new f32 [1] or the caller's
+        py::object ra = output(ctx, py::isinstance<py::bool_>(amax) ? py::none() : amax, "amax", hotpy::kF32,
+                               hot::DType::f32, {1}, av, -2);
         {
           py::gil_scoped_release nogil;
-          hot::relu_mask(xv, yv, bv, ctx.stream());
+          hot::relu_mask(xv, yv, bv, av, ctx.stream());
         }
-        return py::make_tuple(ry, rb);
+        return py::make_tuple(ry, rb, ra);
       },
-      py::arg("x"), py::arg("y"), py::arg("bits"), py::arg("stream"));
+      py::arg("x"), py::arg("y"), py::arg("bits"), py::arg("stream"), py::arg("amax") = false);
 
   m.def(
       "relu_mask_backward",

@@ -96,7 +96,8 @@ void register_layers(py::module_& m) {
   m.def(
       "compress_activation",
       [](py::handle x, const hot::Config& config, int64_t stream, const std::string& op_name,
-         const std::string& arg_name, py::handle q, py::handle scale, py::handle x_cast, bool codes) {
+         const std::string& arg_name, py::handle q, py::handle scale, py::handle x_cast, bool codes,
+         py::handle amax) {
         const char* op = op_name.c_str();
         const char* name = arg_name.c_str();
         const int rank = codes ? 16 : config.rank;
@@ -106,9 +107,13 @@ void register_layers(py::module_& m) {
         if (q.is_none() != scale.is_none()) HOT_FAIL(value, op, ": give both q and scale outputs, or neither");
         if (!x_cast.is_none() && q.is_none()) HOT_FAIL(value, op, ": x_cast needs the q and scale outputs as well");
         if (!x_cast.is_none() && codes) HOT_FAIL(value, op, ": x_cast is for the ABC buffer, not x's codes");
+        if (!amax.is_none() && !codes) HOT_FAIL(value, op, ": amax (x's, known) goes with codes");
+        const hot::TensorView av = amax.is_none() ? hot::TensorView{} : ctx.input(amax, "amax", hotpy::kF32, -2);
         if (q.is_none()) {
           py::gil_scoped_release nogil;
-          *s = codes ? hot::activation_codes(xv, ctx.stream()) : hot::compress_activation(xv, rank, ctx.stream());
+          *s = !amax.is_none() ? hot::activation_codes(xv, av, ctx.stream())
+               : codes         ? hot::activation_codes(xv, ctx.stream())
+                               : hot::compress_activation(xv, rank, ctx.stream());
           return PySaved{s, stream};
         }
         // Caller-allocated buffers (the framework's allocator): write into them and keep them alive.
@@ -128,7 +133,9 @@ void register_layers(py::module_& m) {
         }
         {
           py::gil_scoped_release nogil;
-          if (codes) {
+          if (!amax.is_none()) {
+            hot::activation_codes(xv, qv, sv, av, ctx.stream());
+          } else if (codes) {
             hot::activation_codes(xv, qv, sv, ctx.stream());
           } else {
             hot::compress_activation(xv, qv, sv, rank, ctx.stream());
@@ -138,10 +145,11 @@ void register_layers(py::module_& m) {
       },
       py::arg("x"), py::arg("config"), py::arg("stream"), py::arg("op") = "compress_activation",
       py::arg("name") = "x", py::arg("q") = py::none(), py::arg("scale") = py::none(),
-      py::arg("x_cast") = py::none(), py::arg("codes") = false,
+      py::arg("x_cast") = py::none(), py::arg("codes") = false, py::arg("amax") = py::none(),
       "compress_activation(x, config.rank): the ABC buffer of x (a SavedActivation), into q and scale when given; "
       "with x_cast (an array of x's shape), x rounded to x_cast's dtype goes there and the buffer is x_cast's "
-      "(compress_activation_cast). codes: x's own codes instead (activation_codes: rank 16, no rotation).");
+      "(compress_activation_cast). codes: x's own codes instead (activation_codes: rank 16, no rotation); amax: "
+      "x's amax when known (relu_mask's; with codes): no pass to find it.");
 
   py::class_<PyQuantizedWeight>(m, "QuantizedWeight",
                                  "The core's W~ of the g_x path (q_wt: I x padded_k(O) int8, s_w: [1] float32).")

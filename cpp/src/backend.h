@@ -31,6 +31,8 @@ struct GradOutputPlan {
   bool bias = false;      // produce g_b
   bool codes = false;     // the g_w path's rows as they are (no H^, rank 16, round-to-nearest, no g_x, no g_b): x's
                           // own codes, transposed (activation_codes)
+  const unsigned* amax_key = nullptr;  // codes only: x's amax key when the caller knows it (activation_codes' amax, in
+                                       // the call's device memory): no pass to find it
 };
 
 struct GradOutputQuant {
@@ -46,15 +48,17 @@ struct GradOutputQuant {
 #define HOT_BACKEND_FUNCTIONS                                                                               \
   void hadamard_transform(const TensorView& in, const TensorView& out, int block, int axis, Stream s);     \
   void hla_project(const TensorView& in, const TensorView& out, int rank, Stream s);                       \
+  /* amax: in's amax (f32 [1]) when the caller knows it, else null */                                       \
   void quantize(const TensorView& in, const TensorView& q, const TensorView& scale, const QuantizeParams& p, \
-                Stream s);                                                                                 \
+                const TensorView* amax, Stream s);                                                         \
   void dequantize(const TensorView& q, const TensorView& scale, const TensorView& out, Stream s);          \
   void pack_int4(const TensorView& q, const TensorView& packed, Stream s);                                 \
   void col2im(const TensorView& cols, const ConvGeometry& g, const TensorView& out, Stream s);              \
   void im2col(const TensorView& map, const ConvGeometry& g, const TensorView& cols, Stream s);              \
   void im2col_t(const TensorView& map, const ConvGeometry& g, const TensorView& cols_t, Stream s);         \
   void transpose(const TensorView& in, const TensorView& out, Stream s);                                   \
-  void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, Stream s);             \
+  void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, const TensorView* amax,  \
+                 Stream s);                                                                                \
   void relu_mask_backward(const TensorView& gy, const TensorView& bits, const TensorView& gx, Stream s);   \
   void max_pool2d_offsets(const TensorView& x, const ConvGeometry& g, const TensorView& y, const TensorView& off, \
                           Stream s);                                                                       \
@@ -67,7 +71,8 @@ struct GradOutputQuant {
   void compress_activation(const TensorView& x, const TensorView& q_t, const TensorView& scale, int rank,   \
                            Stream s);                                                                      \
   /* x's own codes (per-tensor round-to-nearest), transposed: q_t is I x padded_k(L) s8 (zero past L) */   \
-  void activation_codes(const TensorView& x, const TensorView& q_t, const TensorView& scale, Stream s);     \
+  void activation_codes(const TensorView& x, const TensorView& q_t, const TensorView& scale,                \
+                        const TensorView* amax, Stream s);                                                 \
   /* x rounded to x_cast's dtype into x_cast, and the ABC buffer of x_cast */                               \
   void compress_activation_cast(const TensorView& x, const TensorView& x_cast, const TensorView& q_t,       \
                                 const TensorView& scale, int rank, Stream s);                              \

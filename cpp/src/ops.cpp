@@ -131,8 +131,9 @@ void hla_project(const TensorView& in, const TensorView& out, int rank, Stream s
   HOT_DISPATCH(in.device, hla_project, in, out, rank, stream);
 }
 
-void quantize(const TensorView& in, const TensorView& q, const TensorView& scale, const QuantizeParams& p,
-              Stream stream) {
+namespace {
+void quantize_with(const TensorView& in, const TensorView& q, const TensorView& scale, const QuantizeParams& p,
+                   const TensorView* amax, Stream stream) {
   const char* op = "quantize";
   check_bits(op, p.bits);
   HOT_CHECK_VALUE(p.scale == ScaleMode::tensor || p.scale == ScaleMode::token, op,
@@ -145,7 +146,23 @@ void quantize(const TensorView& in, const TensorView& q, const TensorView& scale
   check_scale(op, "scale", scale, p.scale, in.shape[0]);
   HOT_CHECK_SAME_DEVICE(op, "input", in, "q", q);
   HOT_CHECK_SAME_DEVICE(op, "input", in, "scale", scale);
-  HOT_DISPATCH(in.device, quantize, in, q, scale, p, stream);
+  if (amax != nullptr) {
+    HOT_CHECK_VALUE(p.scale == ScaleMode::tensor, op, ": amax goes with scale tensor (one amax), got token");
+    check_vector(op, "amax", *amax, 1, false, DType::f32);
+    HOT_CHECK_SAME_DEVICE(op, "input", in, "amax", *amax);
+  }
+  HOT_DISPATCH(in.device, quantize, in, q, scale, p, amax, stream);
+}
+}  // namespace
+
+void quantize(const TensorView& in, const TensorView& q, const TensorView& scale, const QuantizeParams& p,
+              Stream stream) {
+  quantize_with(in, q, scale, p, nullptr, stream);
+}
+
+void quantize(const TensorView& in, const TensorView& q, const TensorView& scale, const QuantizeParams& p,
+              const TensorView& amax, Stream stream) {
+  quantize_with(in, q, scale, p, &amax, stream);
 }
 
 void dequantize(const TensorView& q, const TensorView& scale, const TensorView& out, Stream stream) {
@@ -286,7 +303,20 @@ void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits,
   const char* op = "relu_mask";
   check_elementwise(op, "x", x, "y", y);
   check_mask_bits(op, bits, "x", x);
-  HOT_DISPATCH(x.device, relu_mask, x, y, bits, stream);
+  HOT_DISPATCH(x.device, relu_mask, x, y, bits, nullptr, stream);
+}
+
+void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, const TensorView& amax,
+               Stream stream) {
+  const char* op = "relu_mask";
+  check_elementwise(op, "x", x, "y", y);
+  check_mask_bits(op, bits, "x", x);
+  check_vector(op, "amax", amax, 1, false, DType::f32);
+  HOT_CHECK_SAME_DEVICE(op, "x", x, "amax", amax);
+  const auto [yb, ye] = byte_span(y);
+  const auto [ab, ae] = byte_span(amax);
+  HOT_CHECK_VALUE(ae <= yb || ye <= ab, op, ": amax must not overlap y");
+  HOT_DISPATCH(x.device, relu_mask, x, y, bits, &amax, stream);
 }
 
 void relu_mask_backward(const TensorView& g_y, const TensorView& bits, const TensorView& g_x, Stream stream) {
@@ -415,7 +445,16 @@ void compress_activation(const TensorView& x, const TensorView& q_t, const Tenso
 
 void activation_codes(const TensorView& x, const TensorView& q_t, const TensorView& scale, Stream stream) {
   check_compress("activation_codes", x, q_t, scale, 16);
-  HOT_DISPATCH(x.device, activation_codes, x, q_t, scale, stream);
+  HOT_DISPATCH(x.device, activation_codes, x, q_t, scale, nullptr, stream);
+}
+
+void activation_codes(const TensorView& x, const TensorView& q_t, const TensorView& scale, const TensorView& amax,
+                      Stream stream) {
+  const char* op = "activation_codes";
+  check_compress(op, x, q_t, scale, 16);
+  check_vector(op, "amax", amax, 1, false, DType::f32);
+  HOT_CHECK_SAME_DEVICE(op, "x", x, "amax", amax);
+  HOT_DISPATCH(x.device, activation_codes, x, q_t, scale, &amax, stream);
 }
 
 void compress_activation_cast(const TensorView& x, const TensorView& x_cast, const TensorView& q_t,
@@ -473,6 +512,12 @@ SavedActivation compress_activation(const TensorView& x, int rank, Stream stream
 SavedActivation activation_codes(const TensorView& x, Stream stream) {
   SavedActivation s = empty_saved("activation_codes", x, 16, true, stream);
   activation_codes(x, s.q.view(), s.scale.view(), stream);
+  return s;
+}
+
+SavedActivation activation_codes(const TensorView& x, const TensorView& amax, Stream stream) {
+  SavedActivation s = empty_saved("activation_codes", x, 16, true, stream);
+  activation_codes(x, s.q.view(), s.scale.view(), amax, stream);
   return s;
 }
 

@@ -1,9 +1,11 @@
 // relu_mask / relu_mask_backward (SPEC §2, keep_less) on the CPU backend against a per-element reference: the bits
 // (x <= 0: +-0 and negatives including -Inf and negative subnormals; NaN of either sign clear), y bit for bit (+0
 // where x < 0, x's bits elsewhere, -0 and NaN included), the unused bits of the last byte zero, in place and out of
-// place; the backward's selection with non-finite gradients; and the argument checks.
+// place; y's amax; the backward's selection with non-finite gradients; and the argument checks.
 #include "test_util.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -88,6 +90,61 @@ TEST(ReluMask, SpecialValues) {
   }
 }
 
+// The matrix view (rows x cols, row-major) of a 1-D tensor's elements.
+hot::TensorView as_matrix(const HostTensor& t, int64_t rows, int64_t cols) {
+  hot::TensorView v = t.view();
+  v.shape = {rows, cols};
+  v.strides = {cols, 1};
+  return v;
+}
+
+// y's amax (relu_mask's amax): max |y| by a per-element reference (NaN where y has a NaN; 0 for an x without positive
+// values), in place as out of place; quantize and activation_codes of y given it are the bytes they give without it.
+TEST(ReluMask, AmaxOfTheOutput) {
+  uint64_t seed = 80;
+  for (DType dt : kTypes)
+    for (int64_t n : relu_sizes())
+      for (int kind : {0, 1, 2}) {  // relu_input's specials (NaN among them), finite values, no positive value
+        SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " n " << n << " kind " << kind);
+        HostTensor x = relu_input(dt, n, seed++);
+        for (int64_t i = 0; i < n && kind > 0; ++i) {
+          const float v = std::isfinite(x.getf(i)) ? x.getf(i) : 0.5f;
+          x.setf(i, kind == 2 ? -std::fabs(v) : v);
+        }
+        bool nan = false;
+        double ref = 0.0;
+        for (int64_t i = 0; i < n; ++i) {
+          const float v = x.getf(i);
+          nan = nan || std::isnan(v);
+          if (v > 0.0f) ref = std::max(ref, static_cast<double>(v));
+        }
+        HostTensor y = HostTensor::make1d(dt, n), b = bits_of(n), a = HostTensor::make1d(DType::f32, 1);
+        a.setf(0, -7.0f);  // poisoned
+        hot::relu_mask(x, y, b, a);
+        if (nan) {
+          EXPECT_TRUE(std::isnan(a.getf(0)));
+        } else {
+          EXPECT_EQ(static_cast<double>(a.getf(0)), ref);
+          EXPECT_EQ(f32_bits(a.getf(0)) >> 31, 0u);  // +0 without a positive value
+        }
+        HostTensor xi = x, bi = bits_of(n), ai = HostTensor::make1d(DType::f32, 1);
+        hot::relu_mask(xi, xi, bi, ai);
+        EXPECT_EQ(f32_bits(ai.getf(0)), f32_bits(a.getf(0)));
+        hot::QuantizeParams p;  // 8 bits, per tensor, round-to-nearest
+        HostTensor q1 = HostTensor::make2d(DType::s8, 1, n), q2 = q1;
+        HostTensor s1 = HostTensor::make1d(DType::f32, 1), s2 = s1;
+        hot::quantize(as_matrix(y, 1, n), q1, s1, p);
+        hot::quantize(as_matrix(y, 1, n), q2, s2, p, a);
+        EXPECT_TRUE(bytes_are(q2, std::vector<uint8_t>(q1.bytes(), q1.bytes() + n)));
+        EXPECT_EQ(f32_bits(s2.getf(0)), f32_bits(s1.getf(0)));
+        const hot::SavedActivation c1 = hot::activation_codes(as_matrix(y, n, 1));
+        const hot::SavedActivation c2 = hot::activation_codes(as_matrix(y, n, 1), a);
+        ASSERT_EQ(c1.q.nbytes(), c2.q.nbytes());
+        EXPECT_EQ(std::memcmp(c1.q.view().data, c2.q.view().data, c1.q.nbytes()), 0);
+        EXPECT_EQ(std::memcmp(c1.scale.view().data, c2.scale.view().data, 4), 0);
+      }
+}
+
 TEST(ReluMask, BackwardSelectsByTheBits) {
   uint64_t seed = 50;
   for (DType dt : kTypes)
@@ -132,6 +189,21 @@ TEST(ReluMask, ArgumentErrors) {
   strided.strides = {2};
   HostTensor y10 = HostTensor::make1d(DType::bf16, 10), b10 = bits_of(10);
   EXPECT_TRUE(throws_hot([&] { hot::relu_mask(strided, y10, b10); }, ErrorKind::value, {"relu_mask", "contiguous"}));
+  HostTensor a = HostTensor::make1d(DType::f32, 1), a16 = HostTensor::make1d(DType::f16, 1);
+  HostTensor a2 = HostTensor::make1d(DType::f32, 2);
+  EXPECT_TRUE(throws_hot([&] { hot::relu_mask(x, y, b, a16); }, ErrorKind::type, {"relu_mask", "amax", "float32"}));
+  EXPECT_TRUE(throws_hot([&] { hot::relu_mask(x, y, b, a2); }, ErrorKind::value, {"relu_mask", "amax", "(1,)"}));
+  hot::TensorView a_in_y = a.view();  // amax inside y's bytes
+  a_in_y.data = y.view().data;
+  EXPECT_TRUE(throws_hot([&] { hot::relu_mask(x, y, b, a_in_y); }, ErrorKind::value, {"relu_mask", "amax", "overlap"}));
+  hot::QuantizeParams token;
+  token.scale = hot::ScaleMode::token;
+  HostTensor q = HostTensor::make2d(DType::s8, 4, 5), s4 = HostTensor::make1d(DType::f32, 4);
+  EXPECT_TRUE(throws_hot([&] { hot::quantize(x2, q, s4, token, a); }, ErrorKind::value, {"quantize", "amax", "token"}));
+  HostTensor s1 = HostTensor::make1d(DType::f32, 1);
+  EXPECT_TRUE(throws_hot([&] { hot::quantize(x2, q, s1, hot::QuantizeParams{}, a2); }, ErrorKind::value,
+                         {"quantize", "amax"}));
+  EXPECT_TRUE(throws_hot([&] { hot::activation_codes(x2, a16); }, ErrorKind::type, {"activation_codes", "amax"}));
   EXPECT_TRUE(throws_hot([&] { hot::relu_mask_backward(x, b_long, y); }, ErrorKind::value,
                          {"relu_mask_backward", "bits"}));
   EXPECT_TRUE(throws_hot([&] { hot::relu_mask_backward(x, b, y32); }, ErrorKind::type,

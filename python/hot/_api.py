@@ -269,12 +269,15 @@ def hla(x, rank: int = 8):
     return c.result(out, c.call(_C.hla, x, out, rank, c.stream))
 
 
-def quantize(x, bits: int = 8, scale: str = "tensor", rounding: str = "nearest", seed: int = 0, rng_stream: int = 0):
+def quantize(x, bits: int = 8, scale: str = "tensor", rounding: str = "nearest", seed: int = 0, rng_stream: int = 0,
+             amax=None):
     """Symmetric quantisation (SPEC §5) of x (..., C): (q int8 of x's shape, scale float32 of shape
-    (1,) for scale="tensor" or (rows,) for scale="token", rows = prod(x.shape[:-1]))."""
+    (1,) for scale="tensor" or (rows,) for scale="token", rows = prod(x.shape[:-1])). amax: x's amax when it is known
+    (float32 (1,) on x's device, as :func:`relu_mask` gives it with ``amax=True``; scale="tensor" only), which replaces
+    the pass that finds it: the same result when it is x's amax (not checked)."""
     op = "quantize"
     x = _prep(x)
-    c = _Call(op, x=x)
+    c = _Call(op, x=x) if amax is None else _Call(op, x=x, amax=_prep(amax))
     _need_ndim(op, "x", x, 1)
     _nonempty(op, "x", x)
     if bits not in (4, 8) or not _is_int(bits):
@@ -283,7 +286,8 @@ def quantize(x, bits: int = 8, scale: str = "tensor", rounding: str = "nearest",
     _choice(op, "rounding", rounding, _ROUNDINGS)
     seed = _seed(op, seed)
     rng_stream = _int_arg(op, "rng_stream", rng_stream, 0, (1 << 32) - 1)
-    return _quantize(c, x, fws.shape(x), bits, scale, rounding, seed, rng_stream)
+    return _quantize(c, x, fws.shape(x), bits, scale, rounding, seed, rng_stream,
+                     None if amax is None else _prep(amax))
 
 
 def dequantize(q, scale, dtype="float32"):
@@ -391,19 +395,22 @@ def column_codes(q_map, scale, kernel, stride=1, padding=0, dilation=1, patches:
     return SavedActivation(_im2col_t(c, q_map, xs, *geom, bool(patches)), scale, cols_shape, 16, codes=True)
 
 
-def relu_mask(x):
+def relu_mask(x, amax: bool = False):
     """ReLU that records where its gradient is zero, one bit per element (SPEC §2, keep_less): returns (y, bits) with
     y = x's negative elements replaced by +0 (NaN and -0 pass, as torch's ReLU), x's shape and dtype; bits: int8
     (ceil(n / 8),), bit j of byte k set where element 8k + j of x (in row-major order) is <= 0 (a NaN's bit clear), the
-    last byte's unused bits zero. One pass over x."""
+    last byte's unused bits zero. One pass over x. amax: also return y's amax, (y, bits, amax) with amax float32 (1,),
+    max |y| (NaN where y has a NaN), for :func:`quantize` and :func:`activation_codes` of y (SPEC §8)."""
     op = "relu_mask"
     x = _prep(x)
     c = _Call(op, x=x)
     _nonempty(op, "x", x)
+    if not isinstance(amax, bool):
+        raise TypeError(f"{op}: amax must be a bool, got {type(amax).__name__}")
     s = fws.shape(x)
     n = fws.prod(s)
-    y, bits = _relu_mask(c, c.fw.reshape(x, (n,)), None)
-    return c.fw.reshape(y, s), bits
+    y, bits, *m = _relu_mask(c, c.fw.reshape(x, (n,)), None, amax=amax)
+    return (c.fw.reshape(y, s), bits, *m)
 
 
 def relu_mask_backward(grad_output, bits):
@@ -532,18 +539,19 @@ def compress_activation(x, config: Optional[Config] = None) -> SavedActivation:
     return SavedActivation(q, scale, xs, config.rank, core)
 
 
-def activation_codes(x) -> SavedActivation:
+def activation_codes(x, amax=None) -> SavedActivation:
     """x's own codes (SPEC §2 "codes"): Q8(x) of x (..., I) flattened to L x I, per tensor with round-to-nearest,
     stored transposed (q: int8, I x padded_k(L), zero past L; scale: float32 (1,)), without HLA's rotation along the
     rows: the g_w operand from which :func:`backward_linear` takes g_w against G~'s codes (SPEC §4, "g_w from G~'s
-    codes"; rank 16, 8-bit per-tensor g_x), as hot's pointwise convolutions keep their input at the default."""
+    codes"; rank 16, 8-bit per-tensor g_x), as hot's pointwise convolutions keep their input at the default. amax: x's
+    amax when known, as :func:`quantize`'s."""
     op = "activation_codes"
     x = _prep(x)
-    c = _Call(op, x=x)
+    c = _Call(op, x=x) if amax is None else _Call(op, x=x, amax=_prep(amax))
     xs = fws.shape(x)
     _need_ndim(op, "x", x, 1, shape=xs)
     _nonempty(op, "x", x, shape=xs)
-    q, scale, core = _compress(c, x, xs, _config(op, None), codes=True)
+    q, scale, core = _compress(c, x, xs, _config(op, None), codes=True, amax=None if amax is None else _prep(amax))
     return SavedActivation(q, scale, xs, 16, core, codes=True)
 
 
@@ -657,16 +665,17 @@ def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: O
 # dtypes, devices and shapes again, and runs the operation whole.
 
 
-def _compress(c: _Call, x, xs, config, x_cast=None, codes: bool = False):
+def _compress(c: _Call, x, xs, config, x_cast=None, codes: bool = False, amax=None):
     """compress_activation of x (shape xs, (..., I), non-empty): (q, scale, the core's SavedActivation), q and
     scale arrays of c's framework (hot's own, imported, where it cannot allocate). With x_cast (an array of c's
     framework, x's shape, another float dtype; only where c can allocate): x rounded to x_cast's dtype is written
     there and the buffer is x_cast's (the core's compress_activation_cast: one pass over x on the GPU). codes: x's
-    own codes instead (the core's activation_codes, SPEC §2: rank 16, no rotation; the buffer's shape is the same)."""
+    own codes instead (the core's activation_codes, SPEC §2: rank 16, no rotation; the buffer's shape is the same),
+    with amax (codes only) x's amax when known: no pass to find it."""
     rank = 16 if codes else config.rank
     q = c.empty((xs[-1], _C.padded_k(_C.hla_rows(fws.prod(xs[:-1]), rank))), "int8")
     scale = c.empty((1,), "float32") if q is not None else None
-    core = c.call(_C.compress_activation, x, config, c.stream, c.op, "x", q, scale, x_cast, codes)
+    core = c.call(_C.compress_activation, x, config, c.stream, c.op, "x", q, scale, x_cast, codes, amax)
     if q is None:  # hot allocated them: the caller's framework imports them
         q, scale = c.result(None, core.q), c.result(None, core.scale)
     return q, scale, core
@@ -678,12 +687,13 @@ def _conv_out_hw(H: int, W: int, kernel, stride, padding, dilation):
                                                                                 dilation))
 
 
-def _quantize(c: _Call, x, s, bits: int, scale: str, rounding: str, seed: int = 0, rng_stream: int = 0):
-    """quantize of the non-empty array x of shape s (checked arguments): (q, scale) in c's framework."""
+def _quantize(c: _Call, x, s, bits: int, scale: str, rounding: str, seed: int = 0, rng_stream: int = 0, amax=None):
+    """quantize of the non-empty array x of shape s (checked arguments): (q, scale) in c's framework; amax: x's amax
+    when known (per-tensor scale)."""
     rows = fws.prod(s[:-1])
     q = c.empty(s, "int8")
     sc = c.empty((1 if scale == "tensor" else rows,), "float32")
-    rq, rs = c.call(_C.quantize, x, q, sc, bits, scale, rounding, seed, rng_stream, c.stream)
+    rq, rs = c.call(_C.quantize, x, q, sc, bits, scale, rounding, seed, rng_stream, c.stream, amax)
     return c.result(q, rq, s), c.result(sc, rs)
 
 
@@ -750,16 +760,21 @@ def _max_pool2d_offsets_backward(c: _Call, gy, off, gx, kernel, stride, padding,
            c.stream)
 
 
-def _relu_mask(c: _Call, x, y, bits=None):
+def _relu_mask(c: _Call, x, y, bits=None, amax=False):
     """relu_mask of the 1-D array x into y (x itself for the in-place ReLU; None: a new array) and bits (None: a new
-    int8 array): (y, bits)."""
+    int8 array): (y, bits), and with amax (True: a new float32 (1,) array, or an array to write) y's amax as well:
+    (y, bits, amax)."""
     n = fws.shape(x)[0]
     if y is None:
         y = c.empty_as((n,), x)
     if bits is None:
         bits = c.empty(((n + 7) // 8,), "int8")
-    ry, rb = c.call(_C.relu_mask, x, y, bits, c.stream)
-    return c.result(y, ry), c.result(bits, rb)
+    if amax is False:
+        ry, rb = c.call(_C.relu_mask, x, y, bits, c.stream)
+        return c.result(y, ry), c.result(bits, rb)
+    m = c.empty((1,), "float32") if amax is True else amax
+    ry, rb, rm = c.call(_C.relu_mask, x, y, bits, c.stream, True if m is None else m)
+    return c.result(y, ry), c.result(bits, rb), c.result(m, rm)
 
 
 def _relu_mask_backward(c: _Call, gy, bits, out):

@@ -125,6 +125,35 @@ def test_the_engine_functions_equal_the_reference():
         hot.relu_mask_backward(gy, bits[:3])
 
 
+def test_the_engine_relu_gives_the_amax_its_consumers_would_find():
+    """hot.relu_mask(x, amax=True): y's amax (max |y|, NaN with a NaN in y); hot.quantize and hot.activation_codes of y
+    given it return the bytes they return without it; the argument checks name amax."""
+    for nan in (False, True):
+        x = torch.randn(6, 40, generator=torch.Generator().manual_seed(7))
+        if nan:
+            x[2, 3] = float("nan")
+        y, bits, amax = hot.relu_mask(x, amax=True)
+        assert torch.equal(bits, hot.relu_mask(x)[1]) and amax.shape == (1,) and amax.dtype == torch.float32
+        if nan:
+            assert torch.isnan(amax).all()
+        else:
+            assert amax.item() == torch.relu(x).max().item()
+        q0, s0 = hot.quantize(y)
+        q1, s1 = hot.quantize(y, amax=amax)
+        assert torch.equal(q0, q1) and torch.equal(s0.view(torch.int32), s1.view(torch.int32))
+        c0, c1 = hot.activation_codes(y), hot.activation_codes(y, amax=amax)
+        assert torch.equal(c0.q, c1.q) and torch.equal(c0.scale.view(torch.int32), c1.scale.view(torch.int32))
+    assert hot.relu_mask(-x.nan_to_num().abs(), amax=True)[2].item() == 0.0  # no positive value
+    with pytest.raises(ValueError, match="quantize: amax goes with scale tensor"):
+        hot.quantize(y, scale="token", amax=amax)
+    with pytest.raises(TypeError, match="amax.*float32"):
+        hot.quantize(y, amax=amax.half())
+    with pytest.raises(ValueError, match=r"amax has shape \(2,\), expected \(1,\)"):
+        hot.activation_codes(y, amax=torch.zeros(2))
+    with pytest.raises(TypeError, match="relu_mask: amax must be a bool"):
+        hot.relu_mask(x, amax=1)
+
+
 @pytest.mark.parametrize("inplace", [False, True])
 def test_second_order_gradients(inplace):
     """The ReLU's gradient is linear in g_y: its derivative (the double backward) is the same selection, as
@@ -140,6 +169,30 @@ def test_second_order_gradients(inplace):
         res.append((gx.detach(), ggy))
     assert torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][1], res[1][1])
     assert torch.equal(res[1][1], torch.where(x <= 0, 0.0, v))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "transposed"])
+def test_the_output_may_be_changed_in_place(layout):
+    """The output of the out-of-place ReLU is a tensor of its own (no view made inside the Function) in x's layout, and
+    its backward reads only the mask: a model may add to it in place (a residual; nn.ReLU's backward would refuse, its
+    output being saved). The values and gradients of adding out of place after nn.ReLU."""
+    x = _special_input((2, 3, 4, 4), torch.float32, "cpu", seed=6).nan_to_num(0.0)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif layout == "transposed":
+        x = x.transpose(1, 3)
+    res = []
+    for inplace_add in (False, True):
+        a = x.clone().requires_grad_(True)
+        if inplace_add:
+            y = ht.ReLU()(a * 1)
+            assert y.stride() == x.stride()
+            y.add_(1.0)
+        else:
+            y = nn.ReLU()(a * 1) + 1.0
+        y.square().sum().backward()
+        res.append((y.detach(), a.grad))
+    assert torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][1], res[1][1])
 
 
 def test_float64_and_integers_keep_torch_relu():
@@ -211,6 +264,54 @@ def test_convert_swaps_relus_same_gradients_less_kept(device):
         assert torch.equal(g_plain[n], g_masks[n]), n
     assert kept_plain <= kept_exact  # never more than exact (SPEC §2)
     assert kept_masks < 0.8 * kept_exact, (kept_masks, kept_exact)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_convs_after_a_relu_take_its_amax(device, layout, monkeypatch):
+    """A converted ReLU hands its output's amax to the convs that quantise that output (SPEC §8): the 3 x 3 conv's map
+    and the stride-1 pointwise conv's codes take it (no pass over the map), the first conv (its input is no ReLU's)
+    does not; gradients bit for bit those of the same model without the hand-over; and a ReLU output changed in place
+    afterwards is quantised with its own amax again."""
+    from hot import _api
+    from hot.torch import ops
+
+    given = []
+    quantize, compress = _api._quantize, _api._compress
+    monkeypatch.setattr(_api, "_quantize", lambda *a, **k: given.append(("map", k.get("amax") is not None)) or
+                        quantize(*a, **k))
+    monkeypatch.setattr(_api, "_compress", lambda *a, **k: given.append(("codes", k.get("amax") is not None)) or
+                        compress(*a, **k))
+    torch.manual_seed(0)
+    m = _Block().to(device)
+    ht.convert(m, keep_less=True)
+    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    m = m.to(memory_format=fmt)
+    x = torch.randn(4, 3, 12, 12, device=device).contiguous(memory_format=fmt)
+    _, g_handed = _step(m, x, 3)
+    # c1's map, c2's map, c3's codes, then fc's ABC buffer (a linear layer: no amax)
+    assert given == [("map", False), ("map", True), ("codes", True), ("codes", False)], given
+    monkeypatch.setattr(lean, "note_amax", lambda y, amax: None)
+    given.clear()
+    _, g_plain = _step(m, x, 3)
+    assert not any(k for _, k in given), given
+    for n in g_plain:
+        assert torch.equal(g_handed[n], g_plain[n]), n
+    monkeypatch.undo()
+    seq = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1)).to(device)
+    ht.convert(seq)
+    conv = seq[0]
+    h = relu(torch.randn(2, 8, 6, 6, device=device, requires_grad=True) * 1)
+    assert ops._known_amax(h) is not None
+    h.mul_(3.0)  # a new version: its amax is unknown
+    assert ops._known_amax(h) is None
+    torch.manual_seed(5)  # the layer's stochastic-rounding seed
+    conv(h).square().sum().backward()
+    g_w = conv.weight.grad.clone()
+    conv.weight.grad = None
+    torch.manual_seed(5)
+    conv(h.detach().clone()).square().sum().backward()
+    assert torch.equal(g_w, conv.weight.grad)
 
 
 def test_convert_keep_less_selects_by_name_and_checks_its_type():

@@ -43,6 +43,11 @@ struct QuantizeParams {
 // in: R x C float; q: R x C s8 (values in [-qmax, qmax]); scale: f32 of shape [1] (tensor) or [R] (token).
 void quantize(const TensorView& in, const TensorView& q, const TensorView& scale, const QuantizeParams& p,
               Stream stream = {});
+// The same with in's amax known (per-tensor scale only): amax f32 [1] holding max |in| as relu_mask gives it for its
+// output (NaN where in has a NaN). It replaces the pass that finds it; the codes and scale are those of quantize
+// without it when it is in's amax (the caller's claim, not checked: checking would be the pass it saves).
+void quantize(const TensorView& in, const TensorView& q, const TensorView& scale, const QuantizeParams& p,
+              const TensorView& amax, Stream stream = {});
 // q: R x C s8; scale: [1] or [R] f32; out: R x C float (any float dtype): out = q * scale.
 void dequantize(const TensorView& q, const TensorView& scale, const TensorView& out, Stream stream = {});
 
@@ -90,6 +95,10 @@ void transpose(const TensorView& in, const TensorView& out, Stream stream = {});
 // of `bits` set where element 8k + j of y is <= 0 (x <= 0; a NaN's bit is clear), the last byte's unused bits zero.
 // x, y: vectors of n elements of one float dtype (y may be x itself: the in-place ReLU); bits: ceil(n / 8) s8 bytes.
 void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, Stream stream = {});
+// The same, also writing y's amax into amax (f32 [1]): max |y| over its n elements in amax_key order (NaN where y has a
+// NaN), what quantize and activation_codes of y find (SPEC §8: the conv after a ReLU takes it instead of a pass).
+void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, const TensorView& amax,
+               Stream stream = {});
 // Its backward: g_x = +0 where the bit of the element is set, g_y elsewhere (the same selection as torch's
 // threshold_backward of the output: a non-finite g_y at a zero output gives 0). g_y, g_x: n elements of one float
 // dtype (g_x may be g_y itself); bits: relu_mask's.
@@ -140,6 +149,10 @@ void compress_activation(const TensorView& x, const TensorView& q_t, const Tenso
 // with `codes` set.
 SavedActivation activation_codes(const TensorView& x, Stream stream = {});
 void activation_codes(const TensorView& x, const TensorView& q_t, const TensorView& scale, Stream stream = {});
+// The same with x's amax known (f32 [1], as quantize's amax): no pass to find it.
+SavedActivation activation_codes(const TensorView& x, const TensorView& amax, Stream stream = {});
+void activation_codes(const TensorView& x, const TensorView& q_t, const TensorView& scale, const TensorView& amax,
+                      Stream stream = {});
 // The same for an input that the layer reads in another float dtype (autocast's cast of a float32 LayerNorm output to
 // bfloat16): x_cast (float, L x I, row-major, not overlapping x) receives x rounded to x_cast's dtype (to nearest
 // even), and q_t / scale are the ABC buffer of x_cast, bit for bit compress_activation(x_cast) after the cast. The CUDA

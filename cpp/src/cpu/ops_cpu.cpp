@@ -97,9 +97,11 @@ void for_each_window_pixel(const Col2imParams& p, int64_t r, F&& f) {
 }
 
 // Quantise a dense fp32 matrix per tensor and write it transposed into q_t (cols x K_pad, zero past rows).
+// known_amax: m's amax when the caller knows it (activation_codes' amax), else null.
 void quantize_transposed(Mat& m, int qmax, Rounding rounding, uint64_t seed, uint32_t stream, const TensorView& q_t,
-                         float* scale_out) {
-  const QuantScale s = quant_scale_from_amax(amax_of(m.v.data(), static_cast<int64_t>(m.v.size())), qmax);
+                         float* scale_out, const float* known_amax = nullptr) {
+  const float amax = known_amax != nullptr ? *known_amax : amax_of(m.v.data(), static_cast<int64_t>(m.v.size()));
+  const QuantScale s = quant_scale_from_amax(amax, qmax);
   *scale_out = s.scale;
   const int64_t K = m.rows, C = m.cols, K_pad = q_t.shape[1], ld = q_t.strides[0];
   int8_t* q = q_t.ptr<int8_t>();
@@ -143,7 +145,8 @@ void hla_project(const TensorView& in, const TensorView& out, int rank, Stream) 
   for (int64_t r = 0; r < m.rows; ++r) store_row(out, r, m.row(r));
 }
 
-void quantize(const TensorView& in, const TensorView& q, const TensorView& scale, const QuantizeParams& p, Stream) {
+void quantize(const TensorView& in, const TensorView& q, const TensorView& scale, const QuantizeParams& p,
+              const TensorView* amax, Stream) {
   const int64_t R = in.shape[0], C = in.shape[1];
   const int qmax = qmax_for_bits(p.bits);
   Mat m(R, C);
@@ -153,7 +156,7 @@ void quantize(const TensorView& in, const TensorView& q, const TensorView& scale
   float* sc = scale.ptr<float>();
   QuantScale tensor_scale{0.0f, 0.0f, 1.0f};
   if (p.scale == ScaleMode::tensor) {
-    tensor_scale = quant_scale_from_amax(amax_of(m.v.data(), R * C), qmax);
+    tensor_scale = quant_scale_from_amax(amax != nullptr ? amax->ptr<float>()[0] : amax_of(m.v.data(), R * C), qmax);
     sc[0] = tensor_scale.scale;
   }
   int8_t* qd = q.ptr<int8_t>();
@@ -290,13 +293,17 @@ void transpose(const TensorView& in, const TensorView& out, Stream) {
 
 // One byte of relu_mask per index k of [0, ceil(n / 8)): elements 8k..8k+7. A zeroed element is written as +0 (all
 // bits zero in every float dtype); the others are copied bit for bit.
-void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, Stream) {
+// amax (if given): max over amax_key of y's elements (the zeroed ones are +0).
+void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, const TensorView* amax, Stream) {
   const int64_t n = x.shape[0];
   const size_t es = static_cast<size_t>(dtype_bits(x.dtype) / 8);
   const auto* src = static_cast<const unsigned char*>(x.data);
   auto* dst = static_cast<unsigned char*>(y.data);
   auto* out = static_cast<uint8_t*>(bits.data);
+  std::mutex mu;
+  uint32_t key = 0;
   parallel_for((n + 7) / 8, 1 << 13, [&](int64_t k0, int64_t k1) {
+    uint32_t part = 0;
     for (int64_t k = k0; k < k1; ++k) {
       uint8_t b = 0;
       for (int64_t i = 8 * k; i < std::min(n, 8 * k + 8); ++i) {
@@ -306,10 +313,14 @@ void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits,
           std::memset(dst + i * es, 0, es);
         else if (dst != src)
           std::memcpy(dst + i * es, src + i * es, es);
+        if (!(v < 0.0f)) part = std::max(part, amax_key(v));  // y = x there (-0 and NaN included), else +0
       }
       out[k] = b;
     }
+    std::lock_guard<std::mutex> lock(mu);
+    key = std::max(key, part);
   });
+  if (amax != nullptr) amax->ptr<float>()[0] = amax_from_key(key);
 }
 
 void relu_mask_backward(const TensorView& gy, const TensorView& bits, const TensorView& gx, Stream) {
@@ -430,13 +441,15 @@ void compress_activation(const TensorView& x, const TensorView& q_t, const Tenso
 }
 
 // x's own codes: its rows as they are (zero rows up to a multiple of 16), quantised as compress_activation's HLA rows.
-void activation_codes(const TensorView& x, const TensorView& q_t, const TensorView& scale, Stream) {
+void activation_codes(const TensorView& x, const TensorView& q_t, const TensorView& scale, const TensorView* amax,
+                      Stream) {
   const int64_t L = x.shape[0], I = x.shape[1];
   Mat m(hla_rows(L, 16), I);
   parallel_for(L, row_grain(I), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) load_row(x, r, m.row(r));
   });
-  quantize_transposed(m, 127, Rounding::nearest, 0, 0, q_t, scale.ptr<float>());
+  quantize_transposed(m, 127, Rounding::nearest, 0, 0, q_t, scale.ptr<float>(),
+                      amax != nullptr ? amax->ptr<float>() : nullptr);
 }
 
 void compress_activation_cast(const TensorView& x, const TensorView& x_cast, const TensorView& q_t,

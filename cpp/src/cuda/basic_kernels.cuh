@@ -431,9 +431,25 @@ __device__ __forceinline__ void store_group8(R* p, int64_t e0, int64_t n, bool v
   }
 }
 
-template <typename R, R kSign, R kInf>
-__global__ void relu_mask_kernel(const R* x, R* y, int64_t n, uint8_t* __restrict__ bits, bool vec) {
+// amax_key of the value whose |bits| (sign clear) are m in the raw format (R, kInf): the max of the raw |bits| is the
+// max of the keys (both order |v|, NaN above +Inf), so a thread keeps raw bits and converts once.
+template <typename R, R kInf>
+__device__ __forceinline__ uint32_t raw_amax_key(uint32_t m) {
+  if constexpr (sizeof(R) == 4) {
+    return m;
+  } else if constexpr (kInf == 0x7f80) {  // bfloat16: the upper half of the float
+    return m << 16;
+  } else {
+    return amax_key(f16bits_to_f<__half>(static_cast<unsigned short>(m)));
+  }
+}
+
+template <typename R, R kSign, R kInf, bool kAmax>
+__global__ void __launch_bounds__(kBasicThreads) relu_mask_kernel(const R* x, R* y, int64_t n,
+                                                                  uint8_t* __restrict__ bits, bool vec,
+                                                                  unsigned* __restrict__ key) {
   const int64_t groups = (n + 7) / 8;
+  uint32_t m = 0;  // kAmax: the max of |y|'s raw bits over this thread's outputs
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t g0 = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g0 < groups;
        g0 += kMaskUnroll * step) {
@@ -454,11 +470,16 @@ __global__ void relu_mask_kernel(const R* x, R* y, int64_t n, uint8_t* __restric
         neg |= static_cast<unsigned>(lt) << j;
         zero |= static_cast<unsigned>(lt || (r & ~uint32_t{kSign}) == 0) << j;
         v[u][j] = lt ? R(0) : v[u][j];
+        if constexpr (kAmax) m = max(m, static_cast<uint32_t>(v[u][j]) & (uint32_t{kSign} - 1u));
       }
       if (g * 8 + 8 > n) zero &= (1u << (n - g * 8)) - 1u;  // the last group's bits past n stay clear
       if (y != x || neg != 0) store_group8(y, g * 8, n, vec, v[u]);  // in place: only groups with a negative
       bits[g] = static_cast<uint8_t>(zero);
     }
+  }
+  if constexpr (kAmax) {
+    m = block_max_u32(raw_amax_key<R, kInf>(m));
+    if (threadIdx.x == 0 && m != 0) atomicMax(key, m);
   }
 }
 
@@ -564,9 +585,10 @@ inline size_t quantize_scratch_bytes(const TensorView& in, const QuantizeParams&
   return static_cast<size_t>(p.scale == ScaleMode::token ? in.shape[0] : 1) * 12;
 }
 
+// known_key: in's amax key (relu_mask's amax, per-tensor scale only) when the caller knows it: no amax pass.
 template <typename T, typename Launch>
 void quantize_launch(const TensorView& in, const TensorView& q, const TensorView& scale, const QuantizeParams& p,
-                     void* scratch, const Launch& launch) {
+                     void* scratch, const Launch& launch, const unsigned* known_key = nullptr) {
   const int64_t R = in.shape[0];
   const bool per_row = p.scale == ScaleMode::token;
   const int64_t ns = per_row ? R : 1;
@@ -582,6 +604,8 @@ void quantize_launch(const TensorView& in, const TensorView& q, const TensorView
                     reinterpret_cast<uintptr_t>(mi.p) % 16 == 0 && reinterpret_cast<uintptr_t>(mq.p) % 8 == 0;
   if (per_row) {
     launch(amax_row_kernel<T>, dim3(static_cast<unsigned>(R)), kBasicThreads, 0, mi, keys);
+  } else if (known_key != nullptr) {
+    keys = const_cast<unsigned*>(known_key);  // read by finalize_scales_kernel only
   } else {
     launch.zero(keys, sizeof(unsigned));
     if (flat)
@@ -964,17 +988,25 @@ void max_pool_offsets_backward_launch(const TensorView& gy, const TensorView& of
   });
 }
 
+// key: y's amax key (relu_mask's amax, f32 [1] read as its bits), zeroed here and written by the kernel; or null.
 template <typename Launch>
-void relu_mask_launch(const TensorView& x, const TensorView& y, const TensorView& bits, const Launch& launch) {
+void relu_mask_launch(const TensorView& x, const TensorView& y, const TensorView& bits, const Launch& launch,
+                      unsigned* key = nullptr) {
   const int64_t n = x.shape[0];
+  if (key != nullptr) launch.zero(key, sizeof(unsigned));
   dispatch_raw_float(x.dtype, "relu_mask", [&](auto fmt) {
     using F = decltype(fmt);
     using R = typename F::type;
     const bool vec =
         reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && reinterpret_cast<uintptr_t>(y.data) % 16 == 0;
-    launch(relu_mask_kernel<R, F::sign, F::inf>, dim3(grid_1d(ceil_div(ceil_div(n, 8), kMaskUnroll), kBasicThreads)),
-           kBasicThreads, 0, static_cast<const R*>(x.data), static_cast<R*>(y.data), n, static_cast<uint8_t*>(bits.data),
-           vec);
+    const auto go = [&](auto kernel) {
+      launch(kernel, dim3(grid_1d(ceil_div(ceil_div(n, 8), kMaskUnroll), kBasicThreads)), kBasicThreads, 0,
+             static_cast<const R*>(x.data), static_cast<R*>(y.data), n, static_cast<uint8_t*>(bits.data), vec, key);
+    };
+    if (key != nullptr)
+      go(relu_mask_kernel<R, F::sign, F::inf, true>);
+    else
+      go(relu_mask_kernel<R, F::sign, F::inf, false>);
   });
 }
 

@@ -90,11 +90,12 @@ void compress_activation(const TensorView& x, const TensorView& q_t, const Tenso
   run_qgo(x, abc_plan(rank), out, st);
 }
 
-void activation_codes(const TensorView& x, const TensorView& q_t, const TensorView& scale, Stream st) {
+void activation_codes(const TensorView& x, const TensorView& q_t, const TensorView& scale, const TensorView* amax,
+                      Stream st) {
   GradOutputQuant out;
   out.q_gh_t = q_t;
   out.s_gh = scale;
-  run_qgo(x, abc_plan(16, true), out, st);
+  run_qgo(x, abc_plan(16, true, amax != nullptr ? static_cast<const unsigned*>(amax->data) : nullptr), out, st);
 }
 
 void compress_activation_cast(const TensorView& x, const TensorView& x_cast, const TensorView& q_t,

@@ -24,12 +24,13 @@ void hla_project(const TensorView& in, const TensorView& out, int rank, Stream s
 }
 
 void quantize(const TensorView& in, const TensorView& q, const TensorView& scale, const QuantizeParams& p,
-              Stream st) {
+              const TensorView* amax, Stream st) {
   const int dev = in.device.index;
   DeviceGuard dg(dev);
   Scratch scratch(quantize_scratch_bytes(in, p), dev, st);
+  const unsigned* key = amax != nullptr ? static_cast<const unsigned*>(amax->data) : nullptr;
   dispatch_float(in.dtype, "quantize", [&](auto t) {
-    quantize_launch<decltype(t)>(in, q, scale, p, scratch.get(), StreamLaunch{to_cuda(st)});
+    quantize_launch<decltype(t)>(in, q, scale, p, scratch.get(), StreamLaunch{to_cuda(st)}, key);
   });
 }
 
@@ -55,9 +56,10 @@ void transpose(const TensorView& in, const TensorView& out, Stream st) {
   transpose_launch(in, out, StreamLaunch{to_cuda(st)});
 }
 
-void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, Stream st) {
+void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, const TensorView* amax, Stream st) {
   DeviceGuard dg(x.device.index);
-  relu_mask_launch(x, y, bits, StreamLaunch{to_cuda(st)});
+  unsigned* key = amax != nullptr ? static_cast<unsigned*>(amax->data) : nullptr;  // y's amax as its bits
+  relu_mask_launch(x, y, bits, StreamLaunch{to_cuda(st)}, key);
 }
 
 void relu_mask_backward(const TensorView& gy, const TensorView& bits, const TensorView& gx, Stream st) {

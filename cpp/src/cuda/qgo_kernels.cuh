@@ -1022,8 +1022,9 @@ static_assert(kTileCols * (kRowBlocks * 16 + 20) <= kTileRows * kTileCols * 4, "
 
 // compress_activation (ABC, SPEC §2) is the g_w part of the pass over x, with round-to-nearest; activation_codes the
 // same without H^ (codes: x's rows as they are, rank 16).
-GradOutputPlan abc_plan(int rank, bool codes = false) {
+GradOutputPlan abc_plan(int rank, bool codes = false, const unsigned* amax_key = nullptr) {
   GradOutputPlan plan;
+  plan.amax_key = amax_key;
   plan.gx = false;
   plan.gw = true;
   plan.rank = codes ? 16 : rank;
@@ -1104,6 +1105,7 @@ QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradO
               "quantize_grad_output: a codes plan is the g_w path alone at rank 16 with round-to-nearest");
     su.fixed_rank = kAsIs;
   }
+  HOT_CHECK(plan.amax_key == nullptr || plan.codes, internal, "quantize_grad_output: a known amax goes with codes");
   p.sr8 = p.stochastic && O % kSrGroup == 0;
   const int vec = gy.dtype == DType::f32 ? 4 : 8;  // elements per 16-byte load
   p.vec_load = O % vec == 0 && p.ld_in % vec == 0 && aligned(gy.data, 16);
@@ -1166,7 +1168,7 @@ void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutput
                 Launch&& launch, const float* cast_src = nullptr) {
   const QgoParams& p = su.p;
   const dim3 grid(static_cast<unsigned>(su.n_ct * su.n_t));  // one CTA per tile
-  launch.zero(p.key_gx, su.keys_bytes);
+  if (plan.amax_key == nullptr) launch.zero(p.key_gx, su.keys_bytes);
   const auto pass = [&](auto pass_tag, const QgoParams& pp) {
     constexpr int P = decltype(pass_tag)::value;
     const auto run = [&](auto r_tag) {
@@ -1205,12 +1207,13 @@ void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutput
       run(std::integral_constant<int, 0>{});
     }
   };
-  if (plan.gx || plan.gw || plan.bias) pass(std::integral_constant<int, 1>{}, p);
+  if (plan.amax_key == nullptr && (plan.gx || plan.gw || plan.bias)) pass(std::integral_constant<int, 1>{}, p);
   if (plan.gx || plan.gw) {
     float* invs = const_cast<float*>(p.inv_gx);
+    const unsigned* key_gw = plan.amax_key != nullptr ? plan.amax_key : p.key_gw;  // pass 1's, or the known one
     launch(qgo_finalize_kernel, dim3(grid_1d(su.n_gx, 256)), 256, 0, p.key_gx, plan.gx ? su.n_gx : int64_t{0},
            p.gx_qmax, plan.gx ? static_cast<float*>(out.s_g.data) : nullptr, invs, invs + su.n_gx + 1,
-           plan.gw ? p.key_gw : nullptr, plan.gw ? static_cast<float*>(out.s_gh.data) : nullptr, invs + su.n_gx,
+           plan.gw ? key_gw : nullptr, plan.gw ? static_cast<float*>(out.s_gh.data) : nullptr, invs + su.n_gx,
            invs + 2 * su.n_gx + 1);
     QgoParams p2 = p;
     p2.bias = false;

@@ -25,7 +25,10 @@ void stream_order(int, Stream, Stream) { missing(); }
 
 void hadamard_transform(const TensorView&, const TensorView&, int, int, Stream) { missing(); }
 void hla_project(const TensorView&, const TensorView&, int, Stream) { missing(); }
-void quantize(const TensorView&, const TensorView&, const TensorView&, const QuantizeParams&, Stream) { missing(); }
+void quantize(const TensorView&, const TensorView&, const TensorView&, const QuantizeParams&, const TensorView*,
+              Stream) {
+  missing();
+}
 void dequantize(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
 void col2im(const TensorView&, const ConvGeometry&, const TensorView&, Stream) { missing(); }
 void conv_grad_input(const TensorView&, const TensorView&, const TensorView&, const TensorView&, float,
@@ -38,7 +41,7 @@ void compress_columns(const TensorView&, const ConvGeometry&, const TensorView&,
   missing();
 }
 void transpose(const TensorView&, const TensorView&, Stream) { missing(); }
-void relu_mask(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
+void relu_mask(const TensorView&, const TensorView&, const TensorView&, const TensorView*, Stream) { missing(); }
 void relu_mask_backward(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
 void max_pool2d_offsets(const TensorView&, const ConvGeometry&, const TensorView&, const TensorView&, Stream) {
   missing();
@@ -51,7 +54,9 @@ void unpack_int4(const TensorView&, const TensorView&, Stream) { missing(); }
 void gemm_s8s8s32(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
 void gemm_s4s4s32(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
 void compress_activation(const TensorView&, const TensorView&, const TensorView&, int, Stream) { missing(); }
-void activation_codes(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
+void activation_codes(const TensorView&, const TensorView&, const TensorView&, const TensorView*, Stream) {
+  missing();
+}
 void compress_activation_cast(const TensorView&, const TensorView&, const TensorView&, const TensorView&, int, Stream) {
   missing();
 }

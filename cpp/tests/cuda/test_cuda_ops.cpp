@@ -2,7 +2,9 @@
 // non-default stream, over odd and large shapes and the three float dtypes. Outputs start poisoned and
 // are compared byte for byte including row padding, so unwritten or overwritten elements show.
 #include <cmath>
+#include <cstring>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -329,6 +331,53 @@ TEST_F(Cuda_ReluMask, BitExactVsCpu) {
     }
 }
 
+// y's amax from the GPU's ReLU (in place, the converted layers' case) fed to quantize and activation_codes of y on the
+// GPU: the bytes of the CPU's quantize and codes without it; the amax the CPU's (a NaN as any NaN); specials, finite.
+TEST_F(Cuda_ReluMask, AmaxFeedsQuantizeAndCodes) {
+  uint64_t seed = 1970;
+  for (DType dt : kFloatTypes)
+    for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 1000}, {37, 64}, {3001, 77}, {50000, 64}})
+      for (bool finite : {false, true}) {
+        if (R == 50000 && small_run()) continue;
+        SCOPED_TRACE(testing::Message() << dt_name(dt) << " " << R << "x" << C << " finite " << finite);
+        const int64_t n = R * C;
+        HostTensor x1 = hot_test::relu_input(dt, n, seed++);
+        for (int64_t i = 0; i < n && finite; ++i)
+          if (!std::isfinite(x1.getf(i))) x1.setf(i, 0.25f);
+        HostTensor x = HostTensor::make2d(dt, R, C);  // the same elements as a matrix
+        std::memcpy(x.bytes(), x1.bytes(), x1.nbytes());
+        HostTensor y = HostTensor::make1d(dt, n), b = out1d(DType::s8, (n + 7) / 8), ac = out1d(DType::f32, 1);
+        hot::relu_mask(x1, y, b, ac);
+        HostTensor ym = HostTensor::make2d(dt, R, C);
+        std::memcpy(ym.bytes(), y.bytes(), y.nbytes());
+        hot::QuantizeParams p;
+        HostTensor qc = out2d(DType::s8, R, C), sc = out1d(DType::f32, 1);
+        hot::quantize(ym, qc, sc, p);
+        const hot::SavedActivation cc = hot::activation_codes(ym);
+        DevTensor dx(x), db(b), da(out1d(DType::f32, 1)), dq(qc), ds(sc);
+        hot::TensorView flat = dx.view();
+        flat.shape = {n};
+        flat.strides = {1};
+        hot::relu_mask(flat, flat, db, da, st());
+        hot::quantize(dx, dq, ds, p, da, st());
+        HostTensor qk = out2d(DType::s8, C, cc.q.view().shape[1]), sk = out1d(DType::f32, 1);
+        DevTensor dqk(qk), dsk(sk);
+        hot::activation_codes(dx, dqk, dsk, da, st());
+        sync();
+        const HostTensor ag = da.to_host();
+        if (std::isnan(ac.getf(0)))
+          EXPECT_TRUE(std::isnan(ag.getf(0)));
+        else
+          EXPECT_TRUE(all_bytes_equal(ac, ag));
+        EXPECT_TRUE(all_bytes_equal(ym, dx.to_host()));
+        EXPECT_TRUE(all_bytes_equal(qc, dq.to_host()));
+        EXPECT_TRUE(all_bytes_equal(sc, ds.to_host()));
+        const HostTensor qkh = dqk.to_host(), skh = dsk.to_host();
+        EXPECT_EQ(std::memcmp(qkh.bytes(), cc.q.view().data, cc.q.nbytes()), 0);
+        EXPECT_EQ(std::memcmp(skh.bytes(), cc.scale.view().data, 4), 0);
+      }
+}
+
 // Max-pool with window offsets on the GPU: the CPU's bytes (y, offsets, g_x), NCHW and channels-last, with NaN,
 // infinities and ties; ResNet's stem pool at a larger size.
 class Cuda_MaxPoolOffsets : public CudaTest {};
@@ -607,8 +656,8 @@ TEST_F(Cuda_CompressActivation, CodesBitExactVsCpu) {
         const int64_t Kp = hot::padded_k(L);
         HostTensor qc = out2d(DType::s8, I, Kp), qg = qc, sc = out1d(DType::f32, 1), sg = sc;
         DevTensor dx(x), dq(qg), ds(sg);
-        hot::cpu::activation_codes(x, qc, sc, {});
-        hot::cuda::activation_codes(dx, dq, ds, st());
+        hot::cpu::activation_codes(x, qc, sc, nullptr, {});
+        hot::cuda::activation_codes(dx, dq, ds, nullptr, st());
         sync();
         EXPECT_TRUE(all_bytes_equal(qc, dq.to_host()));
         EXPECT_TRUE(all_bytes_equal(sc, ds.to_host()));

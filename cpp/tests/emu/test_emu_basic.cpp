@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 #include <utility>
@@ -128,7 +129,7 @@ TEST(Emu_Quantize, BitExactVsCpu) {
         const int64_t R = in.rows(), C = in.cols();
         const int64_t ns = p.scale == ScaleMode::tensor ? 1 : R;
         HostTensor qc = out2d(DType::s8, R, C, C + 5), qe = qc, sc = out1d(DType::f32, ns), se = sc;
-        hot::cpu::quantize(in, qc, sc, p, {});
+        hot::cpu::quantize(in, qc, sc, p, nullptr, {});
         emu_quantize(in, qe, se, p);
         EXPECT_TRUE(all_bytes_equal(qc, qe));
         EXPECT_TRUE(all_bytes_equal(sc, se));
@@ -149,11 +150,42 @@ TEST(Emu_Quantize, ContiguousBitExactVsCpu) {
         p.rounding = rd;
         p.seed = 0x9e3779b97f4a7c15ull + seed;
         HostTensor qc = out2d(DType::s8, R, C), qe = qc, sc = out1d(DType::f32, 1), se = sc;
-        hot::cpu::quantize(in, qc, sc, p, {});
+        hot::cpu::quantize(in, qc, sc, p, nullptr, {});
         emu_quantize(in, qe, se, p);
         EXPECT_TRUE(all_bytes_equal(qc, qe));
         EXPECT_TRUE(all_bytes_equal(sc, se));
       }
+}
+
+// A known amax (relu_mask's, quantize's `amax`): no amax pass, the bytes of quantize without it; fp32 / 16-bit inputs,
+// the flat and element-wise kernels (row padding), both roundings, a NaN.
+TEST(Emu_Quantize, KnownAmaxBitExactVsCpu) {
+  uint64_t seed = 470;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16})
+    for (int64_t pad : {0, 3})
+      for (hot::Rounding rd : {hot::Rounding::nearest, hot::Rounding::stochastic})
+        for (bool nan : {false, true}) {
+          SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " pad " << pad << " nan " << nan);
+          HostTensor in = hot_cuda_test::rand_float(dt, 37, 56, seed++, 56 + pad, 3.0f);
+          if (nan) in.setf(20, 7, std::nanf(""));
+          hot::QuantizeParams p;
+          p.rounding = rd;
+          p.seed = seed;
+          HostTensor qc = out2d(DType::s8, 37, 56), qe = qc, sc = out1d(DType::f32, 1), se = sc;
+          HostTensor amax = out1d(DType::f32, 1);
+          float m = 0.0f;
+          for (int64_t r = 0; r < 37; ++r)
+            for (int64_t c = 0; c < 56; ++c) m = std::max(m, std::fabs(in.getf(r, c)));  // the NaN skipped
+          amax.setf(0, nan ? std::nanf("") : m);
+          hot::cpu::quantize(in, qc, sc, p, nullptr, {});
+          std::vector<uint32_t> scratch(hot::cuda::quantize_scratch_bytes(in.view(), p) / 4 + 1, 0xdeadbeefu);
+          with_type(in.dtype(), [&](auto t, auto launch) {
+            hot::cuda::quantize_launch<decltype(t)>(in.view(), qe.view(), se.view(), p, scratch.data(), launch,
+                                                    static_cast<const unsigned*>(amax.view().data));
+          });
+          EXPECT_TRUE(all_bytes_equal(qc, qe));
+          EXPECT_TRUE(all_bytes_equal(sc, se));
+        }
 }
 
 // Non-finite input: a NaN scale for the tensor or for the rows that hold it, the same bytes as the CPU backend.
@@ -173,7 +205,7 @@ TEST(Emu_Quantize, NonFiniteAndTinyBitExactVsCpu) {
         p.seed = seed;
         const int64_t ns = sm == ScaleMode::tensor ? 1 : 6;
         HostTensor qc = out2d(DType::s8, 6, 40), qe = qc, sc = out1d(DType::f32, ns), se = sc;
-        hot::cpu::quantize(in, qc, sc, p, {});
+        hot::cpu::quantize(in, qc, sc, p, nullptr, {});
         emu_quantize(in, qe, se, p);
         EXPECT_TRUE(all_bytes_equal(qc, qe)) << "special " << special;
         EXPECT_TRUE(all_bytes_equal(sc, se)) << "special " << special;
@@ -257,7 +289,7 @@ TEST(Emu_ReluMask, BitExactVsCpu) {
       SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " n " << n);
       const HostTensor x = hot_test::relu_input(dt, n, seed++);
       HostTensor yc = out1d(dt, n), ye = yc, bc = out1d(DType::s8, (n + 7) / 8), be = bc;
-      hot::cpu::relu_mask(x, yc, bc, {});
+      hot::cpu::relu_mask(x, yc, bc, nullptr, {});
       hot::cuda::relu_mask_launch(x.view(), ye.view(), be.view(), hot_emu::Launch{});
       EXPECT_TRUE(all_bytes_equal(yc, ye));
       EXPECT_TRUE(all_bytes_equal(bc, be));
@@ -265,6 +297,24 @@ TEST(Emu_ReluMask, BitExactVsCpu) {
       hot::cuda::relu_mask_launch(xi.view(), xi.view(), bi.view(), hot_emu::Launch{});
       EXPECT_TRUE(all_bytes_equal(yc, xi));
       EXPECT_TRUE(all_bytes_equal(bc, bi));
+      // y's amax (relu_input has a NaN from n = 24 on; its finite part as well): the CPU's, bit for bit where finite
+      for (bool finite : {false, true}) {
+        HostTensor xa = x;
+        for (int64_t i = 0; i < n && finite; ++i)
+          if (!std::isfinite(xa.getf(i))) xa.setf(i, 0.25f);
+        HostTensor ya = out1d(dt, n), ba = out1d(DType::s8, (n + 7) / 8), ac = out1d(DType::f32, 1), ae = ac;
+        ae.setf(0, 3.0f);  // the launch zeroes it
+        const hot::TensorView acv = ac.view();
+        hot::cpu::relu_mask(xa, ya, ba, &acv, {});
+        HostTensor ye = out1d(dt, n), be2 = ba;
+        hot::cuda::relu_mask_launch(xa.view(), ye.view(), be2.view(), hot_emu::Launch{},
+                                    static_cast<unsigned*>(ae.view().data));
+        EXPECT_TRUE(all_bytes_equal(ya, ye));
+        if (std::isnan(ac.getf(0)))
+          EXPECT_TRUE(std::isnan(ae.getf(0)));
+        else
+          EXPECT_TRUE(all_bytes_equal(ac, ae)) << ac.getf(0) << " vs " << ae.getf(0);
+      }
       const HostTensor gy = hot_test::relu_input(dt, n, seed++);
       HostTensor gc = out1d(dt, n), ge = gc;
       hot::cpu::relu_mask_backward(gy, bc, gc, {});
@@ -280,7 +330,7 @@ TEST(Emu_ReluMask, BitExactVsCpu) {
       };
       HostTensor yu = out1d(dt, n), bu = out1d(DType::s8, (n + 6) / 8), bcu = bu, gu = out1d(dt, n), gcu = gu;
       HostTensor ycu = yu;
-      hot::cpu::relu_mask(from1(x), from1(ycu), bcu.view(), {});
+      hot::cpu::relu_mask(from1(x), from1(ycu), bcu.view(), nullptr, {});
       hot::cuda::relu_mask_launch(from1(x), from1(yu), bu.view(), hot_emu::Launch{});
       EXPECT_TRUE(all_bytes_equal(ycu, yu));
       EXPECT_TRUE(all_bytes_equal(bcu, bu));

@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -246,7 +247,7 @@ void run_codes_case(DType dt, int64_t L, int64_t I, int64_t ld, uint64_t seed) {
   HostTensor x = rand_float(dt, L, I, seed, ld);
   const int64_t Kp = hot::padded_k(L);
   HostTensor qc = out2d(DType::s8, I, Kp), qe = qc, sc = out1d(DType::f32, 1), se = sc;
-  hot::cpu::activation_codes(x, qc, sc, {});
+  hot::cpu::activation_codes(x, qc, sc, nullptr, {});
   GradOutputQuant out;
   out.q_gh_t = qe;
   out.s_gh = se;
@@ -255,6 +256,23 @@ void run_codes_case(DType dt, int64_t L, int64_t I, int64_t ld, uint64_t seed) {
   emu_quantize_grad_output(x, plan, out);
   EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qc, qe));
   EXPECT_TRUE(hot_cuda_test::all_bytes_equal(sc, se));
+  // x's amax known (relu_mask's): no pass 1, the same bytes
+  HostTensor amax = out1d(DType::f32, 1), qk = out2d(DType::s8, I, Kp), sk = out1d(DType::f32, 1);
+  float m = 0.0f;
+  for (int64_t r = 0; r < L; ++r)
+    for (int64_t c = 0; c < I; ++c) m = std::max(m, std::fabs(x.getf(r, c)));
+  amax.setf(0, m);
+  HostTensor qa = qc, sa = sc;
+  const hot::TensorView av = amax.view();
+  hot::cpu::activation_codes(x, qa, sa, &av, {});
+  EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qc, qa));
+  EXPECT_TRUE(hot_cuda_test::all_bytes_equal(sc, sa));
+  GradOutputQuant known;
+  known.q_gh_t = qk;
+  known.s_gh = sk;
+  emu_quantize_grad_output(x, hot::cuda::abc_plan(16, true, static_cast<const unsigned*>(amax.view().data)), known);
+  EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qc, qk));
+  EXPECT_TRUE(hot_cuda_test::all_bytes_equal(sc, sk));
 }
 
 // Narrow 16-bit g_y (max(O, O_pad) <= 128): 2 or 4 row tiles of 64 rows share one tile (QgoParams::pack). Row counts

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hot import _api
-from hot.torch.ops import ENGINE_FLOATS, _call, define_op
+from hot.torch.ops import ENGINE_FLOATS, _call, define_op, note_amax
 
 # Traced by torch.compile, the in-place masked ReLU (an autograd.Function that writes its input) got a wrong gradient
 # from torch 2.11 (g_y passed unmasked) when the compiled function returned both its output and its input; right on
@@ -40,10 +40,13 @@ _TRACES_INPLACE = torch.__version__ >= "2.13"
 
 
 # ---- the engine's relu_mask on 1-D tensors: the bodies, and the torch.library ops that call them (torch.compile) ----
-def _mask_body(x: Tensor, inplace: bool) -> Tuple[Tensor, Tensor]:
-    """(y, bits) of hot.relu_mask of the 1-D x (y is x itself when inplace), into tensors allocated here."""
+def _mask_body(x: Tensor, inplace: bool, amax: bool = False, out: Optional[Tensor] = None):
+    """(y, bits) of hot.relu_mask of the 1-D x (y is x itself when inplace, else out or a new tensor), the others
+    allocated here; with amax, (y, bits, y's amax)."""
     bits = torch.empty(((x.numel() + 7) // 8,), dtype=torch.int8, device=x.device)
-    return _api._relu_mask(_call("relu_mask", x), x, x if inplace else torch.empty_like(x), bits)
+    m = torch.empty((1,), dtype=torch.float32, device=x.device) if amax else False
+    y = x if inplace else torch.empty_like(x) if out is None else out
+    return _api._relu_mask(_call("relu_mask", x), x, y, bits, amax=m)
 
 
 def _mask_backward_body(g: Tensor, bits: Tensor) -> Tensor:
@@ -58,13 +61,14 @@ relu_mask_backward_op = define_op("relu_mask_backward(Tensor g, Tensor bits) -> 
                                   lambda g, bits: torch.empty_like(g))
 
 
-def _relu_mask(x: Tensor, inplace: bool) -> Tuple[Tensor, Tensor]:
-    """(y, bits) for a 1-D x: the torch.library ops under torch.compile, else the bodies directly (no dispatcher)."""
+def _relu_mask(x: Tensor, inplace: bool, out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """(y, bits, y's amax) for a 1-D x: the torch.library ops under torch.compile (a new y; no amax: None), else the
+    bodies directly (no dispatcher; y into out where given)."""
     if torch.compiler.is_compiling():
         if inplace:
-            return x, relu_mask_inplace_op(x)
-        return relu_mask_op(x)
-    return _mask_body(x, inplace)
+            return x, relu_mask_inplace_op(x), None
+        return (*relu_mask_op(x), None)
+    return _mask_body(x, inplace, True, out)
 
 
 def _relu_mask_backward(g: Tensor, bits: Tensor) -> Tensor:
@@ -117,27 +121,35 @@ class _MaskedGrad(torch.autograd.Function):
 
 
 class _MaskedReLU(torch.autograd.Function):
+    """(y, y's amax or None): the amax (no gradient) for the converted layer that quantises y next (note_amax)."""
+
     @staticmethod
-    def forward(ctx, x: Tensor, inplace: bool) -> Tensor:
+    def forward(ctx, x: Tensor, inplace: bool):
         perm = _memory_order(x)
         xp = x if perm is None else x.permute(perm)
         if not xp.is_contiguous():  # not dense (a strided view): through a row-major copy, masked in place
             perm, xp = None, x.contiguous()
-            bits = _relu_mask(xp.view(-1), True)[1]
+            _, bits, amax = _relu_mask(xp.view(-1), True)
             y = x.copy_(xp) if inplace else xp
         elif inplace:
-            y, bits = x, _relu_mask(xp.view(-1), True)[1]
-        else:
-            yf, bits = _relu_mask(xp.view(-1), False)
+            y = x
+            _, bits, amax = _relu_mask(xp.view(-1), True)
+        elif torch.compiler.is_compiling():
+            yf, bits, amax = _relu_mask(xp.view(-1), False)
             y = yf.view(xp.shape) if perm is None else yf.view(xp.shape).permute(_inverse(perm))
+        else:  # y allocated in x's layout and written through a flat view: y is no view, so it may be changed in place
+            y = torch.empty_like(x)
+            _, bits, amax = _relu_mask(xp.view(-1), False, (y if perm is None else y.permute(perm)).view(-1))
         if inplace:
             ctx.mark_dirty(x)
+        if amax is not None:
+            ctx.mark_non_differentiable(amax)
         ctx.save_for_backward(bits)
         ctx.perm = perm
-        return y
+        return y, amax
 
     @staticmethod
-    def backward(ctx, grad_y: Tensor):
+    def backward(ctx, grad_y: Tensor, _grad_amax):
         (bits,) = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: the gradient itself is differentiated
             return _MaskedGrad.apply(grad_y, bits, ctx.perm), None
@@ -154,7 +166,10 @@ def relu(x: Tensor, inplace: bool = False) -> Tensor:
         return F.relu(x, inplace=inplace)
     if inplace and torch.compiler.is_compiling() and not _TRACES_INPLACE:
         return F.relu(x, inplace=True)
-    return _MaskedReLU.apply(x, inplace)
+    y, amax = _MaskedReLU.apply(x, inplace)
+    if amax is not None:  # eager: the conv after the ReLU takes y's amax instead of a pass over y (SPEC §8)
+        note_amax(y, amax)
+    return y
 
 
 class ReLU(nn.ReLU):

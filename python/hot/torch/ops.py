@@ -159,19 +159,20 @@ def _call(op: str, t: Tensor) -> "_api._Call":
     return _api._Call(op, x=t)  # raises: "<op>: x is on torch device '...', expected a CPU or CUDA tensor"
 
 
-def _compress(x: Tensor, cfg, codes: bool = False) -> Tuple[Tensor, Tensor]:
+def _compress(x: Tensor, cfg, codes: bool = False, amax: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """(q, scale) of ``hot.compress_activation(x.reshape(-1, I), cfg)`` for a torch tensor x (..., I); a contiguous x
     goes to the engine as it is (the engine flattens its leading dims, as the reshape would). A layer accepts any
     input layout F.linear does: a non-contiguous x is compressed from a temporary contiguous copy. codes: x's own
     codes instead (``hot.activation_codes``, SPEC §2; only at the default, ``_api.gw_from_codes``: rank 16, the
-    buffer's shape the same)."""
+    buffer's shape the same), with amax x's amax when known (:func:`note_amax`)."""
     I = x.shape[-1]
     if x.numel() == 0:  # an empty batch (or I = 0): an empty buffer (the engine refuses empty arrays)
         return (x.new_zeros((I, padded_k(math.prod(x.shape[:-1]), cfg.rank)), dtype=torch.int8),
                 x.new_ones((1,), dtype=torch.float32))
     if not x.is_contiguous():
         x = x.contiguous()
-    q, scale, _ = _api._compress(_call("compress_activation", x), x, x.shape, cfg, codes=codes)
+    q, scale, _ = _api._compress(_call("compress_activation", x), x, x.shape, cfg, codes=codes,
+                                 amax=amax if codes else None)
     return q, scale
 
 
@@ -187,9 +188,9 @@ def _compress_cast(x: Tensor, dt, cfg) -> Tuple[Tensor, Tensor, Tensor]:
     return xc, q, scale
 
 
-# What the eager linear layers that read one input tensor share: id(x) -> [weak reference to x, x's version when the
-# entry was made, made while a CUDA graph was being recorded, {dtype: x's cast}, {(dtype, rank): weak references to
-# the ABC buffer (q, scale)}] (:func:`_shared_input`).
+# What the eager layers that read one input tensor share: id(x) -> [weak reference to x, x's version when the entry was
+# made, made while a CUDA graph was being recorded, {dtype: x's cast}, {(dtype, rank): weak references to the ABC
+# buffer (q, scale)}, x's amax or None] (:func:`_shared_input`, :func:`note_amax`).
 _SHARED: Dict[int, list] = {}
 
 
@@ -209,6 +210,30 @@ def _live_entry(x: Tensor) -> Optional[list]:
     return e
 
 
+def _entry(x: Tensor) -> list:
+    """x's live entry of _SHARED, made now if there is none."""
+    e = _live_entry(x)
+    if e is None:
+        key = id(x)
+        e = _SHARED[key] = [weakref.ref(x, functools.partial(_drop_shared, key)), x._version,
+                            x.is_cuda and torch.cuda.is_current_stream_capturing(), {}, {}, None]
+    return e
+
+
+def note_amax(x: Tensor, amax: Tensor) -> None:
+    """Records x's amax (float32 (1,), max |x| as the engine's relu_mask gives it for its output) for the layers that
+    quantise x as it is next (SPEC §2, §8: a convolution's int8 map, a stride-1 pointwise convolution's codes): they
+    take it instead of a pass over x, while x is alive and unchanged (its version counter), in the same recording
+    state."""
+    _entry(x)[5] = amax
+
+
+def _known_amax(x: Tensor) -> Optional[Tensor]:
+    """x's amax recorded by :func:`note_amax`, if x is unchanged since, else None."""
+    e = _live_entry(x)
+    return None if e is None else e[5]
+
+
 def _live_buffer(e: list, dtype, rank: int):
     """The ABC buffer (q, scale) of an entry's x in dtype at rank while some layer keeps it, else None."""
     refs = e[4].get((dtype, rank))
@@ -226,11 +251,7 @@ def _shared_input(x: Tensor, dt, cfg, compress: bool):
     the buffer only while some layer keeps it (a weak reference). What was formed while a CUDA graph was being recorded
     serves only calls recorded with it, and the rest only calls outside of recording: a recorded graph forms what it
     reads, as its caller may refill a static input before each replay."""
-    e = _live_entry(x)
-    if e is None:
-        key = id(x)
-        e = _SHARED[key] = [weakref.ref(x, functools.partial(_drop_shared, key)), x._version,
-                            x.is_cuda and torch.cuda.is_current_stream_capturing(), {}, {}]
+    e = _entry(x)
     cast = dt is not None and x.dtype != dt
     xc = e[3].get(dt) if cast else x
     if not compress:
@@ -578,17 +599,18 @@ def _conv_out(size, k, s, p, d):
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
-def _quantize_fmap(x: Tensor) -> Tuple[Tensor, Tensor]:
+def _quantize_fmap(x: Tensor, amax: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """A conv input's int8 copy (SPEC §8): per-tensor round-to-nearest of the feature map in x's own layout (a
     channels-last x quantised as its (N*H*W) x C view, any other as the (N*C) x (H*W) matrix of x.contiguous(): no
     copy of x either way unless x is neither), returned as an (N, C, H, W) int8 tensor with those strides, and its
-    scale. The backward needs the channels-last map; an NCHW one is transposed there, in int8."""
+    scale. The backward needs the channels-last map; an NCHW one is transposed there, in int8. amax: x's, when known
+    (:func:`note_amax`)."""
     N, C, H, W = x.shape
     if x.numel() == 0:  # an empty batch: an empty copy (hot.quantize refuses empty arrays)
         return x.new_zeros(x.shape, dtype=torch.int8), x.new_ones((1,), dtype=torch.float32)
     last = _channels_last(x)
     xc = x.permute(0, 2, 3, 1).reshape(N * H * W, C) if last else x.contiguous().reshape(N * C, H * W)
-    q, scale = _api._quantize(_call("quantize", xc), xc, tuple(xc.shape), 8, "tensor", "nearest")
+    q, scale = _api._quantize(_call("quantize", xc), xc, tuple(xc.shape), 8, "tensor", "nearest", amax=amax)
     return (q.view(N, H, W, C).permute(0, 3, 1, 2) if last else q.view(N, C, H, W)), scale
 
 
@@ -667,12 +689,15 @@ def _pixel_unrows(rows: Tensor, x_shape, stride, Ho: int, Wo: int, patches: bool
 def _conv_keep(x: Tensor, weight: Tensor, stride, padding, dilation, cfg) -> Tuple[Tensor, Tensor]:
     """What a converted conv keeps of x (SPEC §8): a pointwise conv keeps the codes of its pixel rows, transposed, at
     the default (``_api.gw_from_codes``; below it, their ABC buffer, as a linear layer over channels), any other the
-    int8 feature map."""
+    int8 feature map. Where x's amax is known (a ReLU's output, :func:`note_amax`), the map and the codes of a stride-1
+    pointwise conv's rows (all of x's elements) take it instead of a pass over x."""
+    amax = _known_amax(x)
     if pointwise(weight.shape[2:], padding):
         Ho = _conv_out(x.shape[2], 1, stride[0], 0, 1)
         Wo = _conv_out(x.shape[3], 1, stride[1], 0, 1)
-        return _compress(_pixel_rows(x, stride, conv_patch_rows(Ho, Wo, cfg)), cfg, _api.gw_from_codes(cfg))
-    return _quantize_fmap(x)
+        return _compress(_pixel_rows(x, stride, conv_patch_rows(Ho, Wo, cfg)), cfg, _api.gw_from_codes(cfg),
+                         amax if tuple(stride) == (1, 1) else None)
+    return _quantize_fmap(x, amax)
 
 
 def _conv2d_forward(x, weight, bias, stride, padding, dilation, keep, cfg):

@@ -449,7 +449,7 @@ __global__ void __launch_bounds__(kBasicThreads) relu_mask_kernel(const R* x, R*
                                                                   uint8_t* __restrict__ bits, bool vec,
                                                                   unsigned* __restrict__ key) {
   const int64_t groups = (n + 7) / 8;
-  uint32_t m = 0;  // kAmax: the max of |y|'s raw bits over this thread's outputs
+  uint32_t m = 0;  // kAmax: the max of |y|'s raw bits over this thread's outputs (16-bit: per half-word lane)
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t g0 = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g0 < groups;
        g0 += kMaskUnroll * step) {
@@ -470,7 +470,13 @@ __global__ void __launch_bounds__(kBasicThreads) relu_mask_kernel(const R* x, R*
         neg |= static_cast<unsigned>(lt) << j;
         zero |= static_cast<unsigned>(lt || (r & ~uint32_t{kSign}) == 0) << j;
         v[u][j] = lt ? R(0) : v[u][j];
-        if constexpr (kAmax) m = max(m, static_cast<uint32_t>(v[u][j]) & (uint32_t{kSign} - 1u));
+      }
+      if constexpr (kAmax) {  // the group's |y| bits as 32-bit words: two 16-bit lanes a word (__vmaxu2) or one float
+        uint32_t w[8 * sizeof(R) / 4];
+        memcpy(w, v[u], sizeof(w));
+#pragma unroll
+        for (int k = 0; k < static_cast<int>(8 * sizeof(R) / 4); ++k)
+          m = sizeof(R) == 2 ? __vmaxu2(m, w[k] & 0x7fff7fffu) : max(m, w[k] & 0x7fffffffu);
       }
       if (g * 8 + 8 > n) zero &= (1u << (n - g * 8)) - 1u;  // the last group's bits past n stay clear
       if (y != x || neg != 0) store_group8(y, g * 8, n, vec, v[u]);  // in place: only groups with a negative
@@ -478,6 +484,7 @@ __global__ void __launch_bounds__(kBasicThreads) relu_mask_kernel(const R* x, R*
     }
   }
   if constexpr (kAmax) {
+    if constexpr (sizeof(R) == 2) m = max(m & 0xffffu, m >> 16);  // the larger of the two 16-bit lanes
     m = block_max_u32(raw_amax_key<R, kInf>(m));
     if (threadIdx.x == 0 && m != 0) atomicMax(key, m);
   }

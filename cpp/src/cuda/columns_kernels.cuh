@@ -293,24 +293,21 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
 // kIm2colTMaxRows: long runs of every output row, whose writes bound this pass) and the units of its grid row
 // (blockIdx.y's share, where the row tiles are few), their window origins decoded once into shared memory. A work item
 // is a unit of V channels of one kernel offset (V = 16: one 16-byte load per row, where the channel run, the map's row
-// stride and its address allow; V = 4: a 32-bit load; else V = 1) over 16 rows. V >= 4: 8 consecutive threads take one
-// unit's 8 consecutive items, so each of its V output rows receives 128 contiguous bytes from 8 neighbouring lanes
-// per store, and the units of a warp are consecutive channel runs of one pixel. V = 1: consecutive threads take
-// consecutive units (adjacent bytes of a pixel) of one item row. An item's 16 x V bytes are turned by byte permutes
-// (4 x 4 blocks) into V rows of 16 bytes, each one 16-byte store (byte stores where cols_t's rows are not 16-byte
-// aligned or past K).
+// stride and its address allow; else V = 4: a 32-bit load) over 16 rows: 8 consecutive threads take one unit's 8
+// consecutive items, so each of its V output rows receives 128 contiguous bytes from 8 neighbouring lanes per store,
+// and the units of a warp are consecutive channel runs of one pixel. An item's 16 x V bytes are turned by byte
+// permutes (4 x 4 blocks) into V rows of 16 bytes, each one 16-byte store (byte stores where cols_t's rows are not
+// 16-byte aligned or past K). Channel runs of other lengths (the stem's 3 channels) take im2col_t_bytes_kernel.
 constexpr int kIm2colTMaxRows = 512;
 constexpr int kIm2colTThreads = 256;
 
 template <int V>
-__device__ __forceinline__ void im2col_t_load(const int8_t* src, uint32_t (&w)[V >= 4 ? V / 4 : 1]) {
+__device__ __forceinline__ void im2col_t_load(const int8_t* src, uint32_t (&w)[V / 4]) {
   if constexpr (V == 16) {
     const uint4 v = *reinterpret_cast<const uint4*>(src);
     w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-  } else if constexpr (V == 4) {
-    w[0] = *reinterpret_cast<const uint32_t*>(src);
   } else {
-    w[0] = static_cast<uint8_t>(*src);
+    w[0] = *reinterpret_cast<const uint32_t*>(src);
   }
 }
 
@@ -318,7 +315,8 @@ template <int V>
 __global__ void __launch_bounds__(kIm2colTThreads)
     im2col_t_kernel(const int8_t* __restrict__ map, int64_t ldm, Col2imParams p, int8_t* __restrict__ q, int64_t ldq,
                     int64_t K, bool vec, int rows, int unit_chunk) {
-  constexpr int W = V >= 4 ? V / 4 : 1;  // 32-bit words of a row's V bytes
+  static_assert(V == 4 || V == 16, "4- or 16-byte channel runs");
+  constexpr int W = V / 4;  // 32-bit words of a row's V bytes
   __shared__ ColumnsOrigin origin[kIm2colTMaxRows];
   const int64_t L = p.N * p.Ho * p.Wo, r0 = static_cast<int64_t>(blockIdx.x) * rows;
   for (int t = threadIdx.x; t < rows; t += blockDim.x) {
@@ -333,18 +331,15 @@ __global__ void __launch_bounds__(kIm2colTThreads)
   const int cu = static_cast<int>(p.C) / V, u0 = static_cast<int>(blockIdx.y) * unit_chunk;
   const int nu = min(unit_chunk, p.kh * p.kw * cu - u0), nsub = rows / 16;  // this CTA's units; items per unit
   for (int e = threadIdx.x; e < nu * nsub; e += blockDim.x) {
-    int u, sb;
-    if constexpr (V >= 4) {  // e = (sb / 8, unit, sb % 8)
-      const int hi = e / (nu * 8), rem = e - hi * nu * 8;
-      u = rem / 8, sb = (rem - u * 8) + 8 * hi;
-    } else {  // e = (sb, unit)
-      sb = e / nu, u = e - sb * nu;
-    }
+    // e = (sb / 8, unit, sb % 8)
+    const int hi = e / (nu * 8), rem = e - hi * nu * 8;
+    int u = rem / 8;
+    const int sb = (rem - u * 8) + 8 * hi;
     u += u0;
     const int ij = u / cu, c = (u - ij * cu) * V, i = ij / p.kw, j = ij - i * p.kw;
     const int idh = i * p.dh, jdw = j * p.dw;
     const int64_t off = (static_cast<int64_t>(idh) * p.W + jdw) * ldm + c;
-    uint32_t word[16][W];  // row t's V bytes (V = 1: in the low byte)
+    uint32_t word[16][W];  // row t's V bytes
 #pragma unroll
     for (int t = 0; t < 16; ++t) {
       const ColumnsOrigin o = origin[sb * 16 + t];
@@ -366,13 +361,7 @@ __global__ void __launch_bounds__(kIm2colTThreads)
         for (int t = 0; t < 16 && rs + t < K; ++t) dst[t] = static_cast<int8_t>((x[t / 4] >> (8 * (t % 4))) & 0xffu);
       }
     };
-    if constexpr (V == 1) {
-      uint32_t x[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        x[k] = word[4 * k][0] | (word[4 * k + 1][0] << 8) | (word[4 * k + 2][0] << 16) | (word[4 * k + 3][0] << 24);
-      store(0, x[0], x[1], x[2], x[3]);
-    } else {
+    {
 #pragma unroll
       for (int m = 0; m < W; ++m) {  // channels 4m .. 4m + 3 of the unit
         uint32_t out[4][4];  // out[s][k]: rows 4k .. 4k + 3 of channel 4m + s
@@ -390,6 +379,62 @@ __global__ void __launch_bounds__(kIm2colTThreads)
 #pragma unroll
         for (int s2 = 0; s2 < 4; ++s2) store(4 * m + s2, out[s2][0], out[s2][1], out[s2][2], out[s2][3]);
       }
+    }
+  }
+}
+
+// im2col_t for channel runs that are not 4-byte words (V = 1: the stem's 3 channels). A CTA takes 128 rows and up to
+// kIm2colTByteUnits units (a unit: one channel of one kernel offset, one row of cols_t). Its bytes are gathered into
+// shared memory transposed (unit ul's 128 row bytes at ul * kIm2colTBytePitch), consecutive threads on consecutive
+// units of one row, so a warp's loads are neighbouring bytes of the map's pixels and its byte stores fall in 32
+// different banks; then each unit's 128 bytes are written 16 bytes a thread, 8 threads a unit: 128 contiguous bytes of
+// cols_t's row a store (byte stores where its rows are not 16-byte aligned or past K). (Gathered by 16-row items
+// straight to 16-byte stores, a warp's stores went to 32 different rows.)
+constexpr int kIm2colTByteRows = 128, kIm2colTByteUnits = 256, kIm2colTBytePitch = kIm2colTByteRows + 4;
+
+__global__ void __launch_bounds__(kIm2colTThreads)
+    im2col_t_bytes_kernel(const int8_t* __restrict__ map, int64_t ldm, Col2imParams p, int8_t* __restrict__ q,
+                          int64_t ldq, int64_t K, bool vec, int unit_chunk) {
+  __shared__ ColumnsOrigin origin[kIm2colTByteRows];
+  __shared__ ColumnsOrigin unit_at[kIm2colTByteUnits];  // the unit's offset from the window origin, its (i dh, j dw)
+  __shared__ uint32_t tile[kIm2colTByteUnits * kIm2colTBytePitch / 4];
+  const int64_t L = p.N * p.Ho * p.Wo, r0 = static_cast<int64_t>(blockIdx.x) * kIm2colTByteRows;
+  const int tid = threadIdx.x;
+  const int u0 = static_cast<int>(blockIdx.y) * unit_chunk;
+  const int nu = min(unit_chunk, p.kh * p.kw * static_cast<int>(p.C) - u0);
+  for (int t = tid; t < kIm2colTByteRows; t += blockDim.x) {
+    const int64_t r = r0 + t;
+    int64_t n = 0, ho = 0, wo = 0;
+    if (r < L) im2col_pixel(p, r, n, ho, wo);
+    const int h0 = r < L ? static_cast<int>(ho) * p.sh - p.ph : -(1 << 30);  // a row past L: outside the map
+    const int w0 = static_cast<int>(wo) * p.sw - p.pw;
+    origin[t] = {r < L ? ((n * p.H + h0) * p.W + w0) * ldm : 0, h0, w0};
+  }
+  for (int ul = tid; ul < nu; ul += blockDim.x) {
+    const int u = u0 + ul, ij = u / static_cast<int>(p.C), c = u - ij * static_cast<int>(p.C);
+    const int i = ij / p.kw, j = ij - i * p.kw;
+    unit_at[ul] = {(static_cast<int64_t>(i * p.dh) * p.W + j * p.dw) * ldm + c, i * p.dh, j * p.dw};
+  }
+  __syncthreads();
+  auto* tb = reinterpret_cast<uint8_t*>(tile);
+  const int dul = kIm2colTThreads % nu, dt = kIm2colTThreads / nu;
+  for (int ul = tid % nu, t = tid / nu; t < kIm2colTByteRows; step_item(ul, t, dul, dt, nu)) {
+    const ColumnsOrigin o = origin[t], a = unit_at[ul];
+    const int h = o.h + a.h, w = o.w + a.w;
+    const bool in = static_cast<unsigned>(h) < static_cast<unsigned>(p.H) &&
+                    static_cast<unsigned>(w) < static_cast<unsigned>(p.W);
+    tb[ul * kIm2colTBytePitch + t] = in ? static_cast<uint8_t>(map[o.off + a.off]) : uint8_t{0};
+  }
+  __syncthreads();
+  for (int e = tid; e < nu * 8; e += blockDim.x) {
+    const int ul = e >> 3, m = e & 7;
+    const uint32_t* src = tile + (ul * kIm2colTBytePitch + 16 * m) / 4;
+    const int64_t rs = r0 + 16 * m;
+    int8_t* dst = q + static_cast<int64_t>(u0 + ul) * ldq + rs;
+    if (vec && rs + 16 <= K) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(src[0], src[1], src[2], src[3]);
+    } else {
+      for (int t = 0; t < 16 && rs + t < K; ++t) dst[t] = static_cast<int8_t>((src[t / 4] >> (8 * (t % 4))) & 0xffu);
     }
   }
 }
@@ -442,8 +487,17 @@ void im2col_t_launch(const TensorView& map, const ConvGeometry& g, const TensorV
     return g.C % v == 0 && map.strides[0] % v == 0 && reinterpret_cast<uintptr_t>(map.data) % v == 0;
   };
   const bool vec = cols_t.strides[0] % 16 == 0 && reinterpret_cast<uintptr_t>(cols_t.data) % 16 == 0;
+  const auto* m = static_cast<const int8_t*>(map.data);
+  auto* q = static_cast<int8_t*>(cols_t.data);
   const int V = aligned(16) ? 16 : aligned(4) ? 4 : 1;
   const int units = static_cast<int>(g.kh * g.kw * (g.C / V));
+  if (V == 1) {  // 128-row tiles, the units in chunks of at most kIm2colTByteUnits down grid.y
+    const int chunks = static_cast<int>(ceil_div(int64_t{units}, int64_t{kIm2colTByteUnits}));
+    const int unit_chunk = static_cast<int>(ceil_div(int64_t{units}, int64_t{chunks}));
+    launch(im2col_t_bytes_kernel, dim3(static_cast<unsigned>(ceil_div(K, int64_t{kIm2colTByteRows})), chunks),
+           kIm2colTThreads, 0, m, map.strides[0], p, q, cols_t.strides[0], K, vec, unit_chunk);
+    return;
+  }
   // the longest row tiles (512, 256 or 128 rows) of which there are still kColumnsGridTarget / 4 (a couple per SM),
   // then the units split over grid.y up to ~kColumnsGridTarget CTAs
   int rows = kIm2colTMaxRows;
@@ -453,17 +507,13 @@ void im2col_t_launch(const TensorView& map, const ConvGeometry& g, const TensorV
       static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(units, ceil_div(kColumnsGridTarget, tiles))));
   const int unit_chunk = static_cast<int>(ceil_div(int64_t{units}, int64_t{ychunks}));
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(ceil_div(int64_t{units}, int64_t{unit_chunk})));
-  const auto* m = static_cast<const int8_t*>(map.data);
-  auto* q = static_cast<int8_t*>(cols_t.data);
   const auto go = [&](auto kernel) {
     launch(kernel, grid, kIm2colTThreads, 0, m, map.strides[0], p, q, cols_t.strides[0], K, vec, rows, unit_chunk);
   };
   if (V == 16)
     go(im2col_t_kernel<16>);
-  else if (V == 4)
-    go(im2col_t_kernel<4>);
   else
-    go(im2col_t_kernel<1>);
+    go(im2col_t_kernel<4>);
 }
 
 }  // namespace hot::cuda

@@ -43,8 +43,8 @@ TEST(Emu_CompressColumns, BitExactVsCpu) {
       }
 }
 
-// im2col_t's kernel (V = 4 and V = 1 gathers; 16-byte and byte stores) against the CPU's bytes, the zeros past L and
-// the outputs' row padding included.
+// im2col_t's kernels (V = 4 and 16 gathers; the byte kernel of other channel runs, its units in one chunk and in
+// several; 16-byte and byte stores) against the CPU's bytes, the zeros past L and the outputs' row padding included.
 TEST(Emu_Im2colT, BitExactVsCpu) {
 #if defined(HOT_EMU_RACE)
   const std::vector<hot::ConvGeometry> geoms = {hot_cuda_test::col2im_geometries()[0]};
@@ -60,6 +60,11 @@ TEST(Emu_Im2colT, BitExactVsCpu) {
   geoms.push_back(big);
   big.N = 2, big.C = 16, big.H = 96, big.W = 96;  // 18,432 rows: 144 tiles of 128 rows
   geoms.push_back(big);
+  hot::ConvGeometry g7;  // 7 channels of a 7 x 7 kernel, dilated: 343 units, two chunks of the byte kernel
+  g7.N = 2, g7.C = 7, g7.H = 13, g7.W = 11, g7.kh = 7, g7.kw = 7, g7.ph = 5, g7.pw = 4, g7.dh = 2, g7.dw = 2;
+  geoms.push_back(g7);
+  g7.C = 3, g7.H = 40, g7.W = 40, g7.sh = 2, g7.sw = 2, g7.ph = 3, g7.pw = 3, g7.dh = 1, g7.dw = 1;  // a stem
+  geoms.push_back(g7);
 #endif
   uint64_t seed = 9160;
   for (const hot::ConvGeometry& g : geoms)

@@ -9,7 +9,9 @@ shrink what the ReLU keeps. ``hot.torch.ReLU`` keeps those positions packed 8 to
 int8 copy replaces the output: per element 1 + 1/8 bytes against 2 (bf16) or 4 (fp32). Bit for bit the same output and
 gradient (the same selection: a non-finite g_y where the output is 0 gives 0, a NaN input passes its g_y). The engine
 does both passes (``hot.relu_mask``: the ReLU and its mask in one pass over x, in x's memory order, so a channels-last
-map needs no copy; ``hot.relu_mask_backward``: one pass over g_y); float64 and other devices keep torch's ReLU.
+map needs no copy; ``hot.relu_mask_backward``: one pass over g_y); float64 and other devices keep torch's ReLU. The
+ReLU's pass also takes its output's amax, which a converted convolution that quantises that output next takes instead
+of a pass of its own over it (SPEC §2; eager and recorded steps: ``hot.torch.ops.note_amax``).
 
 MaxPool2d: torch's max-pool keeps its input and the int64 position of each window's maximum, but its backward reads
 only the positions (the input serves for its shape). ``hot.torch.MaxPool2d`` keeps each maximum's offset inside its

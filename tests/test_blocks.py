@@ -82,6 +82,23 @@ def test_quantize_bit_exact(fw, bits, scale, rounding, dtype, rng):
     assert np.abs(fw.numpy(q)).max() <= qmax
 
 
+@pytest.mark.parametrize("fw,dtype", FW_DTYPES)
+def test_relu_amax_feeds_quantize_and_codes(fw, dtype, rng):
+    """hot.relu_mask(x, amax=True)'s amax is max(relu(x)) (a float32 (1,) array of x's framework and device);
+    hot.quantize and hot.activation_codes of the ReLU's output given it return what they return without it."""
+    x = fw.make(rng.standard_normal((37, 24)) * 3, dtype)
+    y, bits, amax = hot.relu_mask(x, amax=True)
+    fw.check(amax, "float32", (1,))
+    assert fw.numpy(amax)[0] == np.maximum(fw.numpy(x).astype(np.float32), 0).max()
+    q0, s0 = hot.quantize(y)
+    q1, s1 = hot.quantize(y, amax=amax)
+    np.testing.assert_array_equal(fw.numpy(q1), fw.numpy(q0))
+    np.testing.assert_array_equal(fw.numpy(s1), fw.numpy(s0))
+    c0, c1 = hot.activation_codes(y), hot.activation_codes(y, amax=amax)
+    np.testing.assert_array_equal(fw.numpy(c1.q), fw.numpy(c0.q))
+    np.testing.assert_array_equal(fw.numpy(c1.scale), fw.numpy(c0.scale))
+
+
 def test_quantize_zero_and_non_finite():
     q, s = hot.quantize(np.zeros((3, 4), np.float32))
     assert (q == 0).all() and (s == 0).all()

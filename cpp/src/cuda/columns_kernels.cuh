@@ -114,6 +114,16 @@ struct __align__(16) ColumnsOrigin {
   int h, w;
 };
 
+// The window origin of im2col row r (of L; a row past L lies outside the map): its element offset in the map (row
+// stride ldm; may lie outside) and its (h, w).
+__device__ __forceinline__ ColumnsOrigin window_origin(const Col2imParams& p, int64_t r, int64_t L, int64_t ldm) {
+  int64_t n = 0, ho = 0, wo = 0;
+  if (r < L) im2col_pixel(p, r, n, ho, wo);
+  const int h0 = r < L ? static_cast<int>(ho) * p.sh - p.ph : -(1 << 30);
+  const int w0 = static_cast<int>(wo) * p.sw - p.pw;
+  return {r < L ? ((n * p.H + h0) * p.W + w0) * ldm : 0, h0, w0};
+}
+
 template <bool kQuant, int V>
 __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (42 KB of shared memory each) per SM
     compress_columns_kernel(const int8_t* __restrict__ map, int64_t ldm, Col2imParams p, int rank, int TB,
@@ -139,14 +149,7 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
   for (int64_t tl = blockIdx.x; tl < ntiles; tl += gridDim.x) {
     const int64_t jb0 = tl * TB;
     const int nb = nblk - jb0 < TB ? static_cast<int>(nblk - jb0) : TB;  // blocks of this tile
-    for (int t = tid; t < TB * 16; t += nthr) {
-      const int64_t r = jb0 * 16 + t;
-      int64_t n = 0, ho = 0, wo = 0;
-      if (r < L) im2col_pixel(p, r, n, ho, wo);
-      const int h0 = r < L ? static_cast<int>(ho) * p.sh - p.ph : -(1 << 30);  // a padding row: outside the map
-      const int w0 = static_cast<int>(wo) * p.sw - p.pw;
-      origin[t] = {r < L ? ((n * p.H + h0) * p.W + w0) * ldm : 0, h0, w0};
-    }
+    for (int t = tid; t < TB * 16; t += nthr) origin[t] = window_origin(p, jb0 * 16 + t, L, ldm);
     __syncthreads();
     for (int u0 = static_cast<int>(blockIdx.y) * chunk_units; u0 < units;
          u0 += static_cast<int>(gridDim.y) * chunk_units) {  // the column chunks of this CTA's grid row
@@ -319,14 +322,7 @@ __global__ void __launch_bounds__(kIm2colTThreads)
   constexpr int W = V / 4;  // 32-bit words of a row's V bytes
   __shared__ ColumnsOrigin origin[kIm2colTMaxRows];
   const int64_t L = p.N * p.Ho * p.Wo, r0 = static_cast<int64_t>(blockIdx.x) * rows;
-  for (int t = threadIdx.x; t < rows; t += blockDim.x) {
-    const int64_t r = r0 + t;
-    int64_t n = 0, ho = 0, wo = 0;
-    if (r < L) im2col_pixel(p, r, n, ho, wo);
-    const int h0 = r < L ? static_cast<int>(ho) * p.sh - p.ph : -(1 << 30);  // a row past L: outside the map
-    const int w0 = static_cast<int>(wo) * p.sw - p.pw;
-    origin[t] = {r < L ? ((n * p.H + h0) * p.W + w0) * ldm : 0, h0, w0};
-  }
+  for (int t = threadIdx.x; t < rows; t += blockDim.x) origin[t] = window_origin(p, r0 + t, L, ldm);
   __syncthreads();
   const int cu = static_cast<int>(p.C) / V, u0 = static_cast<int>(blockIdx.y) * unit_chunk;
   const int nu = min(unit_chunk, p.kh * p.kw * cu - u0), nsub = rows / 16;  // this CTA's units; items per unit
@@ -402,14 +398,7 @@ __global__ void __launch_bounds__(kIm2colTThreads)
   const int tid = threadIdx.x;
   const int u0 = static_cast<int>(blockIdx.y) * unit_chunk;
   const int nu = min(unit_chunk, p.kh * p.kw * static_cast<int>(p.C) - u0);
-  for (int t = tid; t < kIm2colTByteRows; t += blockDim.x) {
-    const int64_t r = r0 + t;
-    int64_t n = 0, ho = 0, wo = 0;
-    if (r < L) im2col_pixel(p, r, n, ho, wo);
-    const int h0 = r < L ? static_cast<int>(ho) * p.sh - p.ph : -(1 << 30);  // a row past L: outside the map
-    const int w0 = static_cast<int>(wo) * p.sw - p.pw;
-    origin[t] = {r < L ? ((n * p.H + h0) * p.W + w0) * ldm : 0, h0, w0};
-  }
+  for (int t = tid; t < kIm2colTByteRows; t += blockDim.x) origin[t] = window_origin(p, r0 + t, L, ldm);
   for (int ul = tid; ul < nu; ul += blockDim.x) {
     const int u = u0 + ul, ij = u / static_cast<int>(p.C), c = u - ij * static_cast<int>(p.C);
     const int i = ij / p.kw, j = ij - i * p.kw;

@@ -299,24 +299,30 @@ void transpose(const TensorView& in, const TensorView& out, Stream stream) {
   HOT_DISPATCH(in.device, transpose, in, out, stream);
 }
 
-void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, Stream stream) {
+namespace {
+void relu_mask_with(const TensorView& x, const TensorView& y, const TensorView& bits, const TensorView* amax,
+                    Stream stream) {
   const char* op = "relu_mask";
   check_elementwise(op, "x", x, "y", y);
   check_mask_bits(op, bits, "x", x);
-  HOT_DISPATCH(x.device, relu_mask, x, y, bits, nullptr, stream);
+  if (amax != nullptr) {
+    check_vector(op, "amax", *amax, 1, false, DType::f32);
+    HOT_CHECK_SAME_DEVICE(op, "x", x, "amax", *amax);
+    const auto [yb, ye] = byte_span(y);
+    const auto [ab, ae] = byte_span(*amax);
+    HOT_CHECK_VALUE(ae <= yb || ye <= ab, op, ": amax must not overlap y");
+  }
+  HOT_DISPATCH(x.device, relu_mask, x, y, bits, amax, stream);
+}
+}  // namespace
+
+void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, Stream stream) {
+  relu_mask_with(x, y, bits, nullptr, stream);
 }
 
 void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, const TensorView& amax,
                Stream stream) {
-  const char* op = "relu_mask";
-  check_elementwise(op, "x", x, "y", y);
-  check_mask_bits(op, bits, "x", x);
-  check_vector(op, "amax", amax, 1, false, DType::f32);
-  HOT_CHECK_SAME_DEVICE(op, "x", x, "amax", amax);
-  const auto [yb, ye] = byte_span(y);
-  const auto [ab, ae] = byte_span(amax);
-  HOT_CHECK_VALUE(ae <= yb || ye <= ab, op, ": amax must not overlap y");
-  HOT_DISPATCH(x.device, relu_mask, x, y, bits, &amax, stream);
+  relu_mask_with(x, y, bits, &amax, stream);
 }
 
 void relu_mask_backward(const TensorView& g_y, const TensorView& bits, const TensorView& g_x, Stream stream) {
@@ -443,18 +449,26 @@ void compress_activation(const TensorView& x, const TensorView& q_t, const Tenso
   HOT_DISPATCH(x.device, compress_activation, x, q_t, scale, rank, stream);
 }
 
+namespace {
+void activation_codes_with(const TensorView& x, const TensorView& q_t, const TensorView& scale, const TensorView* amax,
+                           Stream stream) {
+  const char* op = "activation_codes";
+  check_compress(op, x, q_t, scale, 16);
+  if (amax != nullptr) {
+    check_vector(op, "amax", *amax, 1, false, DType::f32);
+    HOT_CHECK_SAME_DEVICE(op, "x", x, "amax", *amax);
+  }
+  HOT_DISPATCH(x.device, activation_codes, x, q_t, scale, amax, stream);
+}
+}  // namespace
+
 void activation_codes(const TensorView& x, const TensorView& q_t, const TensorView& scale, Stream stream) {
-  check_compress("activation_codes", x, q_t, scale, 16);
-  HOT_DISPATCH(x.device, activation_codes, x, q_t, scale, nullptr, stream);
+  activation_codes_with(x, q_t, scale, nullptr, stream);
 }
 
 void activation_codes(const TensorView& x, const TensorView& q_t, const TensorView& scale, const TensorView& amax,
                       Stream stream) {
-  const char* op = "activation_codes";
-  check_compress(op, x, q_t, scale, 16);
-  check_vector(op, "amax", amax, 1, false, DType::f32);
-  HOT_CHECK_SAME_DEVICE(op, "x", x, "amax", amax);
-  HOT_DISPATCH(x.device, activation_codes, x, q_t, scale, &amax, stream);
+  activation_codes_with(x, q_t, scale, &amax, stream);
 }
 
 void compress_activation_cast(const TensorView& x, const TensorView& x_cast, const TensorView& q_t,

@@ -277,7 +277,8 @@ def quantize(x, bits: int = 8, scale: str = "tensor", rounding: str = "nearest",
     the pass that finds it: the same result when it is x's amax (not checked)."""
     op = "quantize"
     x = _prep(x)
-    c = _Call(op, x=x) if amax is None else _Call(op, x=x, amax=_prep(amax))
+    amax = None if amax is None else _prep(amax)
+    c = _Call(op, x=x) if amax is None else _Call(op, x=x, amax=amax)
     _need_ndim(op, "x", x, 1)
     _nonempty(op, "x", x)
     if bits not in (4, 8) or not _is_int(bits):
@@ -286,8 +287,7 @@ def quantize(x, bits: int = 8, scale: str = "tensor", rounding: str = "nearest",
     _choice(op, "rounding", rounding, _ROUNDINGS)
     seed = _seed(op, seed)
     rng_stream = _int_arg(op, "rng_stream", rng_stream, 0, (1 << 32) - 1)
-    return _quantize(c, x, fws.shape(x), bits, scale, rounding, seed, rng_stream,
-                     None if amax is None else _prep(amax))
+    return _quantize(c, x, fws.shape(x), bits, scale, rounding, seed, rng_stream, amax)
 
 
 def dequantize(q, scale, dtype="float32"):
@@ -547,11 +547,12 @@ def activation_codes(x, amax=None) -> SavedActivation:
     amax when known, as :func:`quantize`'s."""
     op = "activation_codes"
     x = _prep(x)
-    c = _Call(op, x=x) if amax is None else _Call(op, x=x, amax=_prep(amax))
+    amax = None if amax is None else _prep(amax)
+    c = _Call(op, x=x) if amax is None else _Call(op, x=x, amax=amax)
     xs = fws.shape(x)
     _need_ndim(op, "x", x, 1, shape=xs)
     _nonempty(op, "x", x, shape=xs)
-    q, scale, core = _compress(c, x, xs, _config(op, None), codes=True, amax=None if amax is None else _prep(amax))
+    q, scale, core = _compress(c, x, xs, _config(op, None), codes=True, amax=amax)
     return SavedActivation(q, scale, xs, 16, core, codes=True)
 
 

@@ -99,6 +99,44 @@ def test_relu_amax_feeds_quantize_and_codes(fw, dtype, rng):
     np.testing.assert_array_equal(fw.numpy(c1.scale), fw.numpy(c0.scale))
 
 
+@pytest.mark.parametrize("fw,dtype", FW_DTYPES)
+def test_batch_norm_backward_input_and_its_amax(fw, dtype, rng):
+    """hot.batch_norm_backward_input: g_x within the float32 steps' and the final rounding's error of a float64
+    evaluation of BatchNorm's input gradient, in grad_output's dtype, framework and shape; gt_amax (float32 (1,)) is the
+    max |.| of g_x's block Hadamard transform along C (hot.hadamard_transform in float32), and hot.backward_linear of
+    that g_x with a layer's codes returns the same bits given it as without it."""
+    R, C = 200, 48
+    gy = fw.make(rng.standard_normal((4, R // 4, C)), dtype)
+    x = fw.make(rng.standard_normal((4, R // 4, C)) * 2 + 0.5, dtype)
+    mean, invstd = rng.standard_normal(C) * 0.1, 0.5 + np.abs(rng.standard_normal(C))
+    w, sd, sdx = rng.standard_normal(C), rng.standard_normal(C) * R * 0.05, rng.standard_normal(C) * R * 0.05
+    f32 = [fw.make(v, "float32") for v in (mean, invstd, sd, sdx, w)]
+    gx, amax = hot.batch_norm_backward_input(gy, x, *f32[:4], weight=f32[4])
+    fw.check(gx, dtype, (4, R // 4, C))
+    fw.check(amax, "float32", (1,))
+    m32, is32, sd32, sdx32, w32 = (v.astype(np.float32).astype(np.float64) for v in (mean, invstd, sd, sdx, w))
+    g64 = fw.numpy(gy).astype(np.float64).reshape(R, C)
+    x64 = fw.numpy(x).astype(np.float64).reshape(R, C)
+    terms = np.abs(g64) + np.abs(sd32 / R) + np.abs((x64 - m32) * sdx32 / R * is32 ** 2)
+    want = (g64 - sd32 / R - (x64 - m32) * sdx32 / R * is32 ** 2) * is32 * w32
+    got = fw.numpy(gx).astype(np.float64).reshape(R, C)
+    bound = 8 * 2.0 ** -24 * terms * np.abs(is32 * w32) + UNIT_ROUNDOFF[dtype] * np.abs(want) + 1e-30
+    assert np.all(np.abs(got - want) <= bound)
+    gt = fw.numpy(hot.hadamard_transform(fw.make(got.reshape(R, C), "float32"), block=16))
+    assert fw.numpy(amax)[0] == np.abs(gt).max()
+    codes = hot.activation_codes(fw.make(rng.standard_normal((R, 32)), dtype))
+    wl = fw.make(rng.standard_normal((C, 32)) * 0.1, dtype)
+    g2 = fw.make(got.reshape(R, C), dtype)
+    plain = hot.backward_linear(g2, wl, codes)
+    handed = hot.backward_linear(g2, wl, codes, grad_output_amax=amax)
+    for a, b in zip(plain[:2], handed[:2]):
+        np.testing.assert_array_equal(fw.numpy(a), fw.numpy(b))
+    with pytest.raises(ValueError, match="grad_output_amax has shape"):
+        hot.backward_linear(g2, wl, codes, grad_output_amax=f32[0])
+    with pytest.raises(ValueError, match="batch_norm_backward_input: x has shape"):
+        hot.batch_norm_backward_input(gy, fw.make(rng.standard_normal((R, C)), dtype), *f32[:4])
+
+
 def test_quantize_zero_and_non_finite():
     q, s = hot.quantize(np.zeros((3, 4), np.float32))
     assert (q == 0).all() and (s == 0).all()

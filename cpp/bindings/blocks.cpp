@@ -241,6 +241,33 @@ void register_blocks(py::module_& m) {
       py::arg("g_y"), py::arg("bits"), py::arg("g_x"), py::arg("stream"));
 
   m.def(
+      "batch_norm_backward_input",
+      [](py::handle g_y, py::handle x, py::handle mean, py::handle invstd, py::handle weight, py::handle sum_dy,
+         py::handle sum_dy_xmu, py::handle g_x, py::handle gt_amax, int64_t stream) {
+        const char* op = "batch_norm_backward_input";
+        OpContext ctx(op, stream);
+        const hot::TensorView gv = ctx.input(g_y, "g_y", hotpy::kFloat), xv = ctx.input(x, "x", hotpy::kFloat);
+        const hot::TensorView mv = ctx.input(mean, "mean", hotpy::kF32, -2);
+        const hot::TensorView iv = ctx.input(invstd, "invstd", hotpy::kF32, -2);
+        const hot::TensorView sv = ctx.input(sum_dy, "sum_dy", hotpy::kF32, -2);
+        const hot::TensorView sxv = ctx.input(sum_dy_xmu, "sum_dy_xmu", hotpy::kF32, -2);
+        hot::TensorView wv, ov, av;
+        if (!weight.is_none()) wv = ctx.input(weight, "weight", hotpy::kF32, -2);
+        py::object rx = output(ctx, g_x, "g_x", hotpy::kFloat, gv.dtype, gv.shape, ov);
+        py::object ra = output(ctx, gt_amax, "gt_amax", hotpy::kF32, hot::DType::f32, {1}, av, -2);
+        {
+          py::gil_scoped_release nogil;
+          hot::batch_norm_backward_input(gv, xv, mv, iv, weight.is_none() ? nullptr : &wv, sv, sxv, ov, av,
+                                         ctx.stream());
+        }
+        return py::make_tuple(rx, ra);
+      },
+      py::arg("g_y"), py::arg("x"), py::arg("mean"), py::arg("invstd"), py::arg("weight"), py::arg("sum_dy"),
+      py::arg("sum_dy_xmu"), py::arg("g_x"), py::arg("gt_amax"), py::arg("stream"),
+      "hot::batch_norm_backward_input over rows of channels (a channels-last map flattened to N*H*W x C): (g_x, "
+      "gt_amax), each None where the caller gave the array.");
+
+  m.def(
       "max_pool2d_offsets",
       [](py::handle x, py::handle y, py::handle off, std::vector<int> kernel, std::vector<int> stride,
          std::vector<int> padding, std::vector<int> dilation, int64_t stream) {

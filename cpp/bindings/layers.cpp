@@ -184,7 +184,7 @@ void register_layers(py::module_& m) {
       "backward_linear",
       [](py::handle grad_output, py::handle weight, py::handle saved, py::handle grad_input, py::handle grad_weight,
          py::handle grad_bias, bool need_grad_input, bool need_grad_weight, bool bias, const hot::Config& config,
-         py::handle seed, int64_t stream, py::handle weight_q) {
+         py::handle seed, int64_t stream, py::handle weight_q, py::handle grad_output_amax) {
         const char* op = "backward_linear";
         OpContext ctx(op, stream);
         hot::TensorView gy = nonempty(ctx.input(grad_output, "grad_output", hotpy::kFloat), op, "grad_output");
@@ -215,29 +215,37 @@ void register_layers(py::module_& m) {
         hot::BackwardOutputs outs;
         py::object rx = py::none(), rw = py::none(), rb = py::none();
         if (need_grad_input) rx = output(ctx, grad_input, "grad_input", hotpy::kFloat, out_dt, {L, I}, outs.grad_input);
-        if (need_grad_weight)
-          rw = output(ctx, grad_weight, "grad_weight", hotpy::kFloat, out_dt, {O, I}, outs.grad_weight);
+        if (need_grad_weight)  // g_w from the codes comes in float32 (transformed in place)
+          rw = output(ctx, grad_weight, "grad_weight", hotpy::kFloat,
+                      sp != nullptr && sp->codes ? hot::DType::f32 : out_dt, {O, I}, outs.grad_weight);
         if (bias) rb = output(ctx, grad_bias, "grad_bias", hotpy::kFloat, out_dt, {O}, outs.grad_bias, -2);
+        hot::TensorView av;  // G~'s amax, known to the caller (a hint the core takes where it needs nothing else)
+        if (!grad_output_amax.is_none()) av = ctx.input(grad_output_amax, "grad_output_amax", hotpy::kF32, -2);
         {
           py::gil_scoped_release nogil;
-          if (sp != nullptr) hot::backward_linear(gy, wv, sp, config, sd, outs, ctx.stream(), wq);
-          else hot::backward_linear(gy, wv, xv, config, sd, outs, ctx.stream(), wq);
+          if (!config.exact && xv.data == nullptr)  // a SavedActivation, or no g_w
+            hot::backward_linear(gy, wv, sp, config, sd, outs, ctx.stream(), wq, av.data != nullptr ? &av : nullptr);
+          else
+            hot::backward_linear(gy, wv, xv, config, sd, outs, ctx.stream(), wq);
         }
         return py::make_tuple(rx, rw, rb);
       },
       py::arg("grad_output"), py::arg("weight"), py::arg("saved"), py::arg("grad_input"), py::arg("grad_weight"),
       py::arg("grad_bias"), py::arg("need_grad_input"), py::arg("need_grad_weight"), py::arg("bias"),
       py::arg("config"), py::arg("seed"), py::arg("stream"), py::arg("weight_q") = py::none(),
+      py::arg("grad_output_amax") = py::none(),
       "hot::backward_linear: (grad_input, grad_weight, grad_bias), each None where the caller gave the array or did "
       "not ask for it. saved: a SavedActivation, the raw x, or None without g_w. seed: an integer, or a one-element "
-      "int64 array on grad_output's device (read by the kernels: hot::Seed).");
+      "int64 array on grad_output's device (read by the kernels: hot::Seed). grad_output_amax: G~'s amax (float32 "
+      "[1]) when known, e.g. batch_norm_backward_input's (not read with the raw x).");
 
   m.def(
       "backward_conv2d",
       [](py::handle grad_output, py::handle weight, py::handle saved, py::handle grad_input, py::handle grad_weight,
          py::handle grad_bias, bool need_grad_input, bool need_grad_weight, bool bias, std::vector<int64_t> nchw,
          std::vector<int> kernel, std::vector<int> stride, std::vector<int> padding, std::vector<int> dilation,
-         bool patches, const hot::Config& config, py::handle seed, int64_t stream, py::handle weight_q) {
+         bool patches, const hot::Config& config, py::handle seed, int64_t stream, py::handle weight_q,
+         py::handle grad_output_amax) {
         const char* op = "backward_conv2d";
         const hot::ConvGeometry g = geometry(op, nchw, kernel, stride, padding, dilation, patches);
         OpContext ctx(op, stream);
@@ -257,12 +265,15 @@ void register_layers(py::module_& m) {
         py::object rx = py::none(), rw = py::none(), rb = py::none();
         if (need_grad_input)
           rx = output(ctx, grad_input, "grad_input", hotpy::kFloat, gy.dtype, {g.N * g.H * g.W, g.C}, outs.grad_input);
-        if (need_grad_weight)
-          rw = output(ctx, grad_weight, "grad_weight", hotpy::kFloat, gy.dtype, {O, CKK}, outs.grad_weight);
+        if (need_grad_weight)  // g_w from the codes comes in float32 (transformed in place)
+          rw = output(ctx, grad_weight, "grad_weight", hotpy::kFloat, sp->codes ? hot::DType::f32 : gy.dtype, {O, CKK},
+                      outs.grad_weight);
         if (bias) rb = output(ctx, grad_bias, "grad_bias", hotpy::kFloat, gy.dtype, {O}, outs.grad_bias, -2);
+        hot::TensorView av;
+        if (!grad_output_amax.is_none()) av = ctx.input(grad_output_amax, "grad_output_amax", hotpy::kF32, -2);
         {
           py::gil_scoped_release nogil;
-          hot::backward_conv2d(gy, wv, sp, g, config, sd, outs, ctx.stream(), wq);
+          hot::backward_conv2d(gy, wv, sp, g, config, sd, outs, ctx.stream(), wq, av.data != nullptr ? &av : nullptr);
         }
         return py::make_tuple(rx, rw, rb);
       },
@@ -270,8 +281,10 @@ void register_layers(py::module_& m) {
       py::arg("grad_bias"), py::arg("need_grad_input"), py::arg("need_grad_weight"), py::arg("bias"),
       py::arg("x_shape"), py::arg("kernel"), py::arg("stride"), py::arg("padding"), py::arg("dilation"),
       py::arg("patches"), py::arg("config"), py::arg("seed"), py::arg("stream"), py::arg("weight_q") = py::none(),
+      py::arg("grad_output_amax") = py::none(),
       "hot::backward_conv2d: (grad_input as the channels-last map N*H*W x C, grad_weight, grad_bias), each None where "
-      "the caller gave the array or did not ask for it. saved: the columns' SavedActivation, or None without g_w.");
+      "the caller gave the array or did not ask for it. saved: the columns' SavedActivation, or None without g_w. "
+      "grad_output_amax: G~'s amax (float32 [1]) when known, e.g. batch_norm_backward_input's.");
 }
 
 }  // namespace hotpy

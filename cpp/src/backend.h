@@ -31,8 +31,10 @@ struct GradOutputPlan {
   bool bias = false;      // produce g_b
   bool codes = false;     // the g_w path's rows as they are (no H^, rank 16, round-to-nearest, no g_x, no g_b): x's
                           // own codes, transposed (activation_codes)
-  const unsigned* amax_key = nullptr;  // codes only: x's amax key when the caller knows it (activation_codes' amax, in
-                                       // the call's device memory): no pass to find it
+  // The amax key of the one path a plan quantises with one scale, when the caller knows it (in the call's device
+  // memory, an f32 amax's bits): x's amax with codes (activation_codes' amax), or G~'s for the g_x path alone (no
+  // G^, no g_b, a per-tensor scale: backward_conv2d's grad_output_amax). No pass to find it.
+  const unsigned* amax_key = nullptr;
 };
 
 struct GradOutputQuant {
@@ -60,6 +62,10 @@ struct GradOutputQuant {
   void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, const TensorView* amax,  \
                  Stream s);                                                                                \
   void relu_mask_backward(const TensorView& gy, const TensorView& bits, const TensorView& gx, Stream s);   \
+  void batch_norm_backward_input(const TensorView& gy, const TensorView& x, const TensorView& mean,          \
+                                 const TensorView& invstd, const TensorView* weight, const TensorView& sum_dy, \
+                                 const TensorView& sum_dy_xmu, const TensorView& gx, const TensorView& amax, \
+                                 Stream s);                                                                \
   void max_pool2d_offsets(const TensorView& x, const ConvGeometry& g, const TensorView& y, const TensorView& off, \
                           Stream s);                                                                       \
   void max_pool2d_offsets_backward(const TensorView& gy, const TensorView& off, const ConvGeometry& g,     \

@@ -332,6 +332,39 @@ void relu_mask_backward(const TensorView& g_y, const TensorView& bits, const Ten
   HOT_DISPATCH(g_y.device, relu_mask_backward, g_y, bits, g_x, stream);
 }
 
+void batch_norm_backward_input(const TensorView& g_y, const TensorView& x, const TensorView& mean,
+                               const TensorView& invstd, const TensorView* weight, const TensorView& sum_dy,
+                               const TensorView& sum_dy_xmu, const TensorView& g_x, const TensorView& gt_amax,
+                               Stream stream) {
+  const char* op = "batch_norm_backward_input";
+  check_float_matrix(op, "g_y", g_y);
+  const int64_t C = g_y.shape[1];
+  check_float_matrix(op, "x", x);
+  HOT_CHECK_SHAPE(op, "x", x, g_y.shape);
+  HOT_CHECK_DTYPE(op, "x", x, x.dtype == g_y.dtype, dtype_name(g_y.dtype));
+  check_float_matrix(op, "g_x", g_x);
+  HOT_CHECK_SHAPE(op, "g_x", g_x, g_y.shape);
+  HOT_CHECK_DTYPE(op, "g_x", g_x, g_x.dtype == g_y.dtype, dtype_name(g_y.dtype));
+  const std::pair<const char*, const TensorView*> per_channel[] = {
+      {"mean", &mean}, {"invstd", &invstd}, {"weight", weight}, {"sum_dy", &sum_dy}, {"sum_dy_xmu", &sum_dy_xmu}};
+  for (const auto& [name, t] : per_channel) {
+    if (t == nullptr) continue;
+    check_vector(op, name, *t, C, false, DType::f32);
+    HOT_CHECK_SAME_DEVICE(op, "g_y", g_y, name, *t);
+  }
+  check_vector(op, "gt_amax", gt_amax, 1, false, DType::f32);
+  HOT_CHECK_SAME_DEVICE(op, "g_y", g_y, "x", x);
+  HOT_CHECK_SAME_DEVICE(op, "g_y", g_y, "g_x", g_x);
+  HOT_CHECK_SAME_DEVICE(op, "g_y", g_y, "gt_amax", gt_amax);
+  const auto [ob, oe] = byte_span(g_x);
+  for (const TensorView* in : {&g_y, &x}) {
+    const auto [ib, ie] = byte_span(*in);
+    HOT_CHECK_VALUE(ie <= ob || oe <= ib, op, ": g_x must not overlap g_y or x");
+  }
+  HOT_DISPATCH(g_y.device, batch_norm_backward_input, g_y, x, mean, invstd, weight, sum_dy, sum_dy_xmu, g_x, gt_amax,
+               stream);
+}
+
 namespace {
 
 // Every output position's window along one axis holds an input position (its first in-bounds tap exists).
@@ -576,13 +609,21 @@ void check_seed(const char* op, const Seed& seed, const TensorView& gy) {
   HOT_CHECK_VALUE(reinterpret_cast<uintptr_t>(t.data) % 8 == 0, op, ": the seed tensor's data is not 8-byte aligned");
 }
 
+// grad_output_amax (backward_linear, backward_conv2d): G~'s amax, f32 [1] on grad_output's device, or null.
+void check_gy_amax(const char* op, const TensorView& gy, const TensorView* amax) {
+  if (amax == nullptr) return;
+  check_vector(op, "grad_output_amax", *amax, 1, false, DType::f32);
+  HOT_CHECK_SAME_DEVICE(op, "grad_output", gy, "grad_output_amax", *amax);
+}
+
 // One integer backward over the rows of gy (L x O) whose g_w contraction fits one GEMM: q and scale are the ABC
 // buffer of those rows (I x >= padded_k(hla_rows(L, rank)) s8, [1] f32; used when out.grad_weight is requested).
 // conv: a stride-1 convolution whose g_x (the rows' images' channels-last map) is the transposed convolution of the
-// codes of G~ (conv_grad_input), else nullptr (g_x = G~ W~ as a GEMM).
+// codes of G~ (conv_grad_input), else nullptr (g_x = G~ W~ as a GEMM). gy_amax: G~'s amax when the caller knows it
+// (backward_conv2d's grad_output_amax), taken where the g_y pass would find nothing else (the g_x path alone).
 void backward_rows(const TensorView& gy, const QuantizedWeight& wq, const TensorView& q, const TensorView& scale,
                    const Config& config, const Seed& seed, const BackwardOutputs& out, Stream stream,
-                   const ConvGeometry* conv = nullptr, bool codes = false) {
+                   const ConvGeometry* conv = nullptr, bool codes = false, const TensorView* gy_amax = nullptr) {
   const bool gx = requested(out.grad_input), gw = requested(out.grad_weight), gb = requested(out.grad_bias);
   const bool gw_codes = gw && codes;  // g_w from G~'s codes and x's (SPEC §4): G~ is formed, G^ is not
   const int64_t L = gy.shape[0], O = gy.shape[1];
@@ -602,6 +643,8 @@ void backward_rows(const TensorView& gy, const QuantizedWeight& wq, const Tensor
   plan.seed = seed.value;
   plan.seed_ptr = seed.tensor.data != nullptr ? static_cast<const uint64_t*>(seed.tensor.data) : nullptr;
   plan.bias = gb;
+  if (gy_amax != nullptr && plan.gx && !plan.gw && !plan.bias && plan.gx_scale == ScaleMode::tensor)
+    plan.amax_key = static_cast<const unsigned*>(gy_amax->data);
 
   Tensor q_g, s_g, q_gh_t, s_gh, q_g_t;
   GradOutputQuant qo;
@@ -696,7 +739,7 @@ void check_backward_inputs(const char* op, const TensorView& gy, const TensorVie
 // g_w contraction's integer sum is exact for any L, gemm_s8_dequant).
 void backward_linear_impl(const TensorView& gy, const TensorView& w, const SavedActivation* saved,
                           const TensorView* raw_x, const Config& config, const Seed& seed, const BackwardOutputs& out,
-                          Stream stream, const QuantizedWeight* weight_q) {
+                          Stream stream, const QuantizedWeight* weight_q, const TensorView* gy_amax = nullptr) {
   const char* op = "backward_linear";
   config.validate();
   HOT_CHECK_VALUE(!config.exact, op, ": config.exact is set; use backward_linear_exact with the raw x");
@@ -704,6 +747,7 @@ void backward_linear_impl(const TensorView& gy, const TensorView& w, const Saved
   int64_t L, O, I;
   check_backward_inputs(op, gy, w, saved, raw_x, config, out, weight_q, gx, L, O, I);
   check_seed(op, seed, gy);
+  check_gy_amax(op, gy, gy_amax);
   const Device dev = gy.device;
   const int rank = config.rank;
   if (!gx && !gw && !gb) return;
@@ -718,14 +762,14 @@ void backward_linear_impl(const TensorView& gy, const TensorView& w, const Saved
     saved = &own;
   }
   backward_rows(gy, wq, gw ? saved->q.view() : TensorView{}, gw ? saved->scale.view() : TensorView{}, config, seed,
-                out, stream, nullptr, gw && saved->codes);
+                out, stream, nullptr, gw && saved->codes, gy_amax);
 }
 
 }  // namespace
 
 void backward_conv2d(const TensorView& gy, const TensorView& w, const SavedActivation* saved, const ConvGeometry& g,
                      const Config& config, const Seed& seed, const BackwardOutputs& out, Stream stream,
-                     const QuantizedWeight* weight_q) {
+                     const QuantizedWeight* weight_q, const TensorView* grad_output_amax) {
   const char* op = "backward_conv2d";
   config.validate();
   HOT_CHECK_VALUE(!config.exact, op, ": config.exact is set; the exact backward of a convolution is not hot's");
@@ -741,6 +785,7 @@ void backward_conv2d(const TensorView& gy, const TensorView& w, const SavedActiv
                   " output pixels");
   HOT_CHECK_VALUE(cols == CKK, op, ": weight has ", cols, " columns but the geometry has kh * kw * C = ", CKK);
   check_seed(op, seed, gy);
+  check_gy_amax(op, gy, grad_output_amax);
   if (gx) {
     check_float_matrix(op, "grad_input", out.grad_input);
     HOT_CHECK_SHAPE(op, "grad_input", out.grad_input, (std::vector<int64_t>{g.N * g.H * g.W, g.C}));
@@ -759,13 +804,13 @@ void backward_conv2d(const TensorView& gy, const TensorView& w, const SavedActiv
       cols = Tensor::empty(out.grad_input.dtype, {L, CKK}, dev, stream);
       lo.grad_input = cols.view();
     }
-    backward_linear_impl(gy, w, saved, nullptr, config, seed, lo, stream, weight_q);
+    backward_linear_impl(gy, w, saved, nullptr, config, seed, lo, stream, weight_q, grad_output_amax);
     if (gx) HOT_DISPATCH(dev, col2im, cols.view(), g, out.grad_input, stream);
     return;
   }
   const QuantizedWeight wq = weight_q != nullptr ? *weight_q : quantize_weight(w, config.gx_bits, stream);
   backward_rows(gy, wq, gw ? saved->q.view() : TensorView{}, gw ? saved->scale.view() : TensorView{}, config, seed, out,
-                stream, &g, gw && saved->codes);
+                stream, &g, gw && saved->codes, grad_output_amax);
 }
 
 QuantizedWeight quantize_weight(const TensorView& w, int gx_bits, Stream stream) {
@@ -784,8 +829,9 @@ QuantizedWeight quantize_weight(const TensorView& w, int gx_bits, Stream stream)
 }
 
 void backward_linear(const TensorView& gy, const TensorView& w, const SavedActivation* saved, const Config& config,
-                     const Seed& seed, const BackwardOutputs& out, Stream stream, const QuantizedWeight* weight_q) {
-  backward_linear_impl(gy, w, saved, nullptr, config, seed, out, stream, weight_q);
+                     const Seed& seed, const BackwardOutputs& out, Stream stream, const QuantizedWeight* weight_q,
+                     const TensorView* grad_output_amax) {
+  backward_linear_impl(gy, w, saved, nullptr, config, seed, out, stream, weight_q, grad_output_amax);
 }
 
 void backward_linear(const TensorView& gy, const TensorView& w, const TensorView& x, const Config& config,

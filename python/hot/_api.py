@@ -428,6 +428,30 @@ def relu_mask_backward(grad_output, bits):
     return c.fw.reshape(_relu_mask_backward(c, c.fw.reshape(gy, (n,)), bits, None), s)
 
 
+def batch_norm_backward_input(grad_output, x, mean, invstd, sum_dy, sum_dy_xmu, weight=None):
+    """BatchNorm's input gradient in training for x (..., C) with channels last (SPEC §2 "BatchNorm's hand-over"):
+    (grad_input, gt_amax). mean, invstd: the forward's batch statistics, sum_dy, sum_dy_xmu: the per-channel sums of
+    g_y and g_y (x - mean) (torch.batch_norm_backward_reduce's), weight: the affine scale or None, each float32 (C,).
+    grad_input in grad_output's dtype (torch's CUDA kernels' float32 evaluation, bit for bit); gt_amax, float32 (1,):
+    the max |.| of grad_input's block Hadamard transform along C (G~ of a layer whose grad_output it is), which
+    :func:`backward_linear` takes as grad_output_amax."""
+    op = "batch_norm_backward_input"
+    gy, xa = _prep(grad_output), _prep(x)
+    stats = {"mean": mean, "invstd": invstd, "sum_dy": sum_dy, "sum_dy_xmu": sum_dy_xmu, "weight": weight}
+    stats = {k: None if v is None else _prep(v) for k, v in stats.items()}
+    c = _Call(op, grad_output=gy, x=xa, **{k: v for k, v in stats.items() if v is not None})
+    s = fws.shape(gy)
+    _need_ndim(op, "grad_output", gy, 1, shape=s)
+    _nonempty(op, "grad_output", gy, shape=s)
+    if fws.shape(xa) != s:
+        raise ValueError(f"{op}: x has shape {fws.shape(xa)}, expected grad_output's {s}")
+    C = s[-1]
+    rows = (fws.prod(s[:-1]), C)
+    gx, amax = _batch_norm_backward_input(c, c.fw.reshape(gy, rows), c.fw.reshape(xa, rows), stats["mean"],
+                                          stats["invstd"], stats["weight"], stats["sum_dy"], stats["sum_dy_xmu"])
+    return c.fw.reshape(gx, s), amax
+
+
 def pack_int4(q):
     """Packs int8 values in [-8, 7] two per byte (SPEC §5): uint8 (..., C/2)."""
     op = "pack_int4"
@@ -594,13 +618,17 @@ def quantize_weight(weight, config: Optional[Config] = None) -> QuantizedWeight:
 
 
 def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: Optional[Config] = None,
-                    seed=0, need_grad_input: bool = True, need_grad_weight: bool = True, weight_q=None):
+                    seed=0, need_grad_input: bool = True, need_grad_weight: bool = True, weight_q=None,
+                    grad_output_amax=None):
     """HOT backward of y = x W^T (+ b) (SPEC §3, §4): (grad_input, grad_weight, grad_bias), None for
     what was not requested. grad_output (..., O); weight O x I; saved a SavedActivation or the raw x.
     A batch of any length is one backward (SPEC §4: a g_w contraction past one int32 GEMM is summed in int64).
     weight_q: the weight's :func:`quantize_weight` at config.gx_bits, used instead of forming W~ again (same bits).
     seed: the stochastic-rounding seed, an integer or a one-element int64 array on grad_output's device, which the
-    kernels read when they run (SPEC §5: a CUDA graph that draws it on the GPU rounds with a new seed per replay)."""
+    kernels read when they run (SPEC §5: a CUDA graph that draws it on the GPU rounds with a new seed per replay).
+    grad_output_amax: G~'s amax of grad_output, float32 (1,), when known (:func:`batch_norm_backward_input` gives it):
+    taken instead of the g_y pass's own pass over grad_output where that pass would find nothing else (per-tensor g_x
+    scale, g_w from x's codes or none, no bias), else not read; the results are the same bits either way."""
     op = "backward_linear"
     config = _config(op, config)
     seed_arr = None if _is_int(seed) else _prep(seed)
@@ -655,8 +683,15 @@ def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: O
             g_w_operand = raw
     # g_w from the codes (SPEC §4) is transformed along O in float32 and comes back in float32
     gw_dtype = "float32" if need_grad_weight and is_saved and saved.codes else None
+    amax = None
+    if grad_output_amax is not None:
+        amax = _prep(grad_output_amax)
+        if fws.shape(amax) != (1,):
+            raise ValueError(f"{op}: grad_output_amax has shape {fws.shape(amax)}, expected (1,)")
+        if not is_saved and need_grad_weight:
+            amax = None  # the raw x is compressed with G^'s path, whose pass finds G~'s amax as well
     return _backward_linear(c, gy, w, g_w_operand, lead + (I,), bool(need_grad_input), bool(need_grad_weight),
-                            bool(bias), config, seed, weight_q, gw_dtype)
+                            bool(bias), config, seed, weight_q, gw_dtype, gy_amax=amax)
 
 
 # ---- the one entry per layer operation ------------------------------------------------------------------
@@ -778,6 +813,15 @@ def _relu_mask(c: _Call, x, y, bits=None, amax=False):
     return c.result(y, ry), c.result(bits, rb), c.result(m, rm)
 
 
+def _batch_norm_backward_input(c: _Call, gy, x, mean, invstd, weight, sum_dy, sum_dy_xmu, out=None):
+    """batch_norm_backward_input of the R x C arrays gy and x into out (None: a new array): (g_x, gt_amax)."""
+    if out is None:
+        out = c.empty_as(fws.shape(gy), gy)
+    amax = c.empty((1,), "float32")
+    rx, ra = c.call(_C.batch_norm_backward_input, gy, x, mean, invstd, weight, sum_dy, sum_dy_xmu, out, amax, c.stream)
+    return c.result(out, rx), c.result(amax, ra)
+
+
 def _relu_mask_backward(c: _Call, gy, bits, out):
     """relu_mask_backward of the 1-D array gy into out (gy itself: in place; None: a new array)."""
     if out is None:
@@ -798,13 +842,13 @@ def _wrap_saved(c: _Call, q, scale, rows: int, cols: int, rank: int, op: str, co
 
 
 def _backward_linear(c: _Call, gy, w, saved, gi_shape, need_gi: bool, need_gw: bool, bias: bool, config, seed,
-                     weight_q=None, gw_dtype=None, gi_dtype=None):
+                     weight_q=None, gw_dtype=None, gi_dtype=None, gy_amax=None):
     """backward_linear of gy (..., O) and w (O x I): (g_x shaped gi_shape, g_w, g_b), None where not requested.
     saved: the g_w operand when need_gw: the core's SavedActivation (_compress, _wrap_saved) or the raw x (L x I
     elements), which the core compresses (or, in exact mode, uses in gy's dtype). weight_q: the core's QuantizedWeight
     of w at config.gx_bits, or None (the core forms W~). The results come in gy's dtype; g_w in gw_dtype and g_x in
     gi_dtype when given (dtype names, e.g. "float32"). seed: an integer, or a one-element int64 array on gy's device
-    (hot::Seed)."""
+    (hot::Seed). gy_amax: G~'s amax ((1,) float32) when known (a BatchNorm's backward hands it over), else None."""
     if config.exact:
         dt = c.fw.dtype_name(gy)
         w = _exact_operand(c, "backward_linear", "weight", w, dt)
@@ -815,7 +859,7 @@ def _backward_linear(c: _Call, gy, w, saved, gi_shape, need_gi: bool, need_gw: b
     gw = (c.empty((O, I), gw_dtype) if gw_dtype is not None else c.empty_as((O, I), gy)) if need_gw else None
     gb = c.empty_as((O,), gy) if bias else None
     rx, rw, rb = c.call(_C.backward_linear, gy, w, saved if need_gw else None, gi, gw, gb, need_gi, need_gw, bias,
-                        config, seed, c.stream, weight_q)
+                        config, seed, c.stream, weight_q, None if config.exact else gy_amax)
     return (
         c.result(gi, rx, gi_shape) if need_gi else None,
         c.result(gw, rw) if need_gw else None,
@@ -824,10 +868,11 @@ def _backward_linear(c: _Call, gy, w, saved, gi_shape, need_gi: bool, need_gw: b
 
 
 def _backward_conv2d(c: _Call, gy, w, saved, x_shape, kernel, stride, padding, dilation, patches: bool,
-                     need_gi: bool, need_gw: bool, bias: bool, config, seed, weight_q=None, gw_dtype=None):
+                     need_gi: bool, need_gw: bool, bias: bool, config, seed, weight_q=None, gw_dtype=None,
+                     gy_amax=None):
     """backward_conv2d of a convolution's g_y rows gy (N*Ho*Wo x O) and w (O x kh*kw*C, columns (i, j, c)), saved the
     columns' SavedActivation (_wrap_saved) when need_gw: (g_x as the channels-last map N*H*W x C, g_w, g_b), None
-    where not requested, in gy's dtype (g_w in gw_dtype when given)."""
+    where not requested, in gy's dtype (g_w in gw_dtype when given). gy_amax as in :func:`_backward_linear`."""
     N, C, H, W = x_shape
     O, CKK = fws.shape(w)
     gi = c.empty_as((N * H * W, C), gy) if need_gi else None
@@ -835,7 +880,7 @@ def _backward_conv2d(c: _Call, gy, w, saved, x_shape, kernel, stride, padding, d
     gb = c.empty_as((O,), gy) if bias else None
     rx, rw, rb = c.call(_C.backward_conv2d, gy, w, saved if need_gw else None, gi, gw, gb, need_gi, need_gw, bias,
                         list(x_shape), list(kernel), list(stride), list(padding), list(dilation), patches, config,
-                        seed, c.stream, weight_q)
+                        seed, c.stream, weight_q, gy_amax)
     return (c.result(gi, rx) if need_gi else None, c.result(gw, rw) if need_gw else None,
             c.result(gb, rb) if bias else None)
 

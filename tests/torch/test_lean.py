@@ -253,7 +253,7 @@ def test_convert_swaps_relus_same_gradients_less_kept(device):
         m = _Block().to(device)
         m.load_state_dict(base.state_dict())
         rep = ht.convert(m, keep_less=masks)
-        assert rep.lean == ([("relu", "ReLU"), ("act", "ReLU")] if masks else [])
+        assert rep.lean == ([("bn", "BatchNorm2d"), ("relu", "ReLU"), ("act", "ReLU")] if masks else [])
         assert isinstance(m.relu, ht.ReLU) == masks and isinstance(m.act, ht.ReLU) == masks
         models[masks] = m
     assert "keep_less: 2 nn.ReLU module(s) keep a 1-bit mask" in str(ht.convert(_Block()))
@@ -320,7 +320,10 @@ def test_convert_keep_less_selects_by_name_and_checks_its_type():
     assert rep.lean == [("act", "ReLU")] and type(m.relu) is nn.ReLU and isinstance(m.act, ht.ReLU)
     assert type(m.c2) is nn.Conv2d
     m = _Block()
-    assert ht.convert(m, keep_less=lambda name, mod: not mod.inplace).lean == [("act", "ReLU")]
+    assert ht.convert(m, keep_less=lambda name, mod: isinstance(mod, nn.ReLU) and not mod.inplace).lean == \
+        [("act", "ReLU")]
+    m = _Block()
+    assert ht.convert(m, keep_less="bn").lean == [("bn", "BatchNorm2d")] and isinstance(m.bn, ht.BatchNorm2d)
     with pytest.raises(TypeError, match="keep_less must be a bool, a name pattern, a list of them or a predicate "
                                         "\\(name, module\\) -> bool; got int"):
         ht.convert(_Block(), keep_less=1)
@@ -402,7 +405,7 @@ def test_compiled_residual_blocks_with_inplace_relus_match_eager(device, layout)
     fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
     model = model.to(memory_format=fmt)
     report = ht.convert(model, hot.Config(rounding="nearest"))
-    assert len(report.lean) == 3
+    assert len(report.lean) == 8  # 3 ReLU and 5 BatchNorm2d modules
     x = torch.randn(4, 3, 6, 6, device=device).contiguous(memory_format=fmt).requires_grad_(True)
     y = torch.randint(0, 5, (4,), device=device)
     assert_compiles_like_eager(model, lambda x, y: F.cross_entropy(model(x), y), x, y)  # x's gradient included
@@ -486,7 +489,7 @@ def test_resnet_stem_keeps_masks_and_offsets_instead_of_the_relu_output():
     lean, plain = _Stem(), _Stem()
     lean.load_state_dict(base.state_dict())
     plain.load_state_dict(base.state_dict())
-    assert ht.convert(lean).lean == [("relu", "ReLU"), ("maxpool", "MaxPool2d")]
+    assert ht.convert(lean).lean == [("bn1", "BatchNorm2d"), ("relu", "ReLU"), ("maxpool", "MaxPool2d")]
     ht.convert(plain, keep_less=False)
     kept = {}
     grads = {}
@@ -540,3 +543,111 @@ def test_compiled_calls_the_engine_ops(inplace, layout):
     for o in outs[1:]:
         assert torch.equal(o[0], outs[0][0]) and torch.equal(o[1], outs[0][1])
         assert torch.equal(o[2], outs[0][0] if inplace else x)
+
+
+# ---- BatchNorm2d: G~'s amax handed to the converted convolution before it ----------------------------------------
+def _reduce_reference(g, x, mean, invstd, weight, input_g, weight_g, bias_g):
+    """torch.batch_norm_backward_reduce (CUDA only) for a CPU run of the hand-over: the per-channel sums."""
+    xm = x.float() - mean.view(1, -1, 1, 1)
+    sum_dy, sum_dy_xmu = g.float().sum((0, 2, 3)), (g.float() * xm).sum((0, 2, 3))
+    return sum_dy, sum_dy_xmu, sum_dy_xmu * invstd, sum_dy
+
+
+def _spy_gy_amax(monkeypatch):
+    """Records, per engine call of a converted convolution's backward, whether a G~ amax came with its g_y."""
+    from hot import _api
+
+    seen = []
+    conv, lin = _api._backward_conv2d, _api._backward_linear
+    monkeypatch.setattr(_api, "_backward_conv2d", lambda *a, **k: seen.append(a[-1] is not None) or conv(*a, **k))
+    monkeypatch.setattr(_api, "_backward_linear", lambda *a, **k: seen.append(
+        k.get("gy_amax", a[13] if len(a) > 13 else None) is not None) or lin(*a, **k))
+    return seen
+
+
+@pytest.mark.parametrize("pointwise", [False, True])
+def test_the_handing_batch_norm_gives_the_conv_its_amax_cpu(pointwise, monkeypatch):
+    """The hand-over's plumbing on the CPU (its torch.batch_norm_backward_reduce replaced by a reference): a converted
+    conv (3 x 3 or pointwise) followed by the handing batch norm takes G~'s amax with its g_y and gets the gradients bit
+    for bit of the same model without the hand-over; a g_y that is not the one handed over (the conv's output also used
+    elsewhere: autograd sums the two) takes none."""
+    from hot.torch import ops
+
+    monkeypatch.setattr(torch, "batch_norm_backward_reduce", _reduce_reference)
+    seen = _spy_gy_amax(monkeypatch)
+    torch.manual_seed(0)
+    conv = nn.Conv2d(8, 16, 1 if pointwise else 3, padding=0 if pointwise else 1, bias=False)
+    ht.convert(nn.Sequential(conv))
+    x = torch.randn(4, 8, 6, 6).to(memory_format=torch.channels_last)
+    w, b = torch.rand(16) + 0.5, torch.randn(16)
+
+    def grads(hand: bool, also: bool):
+        conv.weight.grad = None
+        xi = x.clone().requires_grad_(True)
+        torch.manual_seed(3)  # the conv's stochastic-rounding seed
+        y = conv(xi)
+        z = lean._HandingBatchNorm.apply(y, w, b, None, None, 0.1, 1e-5, ops.conv_node(y) if hand else None)
+        loss = z.square().sum() + (y.sum() if also else 0)
+        loss.backward()
+        return conv.weight.grad.clone(), xi.grad.clone()
+
+    plain = grads(False, False)
+    assert seen == [False]
+    seen.clear()
+    handed = grads(True, False)
+    assert seen == [True]
+    assert torch.equal(plain[0], handed[0]) and torch.equal(plain[1], handed[1])
+    seen.clear()
+    grads(True, True)
+    assert seen == [False]
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, "autocast"])
+@pytest.mark.parametrize("affine,momentum", [(True, 0.1), (False, None)])
+def test_batch_norm_equals_nn_batch_norm_bit_for_bit(dtype, affine, momentum, monkeypatch):
+    """hot.torch.BatchNorm2d after a converted conv on a channels-last CUDA map (the engine's g_x, the amax handed
+    over, wherever F.batch_norm would run torch's native kernels: 16-bit maps) against nn.BatchNorm2d after the same
+    conv: output, running statistics, every gradient bit for bit."""
+    seen = _spy_gy_amax(monkeypatch)
+    torch.manual_seed(0)
+    dt = torch.float32 if dtype == "autocast" else dtype
+    models = []
+    for swap in (False, True):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Conv2d(16, 24, 3, padding=1, bias=False),
+                          nn.BatchNorm2d(24, affine=affine, momentum=momentum)).cuda()
+        ht.convert(m, hot.Config(rounding="nearest"), keep_less=swap)
+        assert isinstance(m[1], ht.BatchNorm2d) == swap
+        models.append(m.to(dt).to(memory_format=torch.channels_last))
+    x = torch.randn(8, 16, 20, 20, device="cuda", dtype=dt).to(memory_format=torch.channels_last)
+    outs = []
+    for m in models:
+        seen.clear()
+        xi = x.clone().requires_grad_(True)
+        with torch.autocast("cuda", torch.bfloat16, enabled=dtype == "autocast"):
+            y = m(xi)
+        # the hand-over where torch's native kernels are F.batch_norm's choice (cuDNN's are, for float32 here)
+        native = m is models[1] and y.grad_fn.impl == 0
+        assert native or dt == torch.float32 or m is models[0]
+        y.float().square().sum().backward()
+        outs.append([y, xi.grad] + [p.grad for p in m.parameters()] + list(m[1].buffers()))
+        assert seen == [native]
+    for a, b in zip(*outs):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a CUDA GPU")
+def test_batch_norm_is_nn_batch_norm_elsewhere():
+    """The handing path needs a converted conv's output on a channels-last CUDA map in training: evaluation, NCHW, a
+    producer that is no converted conv and torch.no_grad give nn.BatchNorm2d's own path (its backward node)."""
+    bn = ht.BatchNorm2d(8).cuda()
+    conv = nn.Conv2d(8, 8, 1).cuda()
+    ht.convert(nn.Sequential(conv))
+    x = torch.randn(2, 8, 5, 5, device="cuda").to(memory_format=torch.channels_last)
+    handing = bn(conv(x))
+    assert type(handing.grad_fn).__name__ == "_HandingBatchNormBackward"
+    assert type(bn(conv(x.contiguous())).grad_fn).__name__ != "_HandingBatchNormBackward"
+    assert type(bn(x.requires_grad_(True) * 2).grad_fn).__name__ != "_HandingBatchNormBackward"
+    bn.eval()
+    assert type(bn(conv(x)).grad_fn).__name__ != "_HandingBatchNormBackward"

@@ -104,6 +104,20 @@ void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits,
 // dtype (g_x may be g_y itself); bits: relu_mask's.
 void relu_mask_backward(const TensorView& g_y, const TensorView& bits, const TensorView& g_x, Stream stream = {});
 
+// BatchNorm's input gradient in training (SPEC §2), for rows of a channels-last map, with the amax of its G~: the g_y
+// of the convolution before the BatchNorm, whose g_y pass then needs no pass of its own to find that amax (SPEC §3).
+// g_y, x, g_x: R x C of one float dtype (R = N*H*W pixel rows); mean, invstd, sum_dy, sum_dy_xmu (torch's
+// batch_norm_backward_reduce) and weight (null: affine=False): f32 [C]. In fp32 and this order (torch's CUDA
+// kernels', so g_x is theirs bit for bit): nf = 1 / R; per channel m_dy = sum_dy * nf, f1 = ((invstd * invstd) *
+// sum_dy_xmu) * nf, f2 = weight * invstd (invstd without weight); per element g_x = fma(-(x - mean), f1, g_y - m_dy)
+// * f2 (one fused multiply-add), rounded once to g_x's dtype. gt_amax (f32 [1]) = max over rows and blocks of b =
+// hq_block_size(C) channels of |blockdiag(H_b)| of the rounded g_x (SPEC §3's G~, the butterfly order of the CPU
+// backend): bit for bit the amax quantize_grad_output's g_x path finds in that g_x.
+void batch_norm_backward_input(const TensorView& g_y, const TensorView& x, const TensorView& mean,
+                               const TensorView& invstd, const TensorView* weight, const TensorView& sum_dy,
+                               const TensorView& sum_dy_xmu, const TensorView& g_x, const TensorView& gt_amax,
+                               Stream stream = {});
+
 // Max-pool that keeps, per output, the offset of its maximum inside the window (SPEC §2, keep_less) instead of the
 // input and int64 positions. x: an (N, C, H, W) float map, y: (N, C, Ho, Wo) of x's dtype, off: (N, C, Ho, Wo) s8, all
 // 4-D with any strides (NCHW or channels-last); geometry: N, C, H, W (x's shape), the window kh x kw, stride, padding
@@ -222,9 +236,11 @@ struct Seed {
 // int32 slices summed in int64, with one scale of each g_y operand and one seed per call).
 // weight_q: W~ from quantize_weight(weight, config.gx_bits) when the caller keeps it (checked against weight's shape,
 // device and config.gx_bits; its bytes are taken as they are), else nullptr and the call forms it.
+// grad_output_amax: G~'s amax when the caller knows it (a pointwise convolution before a BatchNorm; see
+// backward_conv2d), else nullptr.
 void backward_linear(const TensorView& grad_output, const TensorView& weight, const SavedActivation* saved,
                      const Config& config, const Seed& seed, const BackwardOutputs& out, Stream stream = {},
-                     const QuantizedWeight* weight_q = nullptr);
+                     const QuantizedWeight* weight_q = nullptr, const TensorView* grad_output_amax = nullptr);
 // The same from the raw x (L x I float; read only when grad_weight is requested, else it may be an empty view):
 // x is compressed as compress_activation(x, config.rank) would. With config.exact this is backward_linear_exact.
 void backward_linear(const TensorView& grad_output, const TensorView& weight, const TensorView& x,
@@ -240,9 +256,15 @@ void backward_linear(const TensorView& grad_output, const TensorView& weight, co
 // codes of G~ with W~, one exact int32 sum over (i, j, o) per element scaled once by (s_g * s_w) / b and rounded once
 // to grad_input's dtype. Otherwise the g_x GEMM writes the columns in grad_input's
 // dtype and col2im adds them onto the map.
+// grad_output_amax (f32 [1], optional): max |G~| of this grad_output (G~ = grad_output blockdiag(H_b), b =
+// hq_block_size(O), in float32 in the CPU backend's butterfly order), as batch_norm_backward_input's gt_amax gives it
+// when the convolution's output went through a BatchNorm. Where the g_y pass would find nothing else in its first pass
+// over grad_output (a per-tensor g_x scale, g_w from the codes or not asked, no grad_bias) it is taken instead of
+// that pass, else it is not read; the results are the same bits either way when it is G~'s amax.
 void backward_conv2d(const TensorView& grad_output, const TensorView& weight, const SavedActivation* saved,
                      const ConvGeometry& geometry, const Config& config, const Seed& seed, const BackwardOutputs& out,
-                     Stream stream = {}, const QuantizedWeight* weight_q = nullptr);
+                     Stream stream = {}, const QuantizedWeight* weight_q = nullptr,
+                     const TensorView* grad_output_amax = nullptr);
 
 // Exact (unquantised) backward from the raw x (L x I): fp32 accumulation (cuBLAS on CUDA).
 void backward_linear_exact(const TensorView& grad_output, const TensorView& weight, const TensorView* x,

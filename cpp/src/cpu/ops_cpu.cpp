@@ -323,6 +323,42 @@ void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits,
   if (amax != nullptr) amax->ptr<float>()[0] = amax_from_key(key);
 }
 
+// Per channel c of a BatchNorm's backward (ops.h): m_dy, f1 and f2 in fp32, in the order ops.h gives.
+void batch_norm_backward_input(const TensorView& gy, const TensorView& x, const TensorView& mean,
+                               const TensorView& invstd, const TensorView* weight, const TensorView& sum_dy,
+                               const TensorView& sum_dy_xmu, const TensorView& gx, const TensorView& amax, Stream) {
+  const int64_t R = gy.shape[0], C = gy.shape[1];
+  const float nf = hot_div(1.0f, static_cast<float>(R));
+  std::vector<float> gm(static_cast<size_t>(C)), pj(gm.size()), sc(gm.size());
+  const float *mu = mean.ptr<float>(), *is = invstd.ptr<float>(), *sd = sum_dy.ptr<float>(),
+              *sx = sum_dy_xmu.ptr<float>(), *w = weight != nullptr ? weight->ptr<float>() : nullptr;
+  for (int64_t c = 0; c < C; ++c) {
+    gm[c] = hot_mul(sd[c], nf);
+    pj[c] = hot_mul(hot_mul(hot_mul(is[c], is[c]), sx[c]), nf);
+    sc[c] = w != nullptr ? hot_mul(w[c], is[c]) : is[c];
+  }
+  const int block = hq_block_size(C);
+  std::mutex mu_key;
+  uint32_t key = 0;
+  parallel_for(R, row_grain(C), [&](int64_t r0, int64_t r1) {
+    std::vector<float> d(static_cast<size_t>(C)), v(d.size());
+    uint32_t part = 0;
+    for (int64_t r = r0; r < r1; ++r) {
+      load_row(gy, r, d.data());
+      load_row(x, r, v.data());
+      for (int64_t c = 0; c < C; ++c)
+        d[c] = hot_mul(std::fma(-hot_add(v[c], -mu[c]), pj[c], hot_add(d[c], -gm[c])), sc[c]);
+      store_row(gx, r, d.data());
+      load_row(gx, r, d.data());  // the rounded values
+      fwht_blocks(d.data(), C, block);
+      for (int64_t c = 0; c < C; ++c) part = std::max(part, amax_key(d[c]));
+    }
+    std::lock_guard<std::mutex> lock(mu_key);
+    key = std::max(key, part);
+  });
+  amax.ptr<float>()[0] = amax_from_key(key);
+}
+
 void relu_mask_backward(const TensorView& gy, const TensorView& bits, const TensorView& gx, Stream) {
   const int64_t n = gy.shape[0];
   const size_t es = static_cast<size_t>(dtype_bits(gy.dtype) / 8);
@@ -524,7 +560,9 @@ void quantize_grad_output(const TensorView& gy, const GradOutputPlan& plan, cons
     QuantScale ts{0.0f, 0.0f, 1.0f};
     float* sg = out.s_g.ptr<float>();
     if (plan.gx_scale == ScaleMode::tensor) {
-      ts = quant_scale_from_amax(amax_of(g.v.data(), L * O), qmax);
+      // G~'s amax: the caller's where known (GradOutputPlan::amax_key, host memory here), else found
+      ts = quant_scale_from_amax(plan.amax_key != nullptr ? amax_from_key(*plan.amax_key) : amax_of(g.v.data(), L * O),
+                                 qmax);
       sg[0] = ts.scale;
     }
     const int64_t O_pad = out.q_g.shape[1];

@@ -517,6 +517,108 @@ __global__ void relu_mask_backward_kernel(const R* gy, const uint8_t* __restrict
   }
 }
 
+// ---- BatchNorm's input gradient with G~'s amax (batch_norm_backward_input, ops.h) ---------------------
+// The per-channel coefficients first, {mean, m_dy, f1, f2} as one float4 a channel (zeros up to the next multiple of
+// 16 channels); then, per slice of kBnSlice 16-channel groups (blockIdx.y), the slice's coefficients staged in shared
+// memory (a row of 17 float4 a group: the 16 loads of a warp's threads, 16 channels apart, fall in distinct banks) and
+// one thread per 16 channels of a row: g_y and x loaded (16-byte vectors where the rows allow), g_x formed, rounded and
+// stored, and the rounded values transformed in blocks of b (fwht_regs, the CPU's butterfly order) for the amax (one
+// atomicMax a CTA; a grid-stride loop over the slice's rows).
+constexpr int kBnSlice = 64;  // 16-channel groups a CTA's coefficients cover: 1,024 channels, 17 KB of shared memory
+
+__global__ void bn_coef_kernel(const float* mean, const float* invstd, const float* weight, const float* sum_dy,
+                               const float* sum_dy_xmu, int64_t C, int64_t C16, float count, float4* coef) {
+  const float nf = __fdiv_rn(1.0f, count);
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < C16;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (c >= C) {
+      coef[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      continue;
+    }
+    const float is = invstd[c];
+    coef[c] = make_float4(mean[c], __fmul_rn(sum_dy[c], nf), __fmul_rn(__fmul_rn(__fmul_rn(is, is), sum_dy_xmu[c]), nf),
+                          weight != nullptr ? __fmul_rn(weight[c], is) : is);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void load16_row(const T* p, int n, bool vec, float (&v)[16]) {
+  if (vec && n == 16) {
+    float a[8], b[8];
+    load8_f(p, a);
+    load8_f(p + 8, b);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = a[k], v[8 + k] = b[k];
+  } else {
+#pragma unroll
+    for (int k = 0; k < 16; ++k) v[k] = k < n ? load_f(p + k) : 0.0f;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kBasicThreads)
+    bn_backward_input_kernel(Mat<const T> gy, Mat<const T> x, const float4* __restrict__ coef, Mat<T> gx, int block,
+                             bool vec, unsigned* key) {
+  __shared__ float4 cs[kBnSlice * 17];
+  const int64_t C = gy.cols, g0 = static_cast<int64_t>(blockIdx.y) * kBnSlice;
+  const int gs = static_cast<int>((C + 15) / 16 - g0 < kBnSlice ? (C + 15) / 16 - g0 : kBnSlice);  // groups here
+  for (int i = threadIdx.x; i < gs * 16; i += blockDim.x) cs[(i / 16) * 17 + i % 16] = __ldg(coef + g0 * 16 + i);
+  __syncthreads();
+  const int64_t n = gy.rows * gs;
+  uint32_t m = 0;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / gs;
+    const int j = static_cast<int>(e - r * gs);
+    const int64_t c0 = (g0 + j) * 16;
+    const int cn = static_cast<int>(C - c0 < 16 ? C - c0 : 16);
+    float d[16], v[16];
+    load16_row(gy.p + r * gy.ld + c0, cn, vec, d);
+    load16_row(x.p + r * x.ld + c0, cn, vec, v);
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {  // channels past C: zero coefficients, neither stored nor counted
+      const float4 f = cs[j * 17 + k];
+      d[k] = __fmul_rn(__fmaf_rn(-__fadd_rn(v[k], -f.x), f.z, __fadd_rn(d[k], -f.y)), f.w);
+    }
+    T* dst = gx.p + r * gx.ld + c0;
+    if constexpr (sizeof(T) == 2) {  // rounded in pairs to 32-bit words; d takes the rounded values
+      uint32_t u[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        u[i] = f16x2_bits<T>(d[2 * i], d[2 * i + 1]);
+        d[2 * i] = 2 * i < cn ? f16bits_to_f<T>(static_cast<unsigned short>(u[i])) : 0.0f;
+        d[2 * i + 1] = 2 * i + 1 < cn ? f16bits_to_f<T>(static_cast<unsigned short>(u[i] >> 16)) : 0.0f;
+      }
+      if (vec && cn == 16) {
+        reinterpret_cast<uint4*>(dst)[0] = make_uint4(u[0], u[1], u[2], u[3]);
+        reinterpret_cast<uint4*>(dst)[1] = make_uint4(u[4], u[5], u[6], u[7]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < 16; ++k)  // constant indices: u stays in registers
+          if (k < cn)
+            reinterpret_cast<unsigned short*>(dst)[k] = static_cast<unsigned short>(u[k / 2] >> (16 * (k % 2)));
+      }
+    } else {
+      if (vec && cn == 16) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          reinterpret_cast<float4*>(dst)[k] = make_float4(d[4 * k], d[4 * k + 1], d[4 * k + 2], d[4 * k + 3]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < 16; ++k)
+          if (k < cn) dst[k] = d[k];
+      }
+#pragma unroll
+      for (int k = 0; k < 16; ++k) d[k] = k < cn ? d[k] : 0.0f;
+    }
+    fwht_regs<16>(d, block);
+#pragma unroll
+    for (int k = 0; k < 16; ++k) m = max(m, amax_key(d[k]));
+  }
+  m = block_max_u32(m);
+  if (threadIdx.x == 0 && m != 0) atomicMax(key, m);
+}
+
 // q: R x C s8, packed: bytes with row stride ldb (bytes); C even.
 __global__ void pack_int4_kernel(Mat<const int8_t> q, uint8_t* packed, int64_t ldb) {
   const int64_t half = q.cols / 2;
@@ -1029,6 +1131,37 @@ void relu_mask_backward_launch(const TensorView& gy, const TensorView& bits, con
            kBasicThreads, 0, static_cast<const R*>(gy.data), static_cast<const uint8_t*>(bits.data), n,
            static_cast<R*>(gx.data), vec);
   });
+}
+
+// Scratch floats batch_norm_backward_input's launch needs for C channels (its coefficients).
+inline int64_t bn_coef_floats(int64_t C) { return 4 * ((C + 15) / 16 * 16); }
+
+// coef: bn_coef_floats(C) floats of scratch, 16-byte aligned; key: gt_amax's bits (zeroed here).
+template <typename T, typename Launch>
+void bn_backward_input_launch(const TensorView& gy, const TensorView& x, const TensorView& mean,
+                              const TensorView& invstd, const TensorView* weight, const TensorView& sum_dy,
+                              const TensorView& sum_dy_xmu, const TensorView& gx, float* coef, unsigned* key,
+                              const Launch& launch) {
+  const int64_t R = gy.shape[0], C = gy.shape[1], C16 = bn_coef_floats(C) / 4;
+  float4* c4 = reinterpret_cast<float4*>(coef);
+  launch.zero(key, sizeof(unsigned));
+  launch(bn_coef_kernel, dim3(grid_1d(C16, kBasicThreads)), kBasicThreads, 0, static_cast<const float*>(mean.data),
+         static_cast<const float*>(invstd.data), weight != nullptr ? static_cast<const float*>(weight->data) : nullptr,
+         static_cast<const float*>(sum_dy.data), static_cast<const float*>(sum_dy_xmu.data), C, C16,
+         static_cast<float>(R), c4);
+  const auto a16 = [](const TensorView& t) {
+    return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.strides[0] % (16 / (dtype_bits(t.dtype) / 8)) == 0;
+  };
+  const bool vec = a16(gy) && a16(x) && a16(gx);
+  const int64_t groups = (C + 15) / 16, slices = (groups + kBnSlice - 1) / kBnSlice;
+  HOT_CHECK_VALUE(slices <= 65535, "batch_norm_backward_input: ", C, " channels; at most ", 65535LL * kBnSlice * 16,
+                  " fit one launch");
+  const int64_t per_slice = std::max<int64_t>(1, 1024 / slices);  // about 1,024 CTAs in all
+  launch(bn_backward_input_kernel<T>,
+         dim3(static_cast<unsigned>(grid_1d(R * std::min<int64_t>(groups, kBnSlice), kBasicThreads, per_slice)),
+              static_cast<unsigned>(slices)),
+         kBasicThreads, 0,
+         mat<const T>(gy), mat<const T>(x), static_cast<const float4*>(c4), mat<T>(gx), hq_block_size(C), vec, key);
 }
 
 template <typename Launch>

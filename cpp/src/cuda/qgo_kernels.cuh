@@ -1105,7 +1105,9 @@ QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradO
               "quantize_grad_output: a codes plan is the g_w path alone at rank 16 with round-to-nearest");
     su.fixed_rank = kAsIs;
   }
-  HOT_CHECK(plan.amax_key == nullptr || plan.codes, internal, "quantize_grad_output: a known amax goes with codes");
+  HOT_CHECK(plan.amax_key == nullptr || plan.codes ||
+                (plan.gx && !plan.gw && !plan.bias && plan.gx_scale == ScaleMode::tensor),
+            internal, "quantize_grad_output: a known amax goes with codes or with the per-tensor g_x path alone");
   p.sr8 = p.stochastic && O % kSrGroup == 0;
   const int vec = gy.dtype == DType::f32 ? 4 : 8;  // elements per 16-byte load
   p.vec_load = O % vec == 0 && p.ld_in % vec == 0 && aligned(gy.data, 16);
@@ -1210,8 +1212,10 @@ void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutput
   if (plan.amax_key == nullptr && (plan.gx || plan.gw || plan.bias)) pass(std::integral_constant<int, 1>{}, p);
   if (plan.gx || plan.gw) {
     float* invs = const_cast<float*>(p.inv_gx);
-    const unsigned* key_gw = plan.amax_key != nullptr ? plan.amax_key : p.key_gw;  // pass 1's, or the known one
-    launch(qgo_finalize_kernel, dim3(grid_1d(su.n_gx, 256)), 256, 0, p.key_gx, plan.gx ? su.n_gx : int64_t{0},
+    // pass 1's keys, or the known one of the plan's one path
+    const unsigned* key_gx = plan.amax_key != nullptr && plan.gx ? plan.amax_key : p.key_gx;
+    const unsigned* key_gw = plan.amax_key != nullptr && plan.gw ? plan.amax_key : p.key_gw;
+    launch(qgo_finalize_kernel, dim3(grid_1d(su.n_gx, 256)), 256, 0, key_gx, plan.gx ? su.n_gx : int64_t{0},
            p.gx_qmax, plan.gx ? static_cast<float*>(out.s_g.data) : nullptr, invs, invs + su.n_gx + 1,
            plan.gw ? key_gw : nullptr, plan.gw ? static_cast<float*>(out.s_gh.data) : nullptr, invs + su.n_gx,
            invs + 2 * su.n_gx + 1);

@@ -379,6 +379,40 @@ TEST_F(Cuda_ReluMask, AmaxFeedsQuantizeAndCodes) {
       }
 }
 
+// BatchNorm's input gradient with G~'s amax on the GPU: the CPU's bytes (g_x, amax); widths with a partial 16-channel
+// group and blocks below 16, padded rows (element-wise loads), no weight, and ResNet-50 sizes (more rows than the
+// kernel's grid covers in one stride).
+class Cuda_BatchNormBackwardInput : public CudaTest {};
+TEST_F(Cuda_BatchNormBackwardInput, BitExactVsCpu) {
+  uint64_t seed = 2400;
+  for (DType dt : kFloatTypes)
+    for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{
+             {1, 16}, {37, 24}, {3001, 72}, {20, 8}, {100352, 64}, {25088, 256}, {6272, 2048}})
+      for (int64_t pad : {0, 8})
+        for (bool affine : {true, false}) {
+          if (R * C > 1000000 && (small_run() || pad != 0 || !affine)) continue;
+          SCOPED_TRACE(testing::Message() << dt_name(dt) << " " << R << "x" << C << " pad " << pad << " affine "
+                                          << affine);
+          const HostTensor gy = rand_float(dt, R, C, seed++, C + pad, 2.0f);
+          const HostTensor x = rand_float(dt, R, C, seed++, C + pad, 3.0f);
+          HostTensor stats[5];
+          for (HostTensor& t : stats) t = HostTensor::make1d(DType::f32, C);
+          const HostTensor u = rand_float(DType::f32, 5, C, seed++);
+          for (int k = 0; k < 5; ++k)
+            for (int64_t c = 0; c < C; ++c) stats[k].setf(c, k == 1 ? 0.5f + std::fabs(u.getf(k, c)) : u.getf(k, c));
+          HostTensor gc = out2d(dt, R, C, C + pad), ac = out1d(DType::f32, 1);
+          const hot::TensorView w = stats[2].view();
+          hot::batch_norm_backward_input(gy, x, stats[0], stats[1], affine ? &w : nullptr, stats[3], stats[4], gc, ac);
+          DevTensor dgy(gy), dx(x), dg(out2d(dt, R, C, C + pad)), da(out1d(DType::f32, 1)), ds[5];
+          for (int k = 0; k < 5; ++k) ds[k] = DevTensor(stats[k]);
+          const hot::TensorView dw = ds[2].view();
+          hot::batch_norm_backward_input(dgy, dx, ds[0], ds[1], affine ? &dw : nullptr, ds[3], ds[4], dg, da, st());
+          sync();
+          EXPECT_TRUE(all_bytes_equal(gc, dg.to_host()));
+          EXPECT_TRUE(all_bytes_equal(ac, da.to_host()));
+        }
+}
+
 // Max-pool with window offsets on the GPU: the CPU's bytes (y, offsets, g_x), NCHW and channels-last, with NaN,
 // infinities and ties; ResNet's stem pool at a larger size.
 class Cuda_MaxPoolOffsets : public CudaTest {};
@@ -1037,6 +1071,26 @@ TEST_F(Cuda_BackwardConv2d, BitExactVsCpu) {
         sync();
         EXPECT_TRUE(all_bytes_equal(gxc, dgx.to_host())) << "grad_input";
         EXPECT_TRUE(all_bytes_equal(gwc, dgw.to_host())) << "grad_weight";
+        {  // G~'s amax given (grad_output_amax, as a BatchNorm's backward hands it over): the same bytes; a wrong one
+           // is read (g_x changes) where g_w comes from the codes, and not where the g_y pass forms G^
+          HostTensor gt = out2d(DType::f32, L, O);
+          hot::hadamard_transform(gy, gt, hot::hq_block_size(O), 1);
+          float m = 0.0f;
+          for (int64_t r = 0; r < L; ++r)
+            for (int64_t o = 0; o < O; ++o) m = std::max(m, std::fabs(gt.getf(r, o)));
+          HostTensor am = out1d(DType::f32, 1), bad = out1d(DType::f32, 1);
+          am.setf(0, m);
+          bad.setf(0, 2.0f * m);
+          DevTensor dam(am), dbad(bad);
+          const hot::TensorView av = dam.view(), bv = dbad.view();
+          DevTensor dgx2(gxg), dgw2(gwg), dgx3(gxg), dgw3(gwg);
+          hot::backward_conv2d(dgy, dw, &sg, g, cfg, 42, {dgx2, dgw2, {}}, st(), nullptr, &av);
+          hot::backward_conv2d(dgy, dw, &sg, g, cfg, 42, {dgx3, dgw3, {}}, st(), nullptr, &bv);
+          sync();
+          EXPECT_TRUE(all_bytes_equal(gxc, dgx2.to_host())) << "grad_input with G~'s amax";
+          EXPECT_TRUE(all_bytes_equal(gwc, dgw2.to_host())) << "grad_weight with G~'s amax";
+          EXPECT_EQ(static_cast<bool>(all_bytes_equal(gxc, dgx3.to_host())), !codes) << "a wrong amax";
+        }
         // g_b: a float sum in another (fixed) association order than the CPU's: the fp32 bound against float64
         const std::vector<float> gv = gy.to_f32();
         const HostTensor gb = dgb.to_host();

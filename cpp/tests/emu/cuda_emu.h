@@ -251,6 +251,7 @@ inline float __fadd_rd(float a, float b) {
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline float __uint_as_float(unsigned u) { return hot::cpu::bits_to_float(u); }
 inline unsigned __float_as_uint(float f) { return hot::cpu::float_to_bits(f); }
 // The GPU conversions saturate and map NaN to 0; the kernels only convert finite values inside the int8

@@ -340,6 +340,42 @@ TEST(Emu_ReluMask, BitExactVsCpu) {
     }
 }
 
+// BatchNorm's input gradient with G~'s amax: the emulated kernels against the CPU's bytes (g_x, amax); fp32 / 16-bit,
+// widths with a partial 16-channel group, block sizes below 16, row padding (element-wise loads), no weight.
+TEST(Emu_BatchNormBackwardInput, BitExactVsCpu) {
+  uint64_t seed = 2100;
+  for (DType dt : kDtypes)
+    for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 16}, {37, 24}, {130, 64}, {9, 72}, {20, 8}})
+      for (int64_t pad : {0, 8})
+        for (bool affine : {true, false}) {
+          SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " " << R << "x" << C << " pad " << pad);
+          const HostTensor gy = hot_cuda_test::rand_float(dt, R, C, seed++, C + pad, 2.0f);
+          const HostTensor x = hot_cuda_test::rand_float(dt, R, C, seed++, C + pad, 3.0f);
+          HostTensor stats[5];
+          for (HostTensor& t : stats) t = hot_cuda_test::rand_float(DType::f32, 1, C, seed++, C, 1.0f);
+          for (int64_t c = 0; c < C; ++c) stats[1].setf(0, c, 0.5f + std::fabs(stats[1].getf(0, c)));  // invstd
+          const auto vec = [](const HostTensor& t) {
+            hot::TensorView v = t.view();
+            v.shape = {t.cols()};
+            v.strides = {1};
+            return v;
+          };
+          const hot::TensorView w = vec(stats[2]);
+          HostTensor gc = out2d(dt, R, C, C + pad), ge = gc, ac = out1d(DType::f32, 1), ae = ac;
+          hot::cpu::batch_norm_backward_input(gy, x, vec(stats[0]), vec(stats[1]), affine ? &w : nullptr,
+                                              vec(stats[3]), vec(stats[4]), gc, ac, {});
+          std::vector<float4> coef(static_cast<size_t>(hot::cuda::bn_coef_floats(C) / 4));
+          with_type(dt, [&](auto t, auto launch) {
+            hot::cuda::bn_backward_input_launch<decltype(t)>(gy.view(), x.view(), vec(stats[0]), vec(stats[1]),
+                                                             affine ? &w : nullptr, vec(stats[3]), vec(stats[4]),
+                                                             ge.view(), &coef[0].x,
+                                                             static_cast<unsigned*>(ae.view().data), launch);
+          });
+          EXPECT_TRUE(all_bytes_equal(gc, ge));
+          EXPECT_TRUE(all_bytes_equal(ac, ae));
+        }
+}
+
 TEST(Emu_Int4, PackUnpackBitExactVsCpu) {
   uint64_t seed = 400;
   for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 2}, {7, 34}, {129, 1000}}) {

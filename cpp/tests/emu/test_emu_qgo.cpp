@@ -239,6 +239,23 @@ void run_qgt_case(DType dt, int64_t L, int64_t O, Rounding rd, bool bias, uint64
   for (int64_t c = 0; c < O; ++c)
     for (int64_t r = 0; r < Kp; ++r)
       ASSERT_EQ(eqt.geti(c, r), r < L ? eqg.geti(r, c) : 0) << "q_g_t[" << c << ", " << r << "]";
+  if (bias) return;
+  // G~'s amax known (a BatchNorm's backward hands it over): no pass 1, the same bytes
+  HostTensor gt = out2d(DType::f32, L, O), amax = out1d(DType::f32, 1);
+  hot::cpu::hadamard_transform(gy, gt, plan.block, 1, {});
+  float m = 0.0f;
+  for (int64_t r = 0; r < L; ++r)
+    for (int64_t c = 0; c < O; ++c) m = std::max(m, std::fabs(gt.getf(r, c)));
+  amax.setf(0, m);
+  GradOutputPlan kplan = eplan;
+  kplan.amax_key = static_cast<const unsigned*>(amax.view().data);
+  HostTensor kqg = out2d(DType::s8, L, Op), ksg = out1d(DType::f32, 1), kqt = out2d(DType::s8, O, Kp);
+  GradOutputQuant ok;
+  ok.q_g = kqg, ok.s_g = ksg, ok.q_g_t = kqt;
+  emu_quantize_grad_output(gy, kplan, ok);
+  EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qg, kqg)) << "q_g, known amax";
+  EXPECT_TRUE(hot_cuda_test::all_bytes_equal(sg, ksg)) << "s_g, known amax";
+  EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qt, kqt)) << "q_g_t, known amax";
 }
 
 // activation_codes of an L x I input with row stride ld: the emulated kernels (R = kAsIs) against the CPU backend.

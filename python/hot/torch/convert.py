@@ -21,7 +21,10 @@ already HOT layers only warns.
 With ``keep_less`` (the default) the model's ``nn.ReLU`` and ``nn.MaxPool2d`` modules become ``hot.torch.ReLU`` and
 ``hot.torch.MaxPool2d`` (same class swap), which keep a 1-bit mask (ReLU) or 1-byte window offsets (max-pool) for their
 backward instead of their outputs / inputs: then the converted layer after a ReLU keeps its own int8 copy in place of
-the ReLU's output, and the model keeps less than exact training (SPEC §2). The gradients are unchanged bit for bit.
+the ReLU's output, and the model keeps less than exact training (SPEC §2). Its ``nn.BatchNorm2d`` modules become
+``hot.torch.BatchNorm2d``, whose backward, after a converted convolution on a channels-last CUDA map, hands that
+convolution the amax its g_y pass would otherwise read g_y once more to find (SPEC §2). The gradients are unchanged bit
+for bit.
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ import hot
 
 from .layers import (Conv1d, Conv2d, HOT_LAYERS, Linear, MultiheadAttention, TransposedLinear, attach_in_proj,
                      conv_padding, transposed_class)
-from .lean import MaxPool2d, ReLU
+from .lean import BatchNorm2d, MaxPool2d, ReLU
 from .ops import ENGINE_FLOATS
 
 Matcher = Union[None, str, Iterable[str], Callable[[str, nn.Module], bool]]
@@ -89,10 +92,12 @@ class ConvertReport:
             lines.append(f"  {mark:1} {n:<{w1}}  {t:<{w2}}  {d}")
         if self.lean:
             n_relu = sum(t == "ReLU" for _, t in self.lean)
-            n_pool = len(self.lean) - n_relu
+            n_pool = sum(t == "MaxPool2d" for _, t in self.lean)
+            n_bn = len(self.lean) - n_relu - n_pool
             lines.append(f"  keep_less: {n_relu} nn.ReLU module(s) keep a 1-bit mask for their backward instead of their "
                          f"output, {n_pool} nn.MaxPool2d module(s) 1-byte window offsets instead of their input and "
-                         f"indices (exact gradients; keep_less=False keeps them as they are)")
+                         f"indices, {n_bn} nn.BatchNorm2d module(s) hand G~'s amax to the convolution before them "
+                         f"(exact gradients; keep_less=False keeps them as they are)")
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -208,11 +213,12 @@ def convert(model: nn.Module, config=None, include: Matcher = None, exclude: Mat
     also matches everything below the named module), a list of patterns, or a predicate
     ``f(name, module) -> bool``. With ``include`` only matching layers are candidates; ``exclude``
     removes layers. Layers left alone are listed in the report with the reason.
-    keep_less: swap the model's ``nn.ReLU`` and ``nn.MaxPool2d`` modules (not those with ``return_indices=True``) for
-    ``hot.torch.ReLU`` (keeps one bit per element for its backward instead of its output) and ``hot.torch.MaxPool2d``
-    (one byte per output element instead of its input and int64 indices), with the exact gradients (SPEC §2): True (all
-    of them), False (none), or a pattern, list of patterns or predicate selecting them by name, as for ``include``
-    (include / exclude select layers only). The report counts them.
+    keep_less: swap the model's ``nn.ReLU``, ``nn.MaxPool2d`` (not those with ``return_indices=True``) and
+    ``nn.BatchNorm2d`` modules for ``hot.torch.ReLU`` (keeps one bit per element for its backward instead of its
+    output), ``hot.torch.MaxPool2d`` (one byte per output element instead of its input and int64 indices) and
+    ``hot.torch.BatchNorm2d`` (hands G~'s amax to a converted convolution before it), with the exact gradients (SPEC
+    §2): True (all of them), False (none), or a pattern, list of patterns or predicate selecting them by name, as for
+    ``include`` (include / exclude select layers only). The report counts them.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"hot.torch.convert: model must be a torch.nn.Module, got {type(model).__name__}")
@@ -310,6 +316,9 @@ def convert(model: nn.Module, config=None, include: Matcher = None, exclude: Mat
             elif type(m) is nn.MaxPool2d and not m.return_indices and lean_match(name, m):
                 m.__class__ = MaxPool2d
                 report.lean.append((name, "MaxPool2d"))
+            elif type(m) is nn.BatchNorm2d and lean_match(name, m):
+                m.__class__ = BatchNorm2d
+                report.lean.append((name, "BatchNorm2d"))
     return report
 
 

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hot import _api
-from hot.torch.ops import ENGINE_FLOATS, _call, define_op, note_amax
+from hot.torch.ops import ENGINE_FLOATS, _call, conv_node, define_op, hand_amax, note_amax
 
 # Traced by torch.compile, the in-place masked ReLU (an autograd.Function that writes its input) got a wrong gradient
 # from torch 2.11 (g_y passed unmasked) when the compiled function returned both its output and its input; right on
@@ -307,3 +307,76 @@ class MaxPool2d(nn.MaxPool2d):
 
     def extra_repr(self) -> str:
         return nn.MaxPool2d.extra_repr(self) + ", hot=1-byte window offsets"
+
+
+# ---- BatchNorm2d: G~'s amax handed to the converted convolution before it ----------------------------------------
+def _rows(t: Tensor) -> Tensor:
+    """The (N*H*W, C) rows of a channels-last (N, C, H, W) tensor: a view."""
+    return t.permute(0, 2, 3, 1).reshape(-1, t.shape[1])
+
+
+class _HandingBatchNorm(torch.autograd.Function):
+    """Training-mode batch norm of a channels-last x by torch's own kernels, chosen as ``F.batch_norm`` chooses them
+    (``_batch_norm_impl_index``). Where that is torch's native kernels, the backward's per-channel sums are theirs
+    (``batch_norm_backward_reduce``) and g_x the engine's ``batch_norm_backward_input`` (their float32 evaluation, bit
+    for bit), which also gives G~'s amax of g_x, handed to the converted convolution whose output x is (``node``);
+    otherwise (cuDNN) the backward is torch's, without a hand-over."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight, bias, running_mean, running_var, momentum: float, eps: float, node):
+        y, mean, invstd, reserve, impl = torch.ops.aten._batch_norm_impl_index(
+            x, weight, bias, running_mean, running_var, True, momentum, eps, torch.backends.cudnn.enabled)
+        ctx.save_for_backward(x, weight, running_mean, running_var, mean, invstd, reserve)
+        ctx.eps, ctx.impl, ctx.node = eps, impl, node
+        return y
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        x, weight, rm, rv, mean, invstd, reserve = ctx.saved_tensors
+        nx, nw, nb = ctx.needs_input_grad[:3]
+        node, ctx.node = ctx.node, None
+        if ctx.impl != 0 or torch.is_grad_enabled():  # torch's backward (differentiable again for create_graph=True)
+            if ctx.impl == 0:
+                gx, gw, gb = torch.ops.aten.native_batch_norm_backward(g, x, weight, rm, rv, mean, invstd, True,
+                                                                       ctx.eps, [nx, nw, nb])
+            else:
+                gx, gw, gb = torch.ops.aten._batch_norm_impl_index_backward(
+                    ctx.impl, x, g, weight, rm, rv, mean, invstd, True, ctx.eps, [nx, nw, nb], reserve)
+            return gx, gw, gb, None, None, None, None, None
+        g = g.contiguous(memory_format=torch.channels_last)
+        affine = weight is not None
+        sum_dy, sum_dy_xmu, gw, gb = torch.batch_norm_backward_reduce(g, x, mean, invstd, weight, nx, nw and affine,
+                                                                       nb and affine)
+        gx = None
+        if nx:
+            gx = torch.empty_like(x, memory_format=torch.channels_last)
+            w32 = None if weight is None else weight.float()  # torch's kernels read it as float32 too
+            _, amax = _api._batch_norm_backward_input(_call("batch_norm_backward_input", g), _rows(g), _rows(x),
+                                                      mean.float(), invstd.float(), w32, sum_dy, sum_dy_xmu, _rows(gx))
+            if node is not None:
+                hand_amax(node, gx, amax)
+        return gx, gw if nw else None, gb if nb else None, None, None, None, None, None
+
+
+class BatchNorm2d(nn.BatchNorm2d):
+    """``nn.BatchNorm2d`` (same arguments, state and results) that, training after a converted convolution on a
+    channels-last CUDA map, forms its g_x with the engine (torch's bits) and hands the convolution G~'s amax of it, so
+    that the convolution's g_y pass needs no pass of its own over g_y to find it (SPEC §2, "BatchNorm's hand-over").
+    Everywhere else (evaluation, another producer, NCHW, the CPU, torch.compile, float64) it is nn.BatchNorm2d."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        node = None
+        if self.training and torch.is_grad_enabled() and x.is_cuda and x.dtype in ENGINE_FLOATS and x.dim() == 4 \
+                and x.numel() > 0 and not torch.compiler.is_compiling() and _memory_format(x) is torch.channels_last:
+            node = conv_node(x)
+        if node is None:
+            return nn.BatchNorm2d.forward(self, x)
+        momentum = 0.0 if self.momentum is None else self.momentum
+        if self.track_running_stats and self.num_batches_tracked is not None:  # as nn.BatchNorm2d counts
+            self.num_batches_tracked.add_(1)
+            momentum = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+        stats = (self.running_mean, self.running_var) if self.track_running_stats else (None, None)
+        return _HandingBatchNorm.apply(x, self.weight, self.bias, *stats, momentum, self.eps, node)
+
+    def extra_repr(self) -> str:
+        return nn.BatchNorm2d.extra_repr(self) + ", hot=hands G~'s amax to the conv before it"

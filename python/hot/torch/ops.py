@@ -280,13 +280,15 @@ def shared_buffer_alive(x: Tensor, dt, cfg) -> bool:
 
 def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tensor], scale: Optional[Tensor],
                      seed, cfg, need_gx: bool, need_gw: bool, need_gb: bool, gx_shape, reuse=None,
-                     gw_dtype: Optional[str] = None, gx_dtype: Optional[str] = None, codes: bool = False):
+                     gw_dtype: Optional[str] = None, gx_dtype: Optional[str] = None, codes: bool = False,
+                     gy_amax: Optional[Tensor] = None):
     """``hot.backward_linear(g.reshape(-1, O), w, saved, bias=need_gb, config=cfg, seed=seed, ...)`` for a
     contiguous g (..., O) and w (O x I), where saved is the raw x (contiguous, L x I elements, given only when g_w
     is needed) or else the ABC buffer (q, scale) of L x I; g_x comes back shaped gx_shape (g's leading dims, I).
     reuse: (WeightReuse, parameter, its version at the forward) of a layer called inside weight_reuse, else None.
     gw_dtype, gx_dtype: g_w's and g_x's dtype names when not g's. seed: an int, or the 0-d int64 seed tensor on g's
-    device. codes: (q, scale) are x's own codes (``hot.activation_codes``; g_w from G~'s codes, in float32)."""
+    device. codes: (q, scale) are x's own codes (``hot.activation_codes``; g_w from G~'s codes, in float32).
+    gy_amax: G~'s amax of g when known (:func:`handed_amax`), else None."""
     O = g.shape[-1]
     I = w.shape[1]
     L = math.prod(g.shape[:-1])
@@ -307,16 +309,16 @@ def _backward_linear(g: Tensor, w: Tensor, x: Optional[Tensor], q: Optional[Tens
         return (gx if gx is None or gx_dtype is None else gx.to(getattr(torch, gx_dtype)),  # cast after
                 gw if gw is None or gw_dtype is None else gw.to(getattr(torch, gw_dtype)), gb)
     return _api._backward_linear(c, g, w, saved, gx_shape, need_gx, need_gw, need_gb, cfg, seed, wq, gw_dtype,
-                                 gx_dtype)
+                                 gx_dtype, gy_amax)
 
 
 def _backward_conv2d(g: Tensor, w: Tensor, q: Optional[Tensor], scale: Optional[Tensor], seed, cfg, x_shape,
                      kernel, stride, padding, dilation, patches: bool, need_gx: bool, need_gw: bool, need_gb: bool,
-                     reuse=None, gw_dtype: Optional[str] = None, codes: bool = False):
+                     reuse=None, gw_dtype: Optional[str] = None, codes: bool = False, gy_amax=None):
     """``hot::backward_conv2d`` of a non-empty convolution (not exact) from its contiguous g_y rows g (N*Ho*Wo x O),
     its weight columns w (O x kh*kw*C) and the g_w operand (q, scale) (given when g_w is needed): the ABC buffer of
     its im2col columns, or with ``codes`` the columns' codes transposed (im2col_t) and the map's scale: (g_x as the
-    channels-last map N*H*W x C, g_w, g_b). reuse and gw_dtype as in :func:`_backward_linear`."""
+    channels-last map N*H*W x C, g_w, g_b). reuse, gw_dtype and gy_amax as in :func:`_backward_linear`."""
     if not isinstance(seed, Tensor) and not 0 <= seed <= _UINT64_MAX:
         _api._seed("backward_conv2d", seed)  # raises, naming the seed
     c = _call("backward_conv2d", g)
@@ -324,7 +326,7 @@ def _backward_conv2d(g: Tensor, w: Tensor, q: Optional[Tensor], scale: Optional[
     saved = _api._wrap_saved(c, q, scale, L, CKK, cfg.rank, "backward_conv2d", codes) if need_gw else None
     wq = reuse[0]._get(c, w, cfg, reuse[1], reuse[2]) if reuse is not None and need_gx else None
     return _api._backward_conv2d(c, g, w, saved, x_shape, kernel, stride, padding, dilation, patches, need_gx,
-                                 need_gw, need_gb, cfg, seed, wq, gw_dtype)
+                                 need_gw, need_gb, cfg, seed, wq, gw_dtype, gy_amax)
 
 
 class WeightReuse:
@@ -799,9 +801,10 @@ def _channels_last(t: Tensor) -> bool:
 
 
 def _conv2d_backward_body(grad_y, weight, x, q, scale, seed, x_shape, stride, padding, dilation, cfg, need_gx,
-                          need_gw, need_gb, reuse=None, gw_dtype=None):
+                          need_gw, need_gb, reuse=None, gw_dtype=None, gy_amax=None):
     """hot's conv backward for the layer; (g_x, g_w, g_b) with None for what was not requested; g_w in gw_dtype (a
-    torch dtype) when given, else in grad_y's (as :func:`_linear_backward_body`)."""
+    torch dtype) when given, else in grad_y's (as :func:`_linear_backward_body`); gy_amax: G~'s amax of grad_y when
+    handed over (:func:`handed_amax`)."""
     N, C, H, W = x_shape
     O, _, kh, kw = weight.shape
     Ho, Wo = grad_y.shape[2], grad_y.shape[3]
@@ -819,7 +822,7 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed, x_shape, stride, pa
                 (q, scale), rows = _compress(rows, cfg, True), None
         grows, gw, gb = _backward_linear(g, weight.reshape(O, C).contiguous(), rows, q, scale, seed, cfg, need_gx,
                                          need_gw, need_gb, (N * P, C), reuse,
-                                         "float32" if codes else _dtype_name(gw_dtype), codes=codes)
+                                         "float32" if codes else _dtype_name(gw_dtype), codes=codes, gy_amax=gy_amax)
         gx = _pixel_unrows(grows, x_shape, stride, Ho, Wo, patches, _channels_last(grad_y)) if need_gx else None
         if gw is not None:  # float32 from the codes (transformed along O in place), rounded once to its dtype
             gw = gw.reshape(weight.shape)
@@ -855,7 +858,8 @@ def _conv2d_backward_body(grad_y, weight, x, q, scale, seed, x_shape, stride, pa
             gx = col2im(gcols, (N, C, H, W), (kh, kw), stride, padding, dilation, patches)
     else:  # the engine's conv backward: g_x as the transposed convolution of G~'s codes where it can (SPEC §8)
         gxr, gw, gb = _backward_conv2d(g, conv_weight_cols(weight), cq, cs, seed, cfg, (N, C, H, W), (kh, kw), stride,
-                                       padding, dilation, patches, need_gx, need_gw, need_gb, reuse, engine_gw, codes)
+                                       padding, dilation, patches, need_gx, need_gw, need_gb, reuse, engine_gw, codes,
+                                       gy_amax)
         if need_gx:
             gx = gxr.view(N, H, W, C).permute(0, 3, 1, 2)
     if need_gx and not _channels_last(grad_y):  # the engine's map is channels-last: kept so for a channels-last
@@ -923,9 +927,35 @@ class _Conv2dFunction(torch.autograd.Function):
         if isinstance(ctx.cfg, int):
             return _layer_backward(ctx, grad_y, 1, "Conv2d", lambda x, w, q, s, seed, *needs: conv2d_backward_op(
                 grad_y, w, x, q, s, seed, ctx.x_shape, *ctx.geom, ctx.cfg, *needs, ctx.gw_dtype))
+        amax = handed_amax(ctx, grad_y)
         return _layer_backward(ctx, grad_y, 1, "Conv2d", lambda x, w, q, s, seed, *needs: _conv2d_backward_body(
             grad_y, w, x, q, s, seed, ctx.x_shape, *ctx.geom, ctx.cfg, *needs, reuse=ctx.reuse,
-            gw_dtype=ctx.gw_dtype))
+            gw_dtype=ctx.gw_dtype, gy_amax=amax))
+
+
+def conv_node(y: Tensor):
+    """The backward node of the converted convolution (eager route) whose output y is, else None: a converted
+    BatchNorm2d after it hands it G~'s amax of the gradient it gives it (:func:`hand_amax`)."""
+    node = y.grad_fn
+    return node if isinstance(node, _Conv2dFunction._backward_cls) and not isinstance(node.cfg, int) else None
+
+
+def hand_amax(node, g: Tensor, amax: Tensor) -> None:
+    """Records, on a converted convolution's backward node (:func:`conv_node`), G~'s amax (float32 (1,), as the
+    engine's batch_norm_backward_input gives it) of g, the gradient of its output about to be passed to it."""
+    node.grad_amax = (g, g._version, amax)
+
+
+def handed_amax(ctx, grad_y: Tensor) -> Optional[Tensor]:
+    """The amax handed to this backward node for grad_y (:func:`hand_amax`), taken once: only if grad_y is that very
+    tensor, unchanged (autograd passes it on as it is unless it sums it with another gradient of the output), else
+    None."""
+    handed = getattr(ctx, "grad_amax", None)
+    if handed is None:
+        return None
+    ctx.grad_amax = None
+    g, version, amax = handed
+    return amax if g is grad_y and grad_y._version == version else None
 
 
 def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], seed, stride: List[int], padding: List[int],

@@ -651,3 +651,24 @@ def test_batch_norm_is_nn_batch_norm_elsewhere():
     assert type(bn(x.requires_grad_(True) * 2).grad_fn).__name__ != "_HandingBatchNormBackward"
     bn.eval()
     assert type(bn(conv(x)).grad_fn).__name__ != "_HandingBatchNormBackward"
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a CUDA GPU")
+def test_batch_norm_under_create_graph_is_torch_backward():
+    """create_graph=True: hot.torch.BatchNorm2d's backward is torch's differentiable one (no hand-over): first- and
+    second-order gradients equal nn.BatchNorm2d's bit for bit."""
+    results = []
+    for swap in (False, True):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)).cuda()
+        ht.convert(m, hot.Config(rounding="nearest"), keep_less=swap)
+        m = m.to(memory_format=torch.channels_last)
+        x = torch.randn(4, 8, 10, 10, device="cuda").to(memory_format=torch.channels_last)
+        with torch.autocast("cuda", torch.bfloat16):
+            y = m(x)
+        assert (type(y.grad_fn).__name__ == "_HandingBatchNormBackward") == swap
+        gw, gb = torch.autograd.grad(y.float().square().sum(), (m[1].weight, m[1].bias), create_graph=True)
+        (ggw,) = torch.autograd.grad(gw.square().sum() + gb.sum(), m[1].weight)
+        results.append((y, gw, gb, ggw))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)

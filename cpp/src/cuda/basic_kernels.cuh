@@ -518,28 +518,19 @@ __global__ void relu_mask_backward_kernel(const R* gy, const uint8_t* __restrict
 }
 
 // ---- BatchNorm's input gradient with G~'s amax (batch_norm_backward_input, ops.h) ---------------------
-// The per-channel coefficients first, {mean, m_dy, f1, f2} as one float4 a channel (zeros up to the next multiple of
-// 16 channels); then, per slice of kBnSlice 16-channel groups (blockIdx.y), the slice's coefficients staged in shared
-// memory (a row of 17 float4 a group: the 16 loads of a warp's threads, 16 channels apart, fall in distinct banks) and
-// one thread per 16 channels of a row: g_y and x loaded (16-byte vectors where the rows allow), g_x formed, rounded and
-// stored, and the rounded values transformed in blocks of b (fwht_regs, the CPU's butterfly order) for the amax (one
-// atomicMax a CTA; a grid-stride loop over the slice's rows).
+// Per slice of kBnSlice 16-channel groups (blockIdx.y), each CTA forms the slice's per-channel coefficients {mean,
+// m_dy, f1, f2} in the CPU backend's order into shared memory (a row of 17 float4 a group: the 16 loads of a warp's
+// threads, 16 channels apart, fall in distinct banks; zeros past C); then one thread per 16 channels of a row: g_y and
+// x loaded (16-byte vectors where the rows allow), g_x formed, rounded and stored, and the rounded values transformed
+// in blocks of b (fwht_regs, the CPU's butterfly order) for the amax (one atomicMax a CTA; a grid-stride loop over the
+// slice's rows).
 constexpr int kBnSlice = 64;  // 16-channel groups a CTA's coefficients cover: 1,024 channels, 17 KB of shared memory
 
-__global__ void bn_coef_kernel(const float* mean, const float* invstd, const float* weight, const float* sum_dy,
-                               const float* sum_dy_xmu, int64_t C, int64_t C16, float count, float4* coef) {
-  const float nf = __fdiv_rn(1.0f, count);
-  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < C16;
-       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    if (c >= C) {
-      coef[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      continue;
-    }
-    const float is = invstd[c];
-    coef[c] = make_float4(mean[c], __fmul_rn(sum_dy[c], nf), __fmul_rn(__fmul_rn(__fmul_rn(is, is), sum_dy_xmu[c]), nf),
-                          weight != nullptr ? __fmul_rn(weight[c], is) : is);
-  }
-}
+// A BatchNorm's per-channel inputs (f32 [C]; weight null without affine) and nf = 1 / R rounded to float.
+struct BnStats {
+  const float *mean, *invstd, *weight, *sum_dy, *sum_dy_xmu;
+  float nf;
+};
 
 template <typename T>
 __device__ __forceinline__ void load16_row(const T* p, int n, bool vec, float (&v)[16]) {
@@ -557,12 +548,22 @@ __device__ __forceinline__ void load16_row(const T* p, int n, bool vec, float (&
 
 template <typename T>
 __global__ void __launch_bounds__(kBasicThreads)
-    bn_backward_input_kernel(Mat<const T> gy, Mat<const T> x, const float4* __restrict__ coef, Mat<T> gx, int block,
-                             bool vec, unsigned* key) {
+    bn_backward_input_kernel(Mat<const T> gy, Mat<const T> x, BnStats st, Mat<T> gx, int block, bool vec,
+                             unsigned* key) {
   __shared__ float4 cs[kBnSlice * 17];
   const int64_t C = gy.cols, g0 = static_cast<int64_t>(blockIdx.y) * kBnSlice;
   const int gs = static_cast<int>((C + 15) / 16 - g0 < kBnSlice ? (C + 15) / 16 - g0 : kBnSlice);  // groups here
-  for (int i = threadIdx.x; i < gs * 16; i += blockDim.x) cs[(i / 16) * 17 + i % 16] = __ldg(coef + g0 * 16 + i);
+  for (int i = threadIdx.x; i < gs * 16; i += blockDim.x) {
+    const int64_t c = g0 * 16 + i;
+    float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (c < C) {
+      const float is = st.invstd[c];
+      f = make_float4(st.mean[c], __fmul_rn(st.sum_dy[c], st.nf),
+                      __fmul_rn(__fmul_rn(__fmul_rn(is, is), st.sum_dy_xmu[c]), st.nf),
+                      st.weight != nullptr ? __fmul_rn(st.weight[c], is) : is);
+    }
+    cs[(i / 16) * 17 + i % 16] = f;
+  }
   __syncthreads();
   const int64_t n = gy.rows * gs;
   uint32_t m = 0;
@@ -1133,35 +1134,28 @@ void relu_mask_backward_launch(const TensorView& gy, const TensorView& bits, con
   });
 }
 
-// Scratch floats batch_norm_backward_input's launch needs for C channels (its coefficients).
-inline int64_t bn_coef_floats(int64_t C) { return 4 * ((C + 15) / 16 * 16); }
-
-// coef: bn_coef_floats(C) floats of scratch, 16-byte aligned; key: gt_amax's bits (zeroed here).
+// key: gt_amax's bits (zeroed here).
 template <typename T, typename Launch>
 void bn_backward_input_launch(const TensorView& gy, const TensorView& x, const TensorView& mean,
                               const TensorView& invstd, const TensorView* weight, const TensorView& sum_dy,
-                              const TensorView& sum_dy_xmu, const TensorView& gx, float* coef, unsigned* key,
-                              const Launch& launch) {
-  const int64_t R = gy.shape[0], C = gy.shape[1], C16 = bn_coef_floats(C) / 4;
-  float4* c4 = reinterpret_cast<float4*>(coef);
+                              const TensorView& sum_dy_xmu, const TensorView& gx, unsigned* key, const Launch& launch) {
+  const int64_t R = gy.shape[0], C = gy.shape[1], groups = (C + 15) / 16, slices = (groups + kBnSlice - 1) / kBnSlice;
+  HOT_CHECK_VALUE(slices <= 65535, "batch_norm_backward_input: ", C, " channels; at most ", 65535LL * kBnSlice * 16,
+                  " fit one launch");
+  const BnStats st{static_cast<const float*>(mean.data), static_cast<const float*>(invstd.data),
+                   weight != nullptr ? static_cast<const float*>(weight->data) : nullptr,
+                   static_cast<const float*>(sum_dy.data), static_cast<const float*>(sum_dy_xmu.data),
+                   hot_div(1.0f, static_cast<float>(R))};
   launch.zero(key, sizeof(unsigned));
-  launch(bn_coef_kernel, dim3(grid_1d(C16, kBasicThreads)), kBasicThreads, 0, static_cast<const float*>(mean.data),
-         static_cast<const float*>(invstd.data), weight != nullptr ? static_cast<const float*>(weight->data) : nullptr,
-         static_cast<const float*>(sum_dy.data), static_cast<const float*>(sum_dy_xmu.data), C, C16,
-         static_cast<float>(R), c4);
   const auto a16 = [](const TensorView& t) {
     return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.strides[0] % (16 / (dtype_bits(t.dtype) / 8)) == 0;
   };
   const bool vec = a16(gy) && a16(x) && a16(gx);
-  const int64_t groups = (C + 15) / 16, slices = (groups + kBnSlice - 1) / kBnSlice;
-  HOT_CHECK_VALUE(slices <= 65535, "batch_norm_backward_input: ", C, " channels; at most ", 65535LL * kBnSlice * 16,
-                  " fit one launch");
   const int64_t per_slice = std::max<int64_t>(1, 1024 / slices);  // about 1,024 CTAs in all
   launch(bn_backward_input_kernel<T>,
          dim3(static_cast<unsigned>(grid_1d(R * std::min<int64_t>(groups, kBnSlice), kBasicThreads, per_slice)),
               static_cast<unsigned>(slices)),
-         kBasicThreads, 0,
-         mat<const T>(gy), mat<const T>(x), static_cast<const float4*>(c4), mat<T>(gx), hq_block_size(C), vec, key);
+         kBasicThreads, 0, mat<const T>(gy), mat<const T>(x), st, mat<T>(gx), hq_block_size(C), vec, key);
 }
 
 template <typename Launch>

@@ -65,11 +65,9 @@ void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits,
 void batch_norm_backward_input(const TensorView& gy, const TensorView& x, const TensorView& mean,
                                const TensorView& invstd, const TensorView* weight, const TensorView& sum_dy,
                                const TensorView& sum_dy_xmu, const TensorView& gx, const TensorView& amax, Stream st) {
-  const int dev = gy.device.index;
-  DeviceGuard dg(dev);
-  Scratch coef(static_cast<size_t>(bn_coef_floats(gy.shape[1])) * sizeof(float), dev, st);
+  DeviceGuard dg(gy.device.index);
   dispatch_float(gy.dtype, "batch_norm_backward_input", [&](auto t) {
-    bn_backward_input_launch<decltype(t)>(gy, x, mean, invstd, weight, sum_dy, sum_dy_xmu, gx, coef.as<float>(),
+    bn_backward_input_launch<decltype(t)>(gy, x, mean, invstd, weight, sum_dy, sum_dy_xmu, gx,
                                           static_cast<unsigned*>(amax.data), StreamLaunch{to_cuda(st)});
   });
 }

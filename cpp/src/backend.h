@@ -37,6 +37,11 @@ struct GradOutputPlan {
   const unsigned* amax_key = nullptr;
 };
 
+// Whether a plan may take a known amax (GradOutputPlan::amax_key): it quantises one path with one scale.
+inline bool takes_known_amax(const GradOutputPlan& plan) {
+  return plan.codes || (plan.gx && !plan.gw && !plan.bias && plan.gx_scale == ScaleMode::tensor);
+}
+
 struct GradOutputQuant {
   TensorView q_g;     // s8, L x O_pad (O_pad = padded_k(O)): Q(g_y blockdiag(H_b)), zero columns past O
   TensorView q_g_t;   // optional, with q_g and no q_gh_t: s8, O x padded_k(L), q_g's first O columns transposed, zero

@@ -643,8 +643,7 @@ void backward_rows(const TensorView& gy, const QuantizedWeight& wq, const Tensor
   plan.seed = seed.value;
   plan.seed_ptr = seed.tensor.data != nullptr ? static_cast<const uint64_t*>(seed.tensor.data) : nullptr;
   plan.bias = gb;
-  if (gy_amax != nullptr && plan.gx && !plan.gw && !plan.bias && plan.gx_scale == ScaleMode::tensor)
-    plan.amax_key = static_cast<const unsigned*>(gy_amax->data);
+  if (gy_amax != nullptr && takes_known_amax(plan)) plan.amax_key = static_cast<const unsigned*>(gy_amax->data);
 
   Tensor q_g, s_g, q_gh_t, s_gh, q_g_t;
   GradOutputQuant qo;

@@ -683,13 +683,9 @@ def backward_linear(grad_output, weight, saved, *, bias: bool = False, config: O
             g_w_operand = raw
     # g_w from the codes (SPEC §4) is transformed along O in float32 and comes back in float32
     gw_dtype = "float32" if need_grad_weight and is_saved and saved.codes else None
-    amax = None
-    if grad_output_amax is not None:
-        amax = _prep(grad_output_amax)
-        if fws.shape(amax) != (1,):
-            raise ValueError(f"{op}: grad_output_amax has shape {fws.shape(amax)}, expected (1,)")
-        if not is_saved and need_grad_weight:
-            amax = None  # the raw x is compressed with G^'s path, whose pass finds G~'s amax as well
+    amax = None if grad_output_amax is None else _prep(grad_output_amax)
+    if amax is not None and fws.shape(amax) != (1,):
+        raise ValueError(f"{op}: grad_output_amax has shape {fws.shape(amax)}, expected (1,)")
     return _backward_linear(c, gy, w, g_w_operand, lead + (I,), bool(need_grad_input), bool(need_grad_weight),
                             bool(bias), config, seed, weight_q, gw_dtype, gy_amax=amax)
 
@@ -859,7 +855,7 @@ def _backward_linear(c: _Call, gy, w, saved, gi_shape, need_gi: bool, need_gw: b
     gw = (c.empty((O, I), gw_dtype) if gw_dtype is not None else c.empty_as((O, I), gy)) if need_gw else None
     gb = c.empty_as((O,), gy) if bias else None
     rx, rw, rb = c.call(_C.backward_linear, gy, w, saved if need_gw else None, gi, gw, gb, need_gi, need_gw, bias,
-                        config, seed, c.stream, weight_q, None if config.exact else gy_amax)
+                        config, seed, c.stream, weight_q, gy_amax)
     return (
         c.result(gi, rx, gi_shape) if need_gi else None,
         c.result(gw, rw) if need_gw else None,

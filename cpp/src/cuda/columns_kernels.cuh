@@ -357,24 +357,22 @@ __global__ void __launch_bounds__(kIm2colTThreads)
         for (int t = 0; t < 16 && rs + t < K; ++t) dst[t] = static_cast<int8_t>((x[t / 4] >> (8 * (t % 4))) & 0xffu);
       }
     };
-    {
 #pragma unroll
-      for (int m = 0; m < W; ++m) {  // channels 4m .. 4m + 3 of the unit
-        uint32_t out[4][4];  // out[s][k]: rows 4k .. 4k + 3 of channel 4m + s
+    for (int m = 0; m < W; ++m) {  // channels 4m .. 4m + 3 of the unit
+      uint32_t out[4][4];  // out[s][k]: rows 4k .. 4k + 3 of channel 4m + s
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const uint32_t a = word[4 * k][m], b = word[4 * k + 1][m], cc = word[4 * k + 2][m], d = word[4 * k + 3][m];
-          // ab_lo = a0 b0 a1 b1, ab_hi = a2 b2 a3 b3 (bytes low to high); the same for c, d
-          const uint32_t ab_lo = __byte_perm(a, b, 0x5140), ab_hi = __byte_perm(a, b, 0x7362);
-          const uint32_t cd_lo = __byte_perm(cc, d, 0x5140), cd_hi = __byte_perm(cc, d, 0x7362);
-          out[0][k] = __byte_perm(ab_lo, cd_lo, 0x5410);  // a0 b0 c0 d0
-          out[1][k] = __byte_perm(ab_lo, cd_lo, 0x7632);  // a1 b1 c1 d1
-          out[2][k] = __byte_perm(ab_hi, cd_hi, 0x5410);
-          out[3][k] = __byte_perm(ab_hi, cd_hi, 0x7632);
-        }
-#pragma unroll
-        for (int s2 = 0; s2 < 4; ++s2) store(4 * m + s2, out[s2][0], out[s2][1], out[s2][2], out[s2][3]);
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t a = word[4 * k][m], b = word[4 * k + 1][m], cc = word[4 * k + 2][m], d = word[4 * k + 3][m];
+        // ab_lo = a0 b0 a1 b1, ab_hi = a2 b2 a3 b3 (bytes low to high); the same for c, d
+        const uint32_t ab_lo = __byte_perm(a, b, 0x5140), ab_hi = __byte_perm(a, b, 0x7362);
+        const uint32_t cd_lo = __byte_perm(cc, d, 0x5140), cd_hi = __byte_perm(cc, d, 0x7362);
+        out[0][k] = __byte_perm(ab_lo, cd_lo, 0x5410);  // a0 b0 c0 d0
+        out[1][k] = __byte_perm(ab_lo, cd_lo, 0x7632);  // a1 b1 c1 d1
+        out[2][k] = __byte_perm(ab_hi, cd_hi, 0x5410);
+        out[3][k] = __byte_perm(ab_hi, cd_hi, 0x7632);
       }
+#pragma unroll
+      for (int s2 = 0; s2 < 4; ++s2) store(4 * m + s2, out[s2][0], out[s2][1], out[s2][2], out[s2][3]);
     }
   }
 }

@@ -1105,9 +1105,8 @@ QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradO
               "quantize_grad_output: a codes plan is the g_w path alone at rank 16 with round-to-nearest");
     su.fixed_rank = kAsIs;
   }
-  HOT_CHECK(plan.amax_key == nullptr || plan.codes ||
-                (plan.gx && !plan.gw && !plan.bias && plan.gx_scale == ScaleMode::tensor),
-            internal, "quantize_grad_output: a known amax goes with codes or with the per-tensor g_x path alone");
+  HOT_CHECK(plan.amax_key == nullptr || takes_known_amax(plan), internal,
+            "quantize_grad_output: a known amax goes with codes or with the per-tensor g_x path alone");
   p.sr8 = p.stochastic && O % kSrGroup == 0;
   const int vec = gy.dtype == DType::f32 ? 4 : 8;  // elements per 16-byte load
   p.vec_load = O % vec == 0 && p.ld_in % vec == 0 && aligned(gy.data, 16);

@@ -377,6 +377,126 @@ __global__ void __launch_bounds__(kIm2colTThreads)
   }
 }
 
+// map_t = the int8 map (L x C, C % 16 == 0) transposed, C x Lr with zeros past L: the operand of im2col_t's shifting
+// kernel. A CTA takes kTrRows pixels x kTrCols channels: the pixels' 16-byte channel runs loaded as they lie (4 lanes a
+// 64-byte run) into shared memory pixel-major, then each thread gathers one channel's 32 consecutive pixels (byte
+// loads: a warp's lanes read 32 consecutive channels of one pixel, one bank each 4 lanes) into two 16-byte stores,
+// a whole 32-byte sector of map_t's row. (The 1 x 1 im2col_t, which did this first, took 32 us for ResNet-50 layer1's
+// 25.7 MB map at b128, benchmarks/NOTES.md.)
+constexpr int kTrRows = 256, kTrCols = 64;
+
+__global__ void __launch_bounds__(256)
+    map_transpose_kernel(const int8_t* __restrict__ map, int64_t ldm, int64_t L, int64_t C, int8_t* __restrict__ mt,
+                         int64_t ldt, int64_t Lr) {
+  __shared__ __align__(16) uint8_t tile[kTrRows * kTrCols];
+  const int64_t l0 = static_cast<int64_t>(blockIdx.x) * kTrRows, c0 = static_cast<int64_t>(blockIdx.y) * kTrCols;
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int e = tid; e < kTrRows * (kTrCols / 16); e += blockDim.x) {
+    const int px = e / (kTrCols / 16), u = e % (kTrCols / 16);
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (l0 + px < L && c0 + 16 * u < C) v = *reinterpret_cast<const uint4*>(map + (l0 + px) * ldm + c0 + 16 * u);
+    *reinterpret_cast<uint4*>(tile + px * kTrCols + 16 * u) = v;
+  }
+  __syncthreads();
+  for (int e = tid; e < kTrCols * (kTrRows / 32); e += blockDim.x) {
+    const int c = e % kTrCols, sg = e / kTrCols;  // channel, group of 32 pixels
+    if (c0 + c >= C) continue;
+    uint32_t w[8];
+#pragma unroll
+    for (int m = 0; m < 8; ++m) {
+      const uint8_t* col = tile + (32 * sg + 4 * m) * kTrCols + c;
+      w[m] = static_cast<uint32_t>(col[0]) | static_cast<uint32_t>(col[kTrCols]) << 8 |
+             static_cast<uint32_t>(col[2 * kTrCols]) << 16 | static_cast<uint32_t>(col[3 * kTrCols]) << 24;
+    }
+    const int64_t l = l0 + 32 * sg;
+    int8_t* dst = mt + (c0 + c) * ldt + l;
+    if (l < Lr) *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+    if (l + 16 < Lr) *reinterpret_cast<uint4*>(dst + 16) = make_uint4(w[4], w[5], w[6], w[7]);
+  }
+}
+
+// im2col_t of a convolution whose output has the map's size (stride 1, Ho = H, Wo = W, rows in raster order): every
+// row (i, j, c) of cols_t is row c of the map transposed (map_t: C x nch * 16 bytes, zero past L; map_transpose_kernel
+// forms it) shifted along L by d = (i dh - ph) W + (j dw - pw), with zeros where the tap falls outside the image. The
+// gathering kernel above reads the map once per tap through L1 in 16-byte pieces of scattered pixels (Nsight Compute:
+// L1-bound at ~1.4 TB/s, benchmarks/NOTES.md); here a warp's loads and stores are each 512 contiguous bytes of one row.
+// A thread takes one 16-byte chunk of the output rows (16 consecutive l) and kShiftChannels channels. Per tap it
+// forms the chunk's 16-bit validity mask (a walk over the chunk's image-row segments, each valid on a range of w),
+// then per channel loads the aligned 16-byte chunks of map_t that hold its window (zeros outside map_t's row: those
+// bytes are outside the image, hence masked) and extracts the window: its byte offset d mod 16 is the same for every
+// chunk of the tap (no divergence).
+constexpr int kShiftChannels = 4;
+
+// Bytes o .. o + 15 of the 32 bytes v0 (low) v1 (high).
+__device__ __forceinline__ uint4 window16(uint4 v0, uint4 v1, int o) {
+  const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+  const int s = 8 * (o & 3);
+  const int q = o >> 2;  // the words from q on (o is uniform across the warp)
+  uint32_t r[5];
+#pragma unroll
+  for (int m = 0; m < 5; ++m) r[m] = q == 0 ? w[m] : q == 1 ? w[m + 1] : q == 2 ? w[m + 2] : w[m + 3];
+  uint32_t out[4];
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+    out[m] = static_cast<uint32_t>(((static_cast<uint64_t>(r[m + 1]) << 32) | r[m]) >> s);
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+__global__ void __launch_bounds__(kIm2colTThreads)
+    im2col_t_shift_kernel(const int8_t* __restrict__ mt, int64_t ldt, int64_t nch, Col2imParams p,
+                          int8_t* __restrict__ q, int64_t ldq, int64_t K) {
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // the output chunk
+  if (16 * k >= K) return;
+  const int c0 = static_cast<int>(blockIdx.y) * kShiftChannels;
+  const int H = static_cast<int>(p.H), W = static_cast<int>(p.W);
+  const int64_t l0 = 16 * k, left = p.N * p.H * p.W - l0;  // rows of L from l0 on
+  const uint32_t lmask = left >= 16 ? 0xffffu : left > 0 ? (1u << left) - 1u : 0u;
+  int w0 = 0, h0 = 0;
+  if (lmask != 0u) {
+    const int64_t r = l0 / W;
+    w0 = static_cast<int>(l0 - r * W), h0 = static_cast<int>(r % H);
+  }
+  for (int i = 0; i < p.kh; ++i) {
+    const int ai = i * p.dh - p.ph;
+    for (int j = 0; j < p.kw; ++j) {
+      const int bj = j * p.dw - p.pw, wlo = max(0, -bj), whi = min(W, W - bj);
+      uint32_t mask = 0u;  // bit t: row l0 + t's tap lies in the image
+      for (int t = 0, w = w0, h = h0; t < 16 && lmask != 0u;) {
+        const int len = min(16 - t, W - w);  // this segment: positions t .. t + len - 1 of one image row
+        if (static_cast<unsigned>(h + ai) < static_cast<unsigned>(H)) {
+          const int a = t + max(0, wlo - w), b = t + min(len, whi - w);
+          if (a < b) mask |= ((1u << b) - 1u) & ~((1u << a) - 1u);
+        }
+        t += len, w = 0;
+        if (++h == H) h = 0;
+      }
+      mask &= lmask;
+      uint32_t bm[4];  // the mask's bits as byte masks, 4 per word
+#pragma unroll
+      for (int m = 0; m < 4; ++m) bm[m] = ((((mask >> (4 * m)) & 0xfu) * 0x00204081u) & 0x01010101u) * 0xffu;
+      const int64_t d = static_cast<int64_t>(ai) * W + bj;
+      const int64_t da = d >= 0 ? d / 16 : -((15 - d) / 16);  // floor(d / 16)
+      const int o = static_cast<int>(d - 16 * da);
+      const int64_t a0 = k + da;  // the first aligned chunk of the window
+      const bool in0 = a0 >= 0 && a0 < nch, in1 = o != 0 && a0 + 1 >= 0 && a0 + 1 < nch;
+      int8_t* dst = q + (static_cast<int64_t>(i * p.kw + j) * p.C + c0) * ldq + l0;
+      uint4 v[kShiftChannels][2];
+#pragma unroll
+      for (int cc = 0; cc < kShiftChannels; ++cc) {
+        const uint4* row = reinterpret_cast<const uint4*>(mt + (c0 + cc) * ldt);
+        const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+        v[cc][0] = mask != 0u && in0 ? row[a0] : z;
+        v[cc][1] = mask != 0u && in1 ? row[a0 + 1] : z;
+      }
+#pragma unroll
+      for (int cc = 0; cc < kShiftChannels; ++cc) {
+        const uint4 x = window16(v[cc][0], v[cc][1], o);
+        *reinterpret_cast<uint4*>(dst + cc * ldq) = make_uint4(x.x & bm[0], x.y & bm[1], x.z & bm[2], x.w & bm[3]);
+      }
+    }
+  }
+}
+
 // im2col_t for channel runs that are not 4-byte words (V = 1: the stem's 3 channels). A CTA takes 128 rows and up to
 // kIm2colTByteUnits units (a unit: one channel of one kernel offset, one row of cols_t). Its bytes are gathered into
 // shared memory transposed (unit ul's 128 row bytes at ul * kIm2colTBytePitch), consecutive threads on consecutive
@@ -465,11 +585,42 @@ void compress_columns_launch(const TensorView& map, const ConvGeometry& g, const
     go(std::integral_constant<int, 1>{});
 }
 
+// Whether im2col_t takes the shifting kernel (im2col_t_shift_kernel): 16-byte channel runs, a convolution whose
+// output has the map's size in raster order with more than one tap, cols_t's rows 16-byte aligned and whole chunks
+// long, int32 image sizes.
+inline bool im2col_t_shifts(const TensorView& map, const ConvGeometry& g, const TensorView& cols_t) {
+  const bool runs16 = g.C % 16 == 0 && map.strides[0] % 16 == 0 && reinterpret_cast<uintptr_t>(map.data) % 16 == 0;
+  const bool vec = cols_t.strides[0] % 16 == 0 && reinterpret_cast<uintptr_t>(cols_t.data) % 16 == 0;
+  return runs16 && vec && cols_t.shape[1] % 16 == 0 && !g.patches && g.sh == 1 && g.sw == 1 && g.out_h() == g.H &&
+         g.out_w() == g.W &&
+         g.kh * g.kw > 1 && g.N * g.H * g.W < (int64_t{1} << 31);
+}
+
+// The scratch bytes one im2col_t call needs: map_t (C x padded_k(L)) where it takes the shifting kernel, else 0.
+inline size_t im2col_t_scratch_bytes(const TensorView& map, const ConvGeometry& g, const TensorView& cols_t) {
+  return im2col_t_shifts(map, g, cols_t) ? static_cast<size_t>(g.C * padded_k(g.N * g.H * g.W)) : 0;
+}
+
 // The launch of one im2col_t call (arguments validated by the caller); the last row tiles write the zeros past L.
+// scratch: im2col_t_scratch_bytes(...) bytes, 16-byte aligned (null where that is 0).
 template <typename Launch>
-void im2col_t_launch(const TensorView& map, const ConvGeometry& g, const TensorView& cols_t, const Launch& launch) {
+void im2col_t_launch(const TensorView& map, const ConvGeometry& g, const TensorView& cols_t, const Launch& launch,
+                     int8_t* scratch = nullptr) {
   const Col2imParams p = col2im_params(g);
   const int64_t K = cols_t.shape[1];
+  if (scratch != nullptr && im2col_t_shifts(map, g, cols_t)) {
+    // map_t: the map transposed (zero past L), then the taps as shifts of its rows
+    const int64_t L = g.N * g.H * g.W, Lr = padded_k(L);
+    const dim3 tr_grid(static_cast<unsigned>(ceil_div(Lr, int64_t{kTrRows})),
+                       static_cast<unsigned>(ceil_div(g.C, int64_t{kTrCols})));
+    launch(map_transpose_kernel, tr_grid, 256, 0, static_cast<const int8_t*>(map.data), map.strides[0], L, g.C, scratch,
+           Lr, Lr);
+    const dim3 grid(static_cast<unsigned>(ceil_div(ceil_div(K, int64_t{16}), int64_t{kIm2colTThreads})),
+                    static_cast<unsigned>(g.C / kShiftChannels));
+    launch(im2col_t_shift_kernel, grid, kIm2colTThreads, 0, static_cast<const int8_t*>(scratch), Lr, Lr / 16, p,
+           static_cast<int8_t*>(cols_t.data), cols_t.strides[0], K);
+    return;
+  }
   const auto aligned = [&](int v) {
     return g.C % v == 0 && map.strides[0] % v == 0 && reinterpret_cast<uintptr_t>(map.data) % v == 0;
   };

@@ -125,8 +125,10 @@ void compress_columns(const TensorView& map, const ConvGeometry& g, const Tensor
 }
 
 void im2col_t(const TensorView& map, const ConvGeometry& g, const TensorView& cols_t, Stream st) {
-  DeviceGuard dg(map.device.index);
-  im2col_t_launch(map, g, cols_t, StreamLaunch{to_cuda(st)});
+  const int dev = map.device.index;
+  DeviceGuard dg(dev);
+  Scratch map_t(im2col_t_scratch_bytes(map, g, cols_t), dev, st);
+  im2col_t_launch(map, g, cols_t, StreamLaunch{to_cuda(st)}, map_t.as<int8_t>());
 }
 
 }  // namespace hot::cuda

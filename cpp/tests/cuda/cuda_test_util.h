@@ -245,4 +245,26 @@ inline std::vector<hot::ConvGeometry> col2im_geometries() {
   return out;
 }
 
+// Convolutions whose output has the map's size at stride 1 with channel runs of 16 bytes: im2col_t's shifting kernel
+// (im2col_t_shift_kernel). Image rows shorter than a 16-byte chunk (W = 9, 2, 1: a chunk spans several rows),
+// kernels of 3 x 3, 5 x 3, 3 x 1 and 7 x 7, dilation 2.
+inline std::vector<hot::ConvGeometry> shift_geometries() {
+  struct G {
+    int64_t N, C, H, W;
+    int kh, kw, ph, pw, dh, dw;
+  };
+  const G cases[] = {{2, 16, 9, 9, 3, 3, 1, 1, 1, 1},   {3, 32, 20, 19, 3, 3, 1, 1, 1, 1},
+                     {1, 16, 11, 10, 5, 3, 2, 1, 1, 1}, {2, 16, 13, 18, 3, 3, 2, 2, 2, 2},
+                     {2, 16, 17, 1, 3, 1, 1, 0, 1, 1},  {5, 16, 3, 2, 3, 3, 1, 1, 1, 1},
+                     {1, 16, 10, 12, 7, 7, 3, 3, 1, 1}, {2, 64, 56, 56, 3, 3, 1, 1, 1, 1}};
+  std::vector<hot::ConvGeometry> out;
+  for (const G& c : cases) {
+    hot::ConvGeometry g;
+    g.N = c.N, g.C = c.C, g.H = c.H, g.W = c.W, g.kh = c.kh, g.kw = c.kw, g.ph = c.ph, g.pw = c.pw, g.dh = c.dh;
+    g.dw = c.dw;
+    out.push_back(g);
+  }
+  return out;
+}
+
 }  // namespace hot_cuda_test

@@ -272,7 +272,8 @@ TEST_F(Cuda_CompressColumns, BitExactVsCpu) {
 }
 
 // im2col_t: the same bytes as the CPU's, for maps whose channel runs allow 32-bit gathers (C % 4 == 0) and not, cols_t
-// rows 16-byte aligned and not (a row stride of K + 1), the zeros past L, a map row stride.
+// rows 16-byte aligned and not (a row stride of K + 1), the zeros past L, a map row stride; convolutions whose output
+// has the map's size take the shifting kernel (shift_geometries, ResNet-50 layer1's 3x3).
 class Cuda_Im2colT : public CudaTest {};
 TEST_F(Cuda_Im2colT, BitExactVsCpu) {
   uint64_t seed = 9150;
@@ -290,11 +291,13 @@ TEST_F(Cuda_Im2colT, BitExactVsCpu) {
     g.N = 2, g.C = 3, g.H = 224, g.W = 224, g.kh = 7, g.kw = 7, g.sh = 2, g.sw = 2, g.ph = 3, g.pw = 3;
     geoms.push_back(g);
   }
+  for (const hot::ConvGeometry& g : shift_geometries()) geoms.push_back(g);
   for (const hot::ConvGeometry& g : geoms)
-    for (int64_t pad : {0, 1}) {
-      const int64_t L = g.N * g.out_h() * g.out_w(), K = g.C * g.kh * g.kw, Kp = hot::padded_k(L) + 16 * pad;
-      HostTensor map = rand_int(DType::s8, g.N * g.H * g.W, g.C, -128, 127, seed++, g.C + 4 * pad);
-      HostTensor qc = out2d(DType::s8, K, Kp, Kp + pad), qg = qc;
+    for (int64_t pad : {0, 1, 2}) {  // 2: a zero chunk past L and 16-byte aligned rows with padding (the shifts)
+      const int64_t L = g.N * g.out_h() * g.out_w(), K = g.C * g.kh * g.kw, Kp = hot::padded_k(L) + 16 * (pad > 0);
+      const int64_t ldm = g.C + 16 * (pad == 2) + 4 * (pad == 1);
+      HostTensor map = rand_int(DType::s8, g.N * g.H * g.W, g.C, -128, 127, seed++, ldm);
+      HostTensor qc = out2d(DType::s8, K, Kp, Kp + (pad == 1 ? 1 : 16 * (pad == 2))), qg = qc;
       DevTensor dmap(map), dq(qg);
       hot::im2col_t(map, g, qc);
       hot::im2col_t(dmap, g, dq, st());

@@ -79,6 +79,33 @@ TEST(Emu_Im2colT, BitExactVsCpu) {
     }
 }
 
+// im2col_t's shifting kernel (convolutions whose output has the map's size: the 1 x 1 im2col_t into map_t, then the
+// taps as shifted rows of it) against the CPU's bytes: zero chunks past L (pad 1) and cols_t's row padding (pad 1, 2)
+// included; each geometry is checked to take that kernel.
+TEST(Emu_Im2colT, ShiftsBitExactVsCpu) {
+#if defined(HOT_EMU_RACE)
+  const std::vector<hot::ConvGeometry> geoms = {hot_cuda_test::shift_geometries()[0]};
+#else
+  const std::vector<hot::ConvGeometry> geoms = hot_cuda_test::shift_geometries();
+#endif
+  uint64_t seed = 9180;
+  for (const hot::ConvGeometry& g : geoms)
+    for (int64_t pad : {0, 1, 2}) {
+      SCOPED_TRACE(testing::Message() << "case " << seed << " C " << g.C << " H " << g.H << " W " << g.W << " pad "
+                                      << pad);
+      const int64_t L = g.N * g.H * g.W, K = g.C * g.kh * g.kw, Kp = hot::padded_k(L) + 16 * (pad % 2);
+      HostTensor map = rand_int(DType::s8, L, g.C, -128, 127, seed++, g.C + 16 * pad);
+      HostTensor qc = out2d(DType::s8, K, Kp, Kp + 16 * (pad / 2)), qe = qc;
+      HostTensor scratch = out2d(DType::s8, g.C, hot::padded_k(L));
+      ASSERT_TRUE(hot::cuda::im2col_t_shifts(map.view(), g, qe.view()));
+      ASSERT_EQ(hot::cuda::im2col_t_scratch_bytes(map.view(), g, qe.view()),
+                static_cast<size_t>(g.C * hot::padded_k(L)));
+      hot::cpu::im2col_t(map, g, qc, {});
+      hot::cuda::im2col_t_launch(map.view(), g, qe.view(), hot_emu::Launch{}, scratch.view().ptr<int8_t>());
+      EXPECT_TRUE(hot_cuda_test::all_bytes_equal(qc, qe)) << "cols_t";
+    }
+}
+
 // The largest transform coefficients (|.| = 16 * 127: every code of a 16-row block +-127, one sign or mixed), where
 // the kernels' integer transform of two channels per register (split_lanes) is closest to its lanes' limits.
 TEST(Emu_CompressColumns, ExtremeCodesBitExactVsCpu) {

@@ -87,10 +87,13 @@ using GemmConfig =
 // of its warpgroups wait for, is a large share of each tile. Same integer sums and the same epilogue arithmetic, so the
 // same bits (H100, 2026-11-27: ViT-B fc2's g_x GEMM, 25216 x 3072 x 768, 119.5 -> 101.6 us; with K >= 2304 no better,
 // and 8192^3 25 % slower: benchmarks/NOTES.md).
+// Outputs of at most 128 columns (a pointwise conv's g_x with C = 64 or 128 input channels) take 64 x 128 tiles,
+// which a 64 x 256 tile would leave a half or three quarters empty (measured in benchmarks/NOTES.md).
 using TileShapePP = cute::Shape<_64, _256, _128>;
-template <typename ElementD, typename EVT, int kClusterM>
+using TileShapePPNarrow = cute::Shape<_64, _128, _128>;
+template <typename ElementD, typename EVT, int kClusterM, typename Tile = TileShapePP>
 using GemmConfigPP =
-    GemmKernelConfig<ElementD, EVT, kClusterM, TileShapePP, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+    GemmKernelConfig<ElementD, EVT, kClusterM, Tile, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                      cutlass::epilogue::TmaWarpSpecialized, cutlass::gemm::PersistentScheduler>;
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -263,9 +266,13 @@ bool dequant_gemm(const int8_t* a, int64_t lda, const int8_t* b, int64_t ldb, El
       {}};                                               // acc * alpha, cast
     return fusion;
   };
-  if (use_pingpong(M, N, K, sm_count(device)))
+  if (use_pingpong(M, N, K, sm_count(device))) {
+    if (N <= 128)
+      return run_gemm<GemmConfigPP<ElementD, DequantEVT<ElementD, TileShapePPNarrow>, 2, TileShapePPNarrow>>(
+          a, lda, b, ldb, d, ldd, M, N, K, args(DequantEVT<ElementD, TileShapePPNarrow>{}), device, stream);
     return run_gemm<GemmConfigPP<ElementD, DequantEVT<ElementD, TileShapePP>, 2>>(
         a, lda, b, ldb, d, ldd, M, N, K, args(DequantEVT<ElementD, TileShapePP>{}), device, stream);
+  }
   return run_gemm_for_m<ElementD, DequantEVT<ElementD>>(a, lda, b, ldb, d, ldd, M, N, K, args(DequantEVT<ElementD>{}),
                                                         device, stream);
 }

@@ -598,12 +598,14 @@ TEST_F(Cuda_GemmDequant, BitExactVsCpu) {
         for (int bits : {4, 8}) expect_bit_exact(dt, M, N, K, per_row, bits, N, seed);
 }
 
-// The ping-pong configuration of the sm90 path (gemm_sm90.cuh use_pingpong: K <= 1024 over at least two waves of
-// 128 x 256 tiles; 97 x 5 = 485 tiles is two waves on any GPU of up to 242 SMs), with M, N and K tails.
+// The ping-pong configurations of the sm90 path (gemm_sm90.cuh use_pingpong: K <= 1024 over at least two waves of
+// 128 x 256 tiles; 97 x 5 = 485 tiles is two waves on any GPU of up to 242 SMs; N <= 128: the 64 x 128 tiles), with
+// M, N and K tails.
 TEST_F(Cuda_GemmDequant, ShortKManyTilesBitExactVsCpu) {
   uint64_t seed = 740;
   for (DType dt : kFloatTypes)
-    for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{12304, 1032, 272}, {16384, 768, 1024}})
+    for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {12304, 1032, 272}, {16384, 768, 1024}, {70001, 64, 256}, {65573, 120, 528}})
       for (bool per_row : {false, true}) expect_bit_exact(dt, M, N, K, per_row, 8, N, seed);
 }
 

@@ -379,40 +379,49 @@ __global__ void __launch_bounds__(kIm2colTThreads)
 
 // map_t = the int8 map (L x C, C % 16 == 0) transposed, C x Lr with zeros past L: the operand of im2col_t's shifting
 // kernel. A CTA takes kTrRows pixels x kTrCols channels: the pixels' 16-byte channel runs loaded as they lie (4 lanes a
-// 64-byte run) into shared memory pixel-major, then each thread gathers one channel's 32 consecutive pixels (byte
-// loads: a warp's lanes read 32 consecutive channels of one pixel, one bank each 4 lanes) into two 16-byte stores,
-// a whole 32-byte sector of map_t's row. (The 1 x 1 im2col_t, which did this first, took 32 us for ResNet-50 layer1's
-// 25.7 MB map at b128, benchmarks/NOTES.md.)
+// 64-byte run) into shared memory pixel-major, 4-byte word w of pixel p at word w ^ (p / 16 % 16) of its row; then a
+// thread takes 4 channels x 16 consecutive pixels: 16 word loads (the swizzle spreads the 16 pixel groups of a warp's
+// lanes over the banks), a 4 x 4 byte transpose in registers, 4 16-byte stores, so that a warp's store covers 256
+// contiguous bytes of each of two map_t rows. (A thread per channel writing 32 bytes, 32 rows a warp store, took 31 us
+// for ResNet-50 layer1's 25.7 MB map at b128: bound by L2 write requests, benchmarks/NOTES.md.)
 constexpr int kTrRows = 256, kTrCols = 64;
 
 __global__ void __launch_bounds__(256)
     map_transpose_kernel(const int8_t* __restrict__ map, int64_t ldm, int64_t L, int64_t C, int8_t* __restrict__ mt,
                          int64_t ldt, int64_t Lr) {
-  __shared__ __align__(16) uint8_t tile[kTrRows * kTrCols];
+  static_assert(kTrRows == 16 * 16 && kTrCols == 64, "16 pixel groups x 16 channel words: one item a thread");
+  __shared__ uint32_t tile[kTrRows * (kTrCols / 4)];
   const int64_t l0 = static_cast<int64_t>(blockIdx.x) * kTrRows, c0 = static_cast<int64_t>(blockIdx.y) * kTrCols;
   const int tid = static_cast<int>(threadIdx.x);
   for (int e = tid; e < kTrRows * (kTrCols / 16); e += blockDim.x) {
-    const int px = e / (kTrCols / 16), u = e % (kTrCols / 16);
+    const int px = e / (kTrCols / 16), u = e % (kTrCols / 16), sw = (px >> 4) & 15;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (l0 + px < L && c0 + 16 * u < C) v = *reinterpret_cast<const uint4*>(map + (l0 + px) * ldm + c0 + 16 * u);
-    *reinterpret_cast<uint4*>(tile + px * kTrCols + 16 * u) = v;
+    uint32_t* row = tile + px * (kTrCols / 4);
+    row[(4 * u) ^ sw] = v.x, row[(4 * u + 1) ^ sw] = v.y, row[(4 * u + 2) ^ sw] = v.z, row[(4 * u + 3) ^ sw] = v.w;
   }
   __syncthreads();
-  for (int e = tid; e < kTrCols * (kTrRows / 32); e += blockDim.x) {
-    const int c = e % kTrCols, sg = e / kTrCols;  // channel, group of 32 pixels
-    if (c0 + c >= C) continue;
-    uint32_t w[8];
+  const int k = tid & 15, g = tid >> 4;  // pixels 16 k .. 16 k + 15, channels 4 g .. 4 g + 3
+  const int64_t l = l0 + 16 * k;
+  if (c0 + 4 * g >= C || l >= Lr) return;
+  uint32_t x[16];  // x[t]: channels 4 g .. 4 g + 3 of pixel 16 k + t
 #pragma unroll
-    for (int m = 0; m < 8; ++m) {
-      const uint8_t* col = tile + (32 * sg + 4 * m) * kTrCols + c;
-      w[m] = static_cast<uint32_t>(col[0]) | static_cast<uint32_t>(col[kTrCols]) << 8 |
-             static_cast<uint32_t>(col[2 * kTrCols]) << 16 | static_cast<uint32_t>(col[3 * kTrCols]) << 24;
-    }
-    const int64_t l = l0 + 32 * sg;
-    int8_t* dst = mt + (c0 + c) * ldt + l;
-    if (l < Lr) *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
-    if (l + 16 < Lr) *reinterpret_cast<uint4*>(dst + 16) = make_uint4(w[4], w[5], w[6], w[7]);
+  for (int t = 0; t < 16; ++t) x[t] = tile[(16 * k + t) * (kTrCols / 4) + (g ^ k)];
+  uint32_t out[4][4];  // out[s][q]: pixels 4 q .. 4 q + 3 of channel 4 g + s
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t a = x[4 * q], b = x[4 * q + 1], cc = x[4 * q + 2], d = x[4 * q + 3];
+    const uint32_t ab_lo = __byte_perm(a, b, 0x5140), ab_hi = __byte_perm(a, b, 0x7362);
+    const uint32_t cd_lo = __byte_perm(cc, d, 0x5140), cd_hi = __byte_perm(cc, d, 0x7362);
+    out[0][q] = __byte_perm(ab_lo, cd_lo, 0x5410);
+    out[1][q] = __byte_perm(ab_lo, cd_lo, 0x7632);
+    out[2][q] = __byte_perm(ab_hi, cd_hi, 0x5410);
+    out[3][q] = __byte_perm(ab_hi, cd_hi, 0x7632);
   }
+#pragma unroll
+  for (int s2 = 0; s2 < 4; ++s2)
+    *reinterpret_cast<uint4*>(mt + (c0 + 4 * g + s2) * ldt + l) =
+        make_uint4(out[s2][0], out[s2][1], out[s2][2], out[s2][3]);
 }
 
 // im2col_t of a convolution whose output has the map's size (stride 1, Ho = H, Wo = W, rows in raster order): every

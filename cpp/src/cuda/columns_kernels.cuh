@@ -304,6 +304,17 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
 constexpr int kIm2colTMaxRows = 512;
 constexpr int kIm2colTThreads = 256;
 
+// The 4 x 4 byte transpose of words a, b, c, d (4 bytes each, low to high): out[s] holds byte s of a, b, c, d.
+__device__ __forceinline__ void transpose_bytes4(uint32_t a, uint32_t b, uint32_t c, uint32_t d, uint32_t (&out)[4]) {
+  // ab_lo = a0 b0 a1 b1, ab_hi = a2 b2 a3 b3 (bytes low to high); the same for c, d
+  const uint32_t ab_lo = __byte_perm(a, b, 0x5140), ab_hi = __byte_perm(a, b, 0x7362);
+  const uint32_t cd_lo = __byte_perm(c, d, 0x5140), cd_hi = __byte_perm(c, d, 0x7362);
+  out[0] = __byte_perm(ab_lo, cd_lo, 0x5410);  // a0 b0 c0 d0
+  out[1] = __byte_perm(ab_lo, cd_lo, 0x7632);  // a1 b1 c1 d1
+  out[2] = __byte_perm(ab_hi, cd_hi, 0x5410);
+  out[3] = __byte_perm(ab_hi, cd_hi, 0x7632);
+}
+
 template <int V>
 __device__ __forceinline__ void im2col_t_load(const int8_t* src, uint32_t (&w)[V / 4]) {
   if constexpr (V == 16) {
@@ -359,20 +370,12 @@ __global__ void __launch_bounds__(kIm2colTThreads)
     };
 #pragma unroll
     for (int m = 0; m < W; ++m) {  // channels 4m .. 4m + 3 of the unit
-      uint32_t out[4][4];  // out[s][k]: rows 4k .. 4k + 3 of channel 4m + s
+      uint32_t out[4][4];  // out[k][s]: byte s of rows 4k .. 4k + 3, i.e. those rows of channel 4m + s
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t a = word[4 * k][m], b = word[4 * k + 1][m], cc = word[4 * k + 2][m], d = word[4 * k + 3][m];
-        // ab_lo = a0 b0 a1 b1, ab_hi = a2 b2 a3 b3 (bytes low to high); the same for c, d
-        const uint32_t ab_lo = __byte_perm(a, b, 0x5140), ab_hi = __byte_perm(a, b, 0x7362);
-        const uint32_t cd_lo = __byte_perm(cc, d, 0x5140), cd_hi = __byte_perm(cc, d, 0x7362);
-        out[0][k] = __byte_perm(ab_lo, cd_lo, 0x5410);  // a0 b0 c0 d0
-        out[1][k] = __byte_perm(ab_lo, cd_lo, 0x7632);  // a1 b1 c1 d1
-        out[2][k] = __byte_perm(ab_hi, cd_hi, 0x5410);
-        out[3][k] = __byte_perm(ab_hi, cd_hi, 0x7632);
-      }
+      for (int k = 0; k < 4; ++k)
+        transpose_bytes4(word[4 * k][m], word[4 * k + 1][m], word[4 * k + 2][m], word[4 * k + 3][m], out[k]);
 #pragma unroll
-      for (int s2 = 0; s2 < 4; ++s2) store(4 * m + s2, out[s2][0], out[s2][1], out[s2][2], out[s2][3]);
+      for (int s2 = 0; s2 < 4; ++s2) store(4 * m + s2, out[0][s2], out[1][s2], out[2][s2], out[3][s2]);
     }
   }
 }
@@ -384,16 +387,18 @@ __global__ void __launch_bounds__(kIm2colTThreads)
 // lanes over the banks), a 4 x 4 byte transpose in registers, 4 16-byte stores, so that a warp's store covers 256
 // contiguous bytes of each of two map_t rows. (A thread per channel writing 32 bytes, 32 rows a warp store, took 31 us
 // for ResNet-50 layer1's 25.7 MB map at b128: bound by L2 write requests, benchmarks/NOTES.md.)
-constexpr int kTrRows = 256, kTrCols = 64;
+// mt's rows are Lr = padded_k(L) bytes long, one after another.
+constexpr int kTrRows = 256, kTrCols = 64, kTrThreads = 256;
 
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(kTrThreads)
     map_transpose_kernel(const int8_t* __restrict__ map, int64_t ldm, int64_t L, int64_t C, int8_t* __restrict__ mt,
-                         int64_t ldt, int64_t Lr) {
-  static_assert(kTrRows == 16 * 16 && kTrCols == 64, "16 pixel groups x 16 channel words: one item a thread");
+                         int64_t Lr) {
+  static_assert(kTrRows == 16 * 16 && kTrCols == 64 && kTrThreads == 16 * 16,
+                "16 pixel groups x 16 channel words: one item a thread");
   __shared__ uint32_t tile[kTrRows * (kTrCols / 4)];
   const int64_t l0 = static_cast<int64_t>(blockIdx.x) * kTrRows, c0 = static_cast<int64_t>(blockIdx.y) * kTrCols;
   const int tid = static_cast<int>(threadIdx.x);
-  for (int e = tid; e < kTrRows * (kTrCols / 16); e += blockDim.x) {
+  for (int e = tid; e < kTrRows * (kTrCols / 16); e += kTrThreads) {
     const int px = e / (kTrCols / 16), u = e % (kTrCols / 16), sw = (px >> 4) & 15;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (l0 + px < L && c0 + 16 * u < C) v = *reinterpret_cast<const uint4*>(map + (l0 + px) * ldm + c0 + 16 * u);
@@ -407,25 +412,17 @@ __global__ void __launch_bounds__(256)
   uint32_t x[16];  // x[t]: channels 4 g .. 4 g + 3 of pixel 16 k + t
 #pragma unroll
   for (int t = 0; t < 16; ++t) x[t] = tile[(16 * k + t) * (kTrCols / 4) + (g ^ k)];
-  uint32_t out[4][4];  // out[s][q]: pixels 4 q .. 4 q + 3 of channel 4 g + s
+  uint32_t out[4][4];  // out[q][s]: pixels 4 q .. 4 q + 3 of channel 4 g + s
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const uint32_t a = x[4 * q], b = x[4 * q + 1], cc = x[4 * q + 2], d = x[4 * q + 3];
-    const uint32_t ab_lo = __byte_perm(a, b, 0x5140), ab_hi = __byte_perm(a, b, 0x7362);
-    const uint32_t cd_lo = __byte_perm(cc, d, 0x5140), cd_hi = __byte_perm(cc, d, 0x7362);
-    out[0][q] = __byte_perm(ab_lo, cd_lo, 0x5410);
-    out[1][q] = __byte_perm(ab_lo, cd_lo, 0x7632);
-    out[2][q] = __byte_perm(ab_hi, cd_hi, 0x5410);
-    out[3][q] = __byte_perm(ab_hi, cd_hi, 0x7632);
-  }
+  for (int q = 0; q < 4; ++q) transpose_bytes4(x[4 * q], x[4 * q + 1], x[4 * q + 2], x[4 * q + 3], out[q]);
 #pragma unroll
   for (int s2 = 0; s2 < 4; ++s2)
-    *reinterpret_cast<uint4*>(mt + (c0 + 4 * g + s2) * ldt + l) =
-        make_uint4(out[s2][0], out[s2][1], out[s2][2], out[s2][3]);
+    *reinterpret_cast<uint4*>(mt + (c0 + 4 * g + s2) * Lr + l) =
+        make_uint4(out[0][s2], out[1][s2], out[2][s2], out[3][s2]);
 }
 
 // im2col_t of a convolution whose output has the map's size (stride 1, Ho = H, Wo = W, rows in raster order): every
-// row (i, j, c) of cols_t is row c of the map transposed (map_t: C x nch * 16 bytes, zero past L; map_transpose_kernel
+// row (i, j, c) of cols_t is row c of the map transposed (map_t: C rows of Lr bytes, zero past L; map_transpose_kernel
 // forms it) shifted along L by d = (i dh - ph) W + (j dw - pw), with zeros where the tap falls outside the image. The
 // gathering kernel above reads the map once per tap through L1 in 16-byte pieces of scattered pixels (Nsight Compute:
 // L1-bound at ~1.4 TB/s, benchmarks/NOTES.md); here a warp's loads and stores are each 512 contiguous bytes of one row.
@@ -452,13 +449,14 @@ __device__ __forceinline__ uint4 window16(uint4 v0, uint4 v1, int o) {
 }
 
 __global__ void __launch_bounds__(kIm2colTThreads)
-    im2col_t_shift_kernel(const int8_t* __restrict__ mt, int64_t ldt, int64_t nch, Col2imParams p,
-                          int8_t* __restrict__ q, int64_t ldq, int64_t K) {
+    im2col_t_shift_kernel(const int8_t* __restrict__ mt, int64_t Lr, Col2imParams p, int8_t* __restrict__ q,
+                          int64_t ldq, int64_t K) {
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // the output chunk
   if (16 * k >= K) return;
   const int c0 = static_cast<int>(blockIdx.y) * kShiftChannels;
   const int H = static_cast<int>(p.H), W = static_cast<int>(p.W);
   const int64_t l0 = 16 * k, left = p.N * p.H * p.W - l0;  // rows of L from l0 on
+  const int64_t nch = Lr / 16;                              // 16-byte chunks of a map_t row
   const uint32_t lmask = left >= 16 ? 0xffffu : left > 0 ? (1u << left) - 1u : 0u;
   int w0 = 0, h0 = 0;
   if (lmask != 0u) {
@@ -492,7 +490,7 @@ __global__ void __launch_bounds__(kIm2colTThreads)
       uint4 v[kShiftChannels][2];
 #pragma unroll
       for (int cc = 0; cc < kShiftChannels; ++cc) {
-        const uint4* row = reinterpret_cast<const uint4*>(mt + (c0 + cc) * ldt);
+        const uint4* row = reinterpret_cast<const uint4*>(mt + (c0 + cc) * Lr);
         const uint4 z = make_uint4(0u, 0u, 0u, 0u);
         v[cc][0] = mask != 0u && in0 ? row[a0] : z;
         v[cc][1] = mask != 0u && in1 ? row[a0 + 1] : z;
@@ -601,8 +599,7 @@ inline bool im2col_t_shifts(const TensorView& map, const ConvGeometry& g, const 
   const bool runs16 = g.C % 16 == 0 && map.strides[0] % 16 == 0 && reinterpret_cast<uintptr_t>(map.data) % 16 == 0;
   const bool vec = cols_t.strides[0] % 16 == 0 && reinterpret_cast<uintptr_t>(cols_t.data) % 16 == 0;
   return runs16 && vec && cols_t.shape[1] % 16 == 0 && !g.patches && g.sh == 1 && g.sw == 1 && g.out_h() == g.H &&
-         g.out_w() == g.W &&
-         g.kh * g.kw > 1 && g.N * g.H * g.W < (int64_t{1} << 31);
+         g.out_w() == g.W && g.kh * g.kw > 1 && g.N * g.H * g.W < (int64_t{1} << 31);
 }
 
 // The scratch bytes one im2col_t call needs: map_t (C x padded_k(L)) where it takes the shifting kernel, else 0.
@@ -622,11 +619,11 @@ void im2col_t_launch(const TensorView& map, const ConvGeometry& g, const TensorV
     const int64_t L = g.N * g.H * g.W, Lr = padded_k(L);
     const dim3 tr_grid(static_cast<unsigned>(ceil_div(Lr, int64_t{kTrRows})),
                        static_cast<unsigned>(ceil_div(g.C, int64_t{kTrCols})));
-    launch(map_transpose_kernel, tr_grid, 256, 0, static_cast<const int8_t*>(map.data), map.strides[0], L, g.C, scratch,
-           Lr, Lr);
+    launch(map_transpose_kernel, tr_grid, kTrThreads, 0, static_cast<const int8_t*>(map.data), map.strides[0], L, g.C,
+           scratch, Lr);
     const dim3 grid(static_cast<unsigned>(ceil_div(ceil_div(K, int64_t{16}), int64_t{kIm2colTThreads})),
                     static_cast<unsigned>(g.C / kShiftChannels));
-    launch(im2col_t_shift_kernel, grid, kIm2colTThreads, 0, static_cast<const int8_t*>(scratch), Lr, Lr / 16, p,
+    launch(im2col_t_shift_kernel, grid, kIm2colTThreads, 0, static_cast<const int8_t*>(scratch), Lr, p,
            static_cast<int8_t*>(cols_t.data), cols_t.strides[0], K);
     return;
   }

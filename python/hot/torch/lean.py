@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hot import _api
-from hot.torch.ops import ENGINE_FLOATS, _call, conv_node, define_op, hand_amax, note_amax
+from hot.torch.ops import ENGINE_FLOATS, _call, _nchw_rows, conv_node, define_op, hand_amax, note_amax
 
 # Traced by torch.compile, the in-place masked ReLU (an autograd.Function that writes its input) got a wrong gradient
 # from torch 2.11 (g_y passed unmasked) when the compiled function returned both its output and its input; right on
@@ -310,11 +310,6 @@ class MaxPool2d(nn.MaxPool2d):
 
 
 # ---- BatchNorm2d: G~'s amax handed to the converted convolution before it ----------------------------------------
-def _rows(t: Tensor) -> Tensor:
-    """The (N*H*W, C) rows of a channels-last (N, C, H, W) tensor: a view."""
-    return t.permute(0, 2, 3, 1).reshape(-1, t.shape[1])
-
-
 class _HandingBatchNorm(torch.autograd.Function):
     """Training-mode batch norm of a channels-last x by torch's own kernels, chosen as ``F.batch_norm`` chooses them
     (``_batch_norm_impl_index``). Where that is torch's native kernels, the backward's per-channel sums are theirs
@@ -351,8 +346,10 @@ class _HandingBatchNorm(torch.autograd.Function):
         if nx:
             gx = torch.empty_like(x, memory_format=torch.channels_last)
             w32 = None if weight is None else weight.float()  # torch's kernels read it as float32 too
-            _, amax = _api._batch_norm_backward_input(_call("batch_norm_backward_input", g), _rows(g), _rows(x),
-                                                      mean.float(), invstd.float(), w32, sum_dy, sum_dy_xmu, _rows(gx))
+            # g, x, gx channels-last: their (N*H*W, C) rows are views
+            _, amax = _api._batch_norm_backward_input(_call("batch_norm_backward_input", g), _nchw_rows(g),
+                                                      _nchw_rows(x), mean.float(), invstd.float(), w32, sum_dy,
+                                                      sum_dy_xmu, _nchw_rows(gx))
             if node is not None:
                 hand_amax(node, gx, amax)
         return gx, gw if nw else None, gb if nb else None, None, None, None, None, None

@@ -304,17 +304,6 @@ __global__ void __launch_bounds__(kColumnsThreads, 4)  // 64 registers: 4 CTAs (
 constexpr int kIm2colTMaxRows = 512;
 constexpr int kIm2colTThreads = 256;
 
-// The 4 x 4 byte transpose of words a, b, c, d (4 bytes each, low to high): out[s] holds byte s of a, b, c, d.
-__device__ __forceinline__ void transpose_bytes4(uint32_t a, uint32_t b, uint32_t c, uint32_t d, uint32_t (&out)[4]) {
-  // ab_lo = a0 b0 a1 b1, ab_hi = a2 b2 a3 b3 (bytes low to high); the same for c, d
-  const uint32_t ab_lo = __byte_perm(a, b, 0x5140), ab_hi = __byte_perm(a, b, 0x7362);
-  const uint32_t cd_lo = __byte_perm(c, d, 0x5140), cd_hi = __byte_perm(c, d, 0x7362);
-  out[0] = __byte_perm(ab_lo, cd_lo, 0x5410);  // a0 b0 c0 d0
-  out[1] = __byte_perm(ab_lo, cd_lo, 0x7632);  // a1 b1 c1 d1
-  out[2] = __byte_perm(ab_hi, cd_hi, 0x5410);
-  out[3] = __byte_perm(ab_hi, cd_hi, 0x7632);
-}
-
 template <int V>
 __device__ __forceinline__ void im2col_t_load(const int8_t* src, uint32_t (&w)[V / 4]) {
   if constexpr (V == 16) {

@@ -68,6 +68,8 @@ void run_qgo(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQ
       QgoKernels<T, kAsIs>::ensure(dev);
     } else if (su.fixed_rank == 16) {
       QgoKernels<T, 16>::ensure(dev);
+    } else if (su.fixed_rank == kGxOnly) {
+      QgoKernels<T, kGxOnly>::ensure(dev);
     } else {
       QgoKernels<T, 0>::ensure(dev);
     }

@@ -12,7 +12,7 @@
 //   finalize:       scales and inverse scales from the amax keys.
 //   pass 2 (quant): the transforms are recomputed and quantised; q_g is written row-major (16 bytes per
 //                   thread), q_gh_t transposed through shared memory so that its rows are written whole; where
-//                   g_w comes from G~'s codes (no G^), q_g_t is q_g transposed the same way (qgt_store).
+//                   g_w comes from G~'s codes (no G^), q_g_t is q_g transposed the same way (qgt_copy_out).
 // Tile order: pass 1 walks the tiles from the last to the first, so that it starts on the tail of g_y (or x) that
 // its producer has just written and L2 still holds, and pass 2 from the first to the last, starting on what pass 1
 // read last.
@@ -41,7 +41,8 @@
 // The HLA rank is a template parameter R of the kernels: 8 or 16 (compiled-in ranks: with R = 8 the G^ rows not kept
 // are dead code, so pass 2 fits 64 registers and 4 CTAs per SM; with R = 16 the rank loops and the staging layout are
 // constants) or 0 (any rank 1..16, read at run time); or kAsIs: the g_w path's rows as they are, no H^, all 16 of a
-// block kept in row order (activation_codes: x's own codes, transposed).
+// block kept in row order (activation_codes: x's own codes, transposed); or kGxOnly: no g_w path (a convolution's g_y,
+// whose g_w comes from G~'s codes), so that G^'s code is dead and the 16-bit kernels run 4 CTAs per SM.
 #pragma once
 
 #include <algorithm>
@@ -67,14 +68,17 @@ constexpr int kRowBlocks = kTileRows / 16;
 std::atomic<bool> g_qgo_fixed_rank{true};
 constexpr bool is_fixed_rank(int rank) { return rank == 8 || rank == 16; }
 constexpr int kAsIs = -16;  // R of activation_codes' kernels (see the header)
+constexpr int kGxOnly = -1;  // R of the kernels of a call without the g_w path (see the header)
 
 // Minimum resident CTAs per SM that qgo_kernel is compiled for (__launch_bounds__), i.e. the registers it may
 // use: 3 (64 KB of shared memory each: the most that fit), 80 registers.
 constexpr int kQgoMinCtas = 3;
 // The same for qgo16_kernel (32 KB of tile, + 21 KB of q_gh_t staging in pass 2): pass 2 at 3 CTAs (80 registers; 4,
-// 64 registers, at R = 8), pass 1 at 4 (64; 3 at run-time ranks, R = 0). G^ on 2 columns per thread made these fit
-// (pass 2 took 128 registers and 2 CTAs with 4 columns); ptxas figures in benchmarks/NOTES.md.
-constexpr int qgo16_min_ctas(int pass, int r) { return pass == 2 ? (r == 8 ? 4 : 3) : (r == 0 ? 3 : 4); }
+// 64 registers, at R = 8 and without G^, kGxOnly), pass 1 at 4 (64; 3 at run-time ranks, R = 0). G^ on 2 columns per
+// thread made these fit (pass 2 took 128 registers and 2 CTAs with 4 columns); ptxas figures in benchmarks/NOTES.md.
+constexpr int qgo16_min_ctas(int pass, int r) {
+  return pass == 2 ? (r == 8 || r == kGxOnly ? 4 : 3) : (r == 0 ? 3 : 4);
+}
 
 struct QgoParams {
   int64_t L, O;
@@ -272,12 +276,12 @@ __device__ __forceinline__ void gx_unit_amax(const QgoParams& p, const float (&x
 }
 
 // G~, pass 2, one unit (16 columns x of row r from column c, r < L, c < O_pad): quantised and stored into q_g
-// (codes past O are the zero padding). With p.sr8, a is the row word of r and b[m] the column word of columns
-// c + 2m, c + 2m + 1 (rng.h; gx_transform forms them).
+// (codes past O are the zero padding), and returned in w (bytes in column order). With p.sr8, a is the row word of r
+// and b[m] the column word of columns c + 2m, c + 2m + 1 (rng.h; gx_transform forms them).
 template <class Key>
 __device__ __forceinline__ void gx_unit_quant_store(const QgoParams& p, const Key& key, const float (&x)[16], int64_t r,
-                                                    int64_t c, uint32_t a, const uint32_t (&b)[8]) {
-  uint32_t w[4] = {0u, 0u, 0u, 0u};
+                                                    int64_t c, uint32_t a, const uint32_t (&b)[8], uint32_t (&w)[4]) {
+  w[0] = w[1] = w[2] = w[3] = 0u;
   if (c < p.O) {
     const float inv = p.gx_per_row ? p.inv_gx[r] : p.inv_gx[0];
     const float pre = p.gx_per_row ? p.pre_gx[r] : p.pre_gx[0];
@@ -356,14 +360,40 @@ __device__ __forceinline__ void gx_column_words(const QgoParams& p, uint64_t see
   }
 }
 
+// A unit's stochastic-rounding words (p.sr8, pass 2): its row word a and its 8 column words b, from `words`
+// (gx_fill_words) where given, else from its own Philox calls (one row call, two column calls).
+template <class Key>
+__device__ __forceinline__ void gx_unit_words(const QgoParams& p, const Key& key, const uint32_t* words, int q, int row,
+                                              int lc, int64_t rt, int64_t r, int64_t c, uint32_t& a, uint32_t (&b)[8]) {
+  if (words != nullptr) {
+    a = words[q * kTileRows + row];
+    const uint4 b0 = *reinterpret_cast<const uint4*>(words + kGxRowWords + lc / 2);
+    const uint4 b1 = *reinterpret_cast<const uint4*>(words + kGxRowWords + lc / 2 + 4);
+    b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w, b[4] = b1.x, b[5] = b1.y, b[6] = b1.z, b[7] = b1.w;
+  } else {
+    const uint64_t seed = key.seed(p);
+    a = philox_word(sr_call(seed, rng_stream::gx_grad, kSrRowCall, sr_row_call_index(p.L, r, c)),
+                    static_cast<int>(r & 3));
+    gx_column_words(p, seed, rt, c, b);
+  }
+}
+
+// G~'s codes transposed (pass 2 with p.q_gt: the g_w operand of SPEC §4's "g_w from G~'s codes") go through 16 KB of
+// `stage`: the tile's codes row-major, 4-byte word w of row r at word r * 64 + (w ^ qgt_swizzle(r)), stored by
+// gx_transform a unit at a time (16 bytes: the 16 lanes of a row hit different banks) and read by qgt_copy_out 4
+// columns x 16 rows a thread (a warp's word loads: 8 words of each of 4 rows 16 apart, which the swizzle spreads over
+// the banks).
+__device__ __forceinline__ int qgt_swizzle(int r) { return ((r >> 4) & 3) * 8; }
+constexpr int kQgtStageBytes = kTileCols * kTileRows;
+
 // The g_x transform: G~ = g_y blockdiag(H_b) on units (row, 16 columns), 4 per thread; its amax (pass 1) or its
-// codes in q_g (pass 2). Only the tile's column groups below max(O, O_pad) are walked (a narrow g_y, O = 64, has 4 of
-// the 16 in each packed row tile), except with per-token scales, whose amax reduction needs 16 consecutive lanes on one
-// row (such g_y is never packed). Stochastic rounding (p.sr8): a unit's row word and its 8 column words come from
-// `words` (gx_fill_words) where given, else from its own Philox calls (one row call, two column calls).
+// codes in q_g (pass 2), and in q_gt's staging where qstage is given (zeros for rows past L). Only the tile's column
+// groups below max(O, O_pad) are walked (a narrow g_y, O = 64, has 4 of the 16 in each packed row tile), except with
+// per-token scales, whose amax reduction needs 16 consecutive lanes on one row (such g_y is never packed).
 template <int PASS, class Tile, class Key>
 __device__ __forceinline__ void gx_transform(const QgoParams& p, const Key& key, const Tile& tile, int64_t t,
-                                             int64_t c0, uint32_t& amax_gx, const uint32_t* words) {
+                                             int64_t c0, uint32_t& amax_gx, const uint32_t* words,
+                                             unsigned char* qstage = nullptr) {
   const int seg = 1 << p.seg_shift;  // columns per packed row tile (256 unpacked)
   const int64_t width = std::max(p.O, p.O_pad) - c0;  // > 0 for every column tile
   const int gq = p.gx_per_row || width >= seg ? seg / 16 : static_cast<int>((width + 15) / 16);  // groups per segment
@@ -381,22 +411,16 @@ __device__ __forceinline__ void gx_transform(const QgoParams& p, const Key& key,
     fwht_regs<16>(x, p.block);  // G~: blocks of b columns
     if (PASS == 1) {
       gx_unit_amax(p, x, r, amax_gx);
-    } else if (r < p.L && c < p.O_pad) {
-      uint32_t a = 0u, b[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
-      if (PASS == 2 && p.sr8) {
-        if (words != nullptr) {
-          a = words[q * kTileRows + row];
-          const uint4 b0 = *reinterpret_cast<const uint4*>(words + kGxRowWords + lc / 2);
-          const uint4 b1 = *reinterpret_cast<const uint4*>(words + kGxRowWords + lc / 2 + 4);
-          b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w, b[4] = b1.x, b[5] = b1.y, b[6] = b1.z, b[7] = b1.w;
-        } else {
-          const uint64_t seed = key.seed(p);
-          a = philox_word(sr_call(seed, rng_stream::gx_grad, kSrRowCall, sr_row_call_index(p.L, r, c)),
-                          static_cast<int>(r & 3));
-          gx_column_words(p, seed, at.rt, c, b);
-        }
+    } else {
+      uint32_t w[4] = {0u, 0u, 0u, 0u};
+      if (r < p.L && c < p.O_pad) {
+        uint32_t a = 0u, b[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+        if (PASS == 2 && p.sr8) gx_unit_words(p, key, words, q, row, lc, at.rt, r, c, a, b);
+        gx_unit_quant_store(p, key, x, r, c, a, b, w);
       }
-      gx_unit_quant_store(p, key, x, r, c, a, b);
+      if (qstage != nullptr)
+        *reinterpret_cast<uint4*>(qstage + 4 * (row * (kTileCols / 4) + ((lc >> 2) ^ qgt_swizzle(row)))) =
+            make_uint4(w[0], w[1], w[2], w[3]);
     }
   }
 }
@@ -687,61 +711,53 @@ __device__ __forceinline__ void bias_from_block_sums(const QgoParams& p, int64_t
   if (at.c < p.O && at.rt * kTileRows < p.L) p.bias_partial[at.rt * p.O + at.c] = sum;
 }
 
-// G~'s codes transposed (pass 2 with p.q_gt: the g_w operand of SPEC §4's "g_w from G~'s codes"). Once every thread
-// has stored its units of q_g (the barrier), the CTA reads the tile's q_g rows back (its own 16 KB, from L2) and writes
-// q_gt's columns [rt * 64, rt * 64 + 64) of rows c < O, through 16 KB of `stage` (dead by then: G~'s words, or the fp32
-// tile). Word w (rows 4w .. 4w + 3) of local column lc is staged at word lc * 16 + (w ^ qgt_swizzle(lc)), so that
-// neither the byte stores (lanes 16 columns apart, two rows) nor the word loads (8 columns, 4 words of 16 bytes)
-// meet in a bank. Rows past L are zeros; columns past K_t are not written (K_t = padded_k(L) <= the row tiles' rows).
-__device__ __forceinline__ int qgt_swizzle(int lc) { return ((lc >> 4) ^ (lc >> 1)) & 15; }
-constexpr int kQgtStageBytes = kTileCols * kTileRows;
-
-__device__ __forceinline__ void qgt_store(const QgoParams& p, int64_t t, int64_t c0, unsigned char* stage) {
-  __syncthreads();  // q_g's rows of the tile are written; the words (or the fp32 tile) are read no more
-  const int tid = threadIdx.x;
-  // 64 rows x 16 groups of 16 columns, as gx_transform's units: the codes of row `row`, columns lc .. lc + 15
-  for (int u = tid; u < kTileRows * (kTileCols / 16); u += kThreads) {
+// q_gt's staging where it aliases the (fp32) tile: once every thread is done with the tile (the barrier), the tile's
+// q_g rows read back from L2 (16 bytes a unit, zeros past L or O_pad).
+__device__ __forceinline__ void qgt_read_back(const QgoParams& p, int64_t t, int64_t c0, unsigned char* stage) {
+  __syncthreads();
+  for (int u = threadIdx.x; u < kTileRows * (kTileCols / 16); u += kThreads) {
     const int row = u >> 4, lc = (u & 15) << 4;
     const TileSpot at = tile_spot(p, t, c0, lc);
     const int64_t r = at.rt * kTileRows + row;
     uint32_t w[4] = {0u, 0u, 0u, 0u};
     if (r < p.L && at.c < p.O_pad) {
       const int8_t* src = p.q_g + r * p.ld_qg + at.c;
-      if (p.vec_store_qg) {
-        const uint4 v = *reinterpret_cast<const uint4*>(src);
-        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-      } else {
-        for (int i = 0; i < 16; ++i)
-          if (at.c + i < p.O_pad) w[i >> 2] |= static_cast<uint32_t>(static_cast<uint8_t>(src[i])) << (8 * (i & 3));
-      }
+      for (int i = 0; i < 16; ++i)
+        if (at.c + i < p.O_pad) w[i >> 2] |= static_cast<uint32_t>(static_cast<uint8_t>(src[i])) << (8 * (i & 3));
     }
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int col = lc + i;
-      stage[col * kTileRows + 4 * ((row >> 2) ^ qgt_swizzle(col)) + (row & 3)] =
-          static_cast<unsigned char>(w[i >> 2] >> (8 * (i & 3)));
-    }
+    *reinterpret_cast<uint4*>(stage + 4 * (row * (kTileCols / 4) + ((lc >> 2) ^ qgt_swizzle(row)))) =
+        make_uint4(w[0], w[1], w[2], w[3]);
   }
+}
+
+// q_gt's columns [rt * 64, rt * 64 + 64) of rows c < O from the staging, once every thread has staged its codes (the
+// barrier): a thread takes 4 columns (4cg ..) x 16 rows (16j ..): 16 word loads, 4 x 4 byte transposes, a 16-byte
+// store to each column's row of q_gt (4 lanes a column's 64 bytes). Rows past L are staged as zeros; columns past K_t
+// are not written (K_t = padded_k(L) <= the row tiles' rows).
+__device__ __forceinline__ void qgt_copy_out(const QgoParams& p, int64_t t, int64_t c0, const unsigned char* stage) {
   __syncthreads();
-  // per local column, 4 runs of 16 rows (16 bytes of q_gt)
-  const uint32_t* s32 = reinterpret_cast<const uint32_t*>(stage);
-  for (int u = tid; u < kTileCols * 4; u += kThreads) {
-    const int lc = u >> 2, j = u & 3;
-    const TileSpot at = tile_spot(p, t, c0, lc);
-    const int64_t k0 = at.rt * kTileRows + 16 * j;  // >= K_t for a row tile past the last
-    if (at.c >= p.O || k0 >= p.K_t) continue;
-    uint32_t w[4];
+  const int j = threadIdx.x & 3, cg = threadIdx.x >> 2;
+  const TileSpot at = tile_spot(p, t, c0, 4 * cg);
+  const int64_t k0 = at.rt * kTileRows + 16 * j;  // >= K_t for a row tile past the last
+  if (at.c >= p.O || k0 >= p.K_t) return;
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(stage) + 16 * j * (kTileCols / 4) + (cg ^ (8 * j));
+  uint32_t col[4][4];  // [column m][rows 4b .. 4b + 3 of the 16]
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      w[k] = s32[lc * (kTileRows / 4) + ((4 * j + k) ^ qgt_swizzle(lc))];
-      const int64_t valid = p.L - (k0 + 4 * k);  // rows of this word below L
-      if (valid < 4) w[k] = valid <= 0 ? 0u : w[k] & ((1u << (8 * valid)) - 1u);
-    }
-    int8_t* dst = p.q_gt + at.c * p.ld_qgt + k0;
+  for (int b = 0; b < 4; ++b) {
+    uint32_t out[4];
+    transpose_bytes4(src[(4 * b) * (kTileCols / 4)], src[(4 * b + 1) * (kTileCols / 4)],
+                     src[(4 * b + 2) * (kTileCols / 4)], src[(4 * b + 3) * (kTileCols / 4)], out);
+#pragma unroll
+    for (int m = 0; m < 4; ++m) col[m][b] = out[m];
+  }
+  int8_t* dst = p.q_gt + at.c * p.ld_qgt + k0;
+#pragma unroll
+  for (int m = 0; m < 4; ++m, dst += p.ld_qgt) {
+    if (at.c + m >= p.O) break;
     if (p.vec_store_qgt) {
-      *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+      *reinterpret_cast<uint4*>(dst) = make_uint4(col[m][0], col[m][1], col[m][2], col[m][3]);
     } else {
-      for (int i = 0; i < 16; ++i) dst[i] = static_cast<int8_t>(w[i >> 2] >> (8 * (i & 3)));
+      for (int i = 0; i < 16; ++i) dst[i] = static_cast<int8_t>(col[m][i >> 2] >> (8 * (i & 3)));
     }
   }
 }
@@ -752,23 +768,28 @@ __device__ __forceinline__ void qgt_store(const QgoParams& p, int64_t t, int64_t
 template <int PASS, int R, class Tile, class Key>
 __device__ __forceinline__ void qgo_tile(const QgoParams& p, const Key& key, const Tile& tile, int64_t rt, int64_t ct,
                                          unsigned char* stage, uint32_t& amax_gx, uint32_t& amax_gw) {
-  const int rank = R == kAsIs ? 16 : R > 0 ? R : p.rank;  // HLA rank: compile-time (R) or run-time (R == 0)
+  const int rank = R == kAsIs ? 16 : R > 0 ? R : p.rank;  // HLA rank: compile-time (R) or run-time (R == 0, kGxOnly)
+  const bool gw = R != kGxOnly && p.gw;
   const int64_t c0 = ct * kTileCols;
   if (p.gx) {
     // Pass 2's stochastic-rounding words of G~ in the staging's shared memory, where it has its own (16-bit tiles),
     // until G^ stages codes there.
     uint32_t* words = nullptr;
     if (PASS == 2 && !Tile::kStageAliases && p.sr8) {
-      words = reinterpret_cast<uint32_t*>(stage);
+      words = reinterpret_cast<uint32_t*>(stage + kQgtStageBytes);
       gx_fill_words(p, key.seed(p), rt, c0, words);
       __syncthreads();
     }
-    gx_transform<PASS>(p, key, tile, rt, c0, amax_gx, words);
-    if (words != nullptr && p.gw) __syncthreads();  // every thread is done with the words: the staging is G^'s
-    if (PASS == 2 && p.q_gt != nullptr) qgt_store(p, rt, c0, stage);
+    // q_gt's staging: its own memory beside the 16-bit tile; where it aliases the fp32 tile, q_g's rows are read back
+    // once every thread is done with the tile.
+    const bool qgt = PASS == 2 && p.q_gt != nullptr;
+    gx_transform<PASS>(p, key, tile, rt, c0, amax_gx, words, qgt && !Tile::kStageAliases ? stage : nullptr);
+    if (qgt && Tile::kStageAliases) qgt_read_back(p, rt, c0, stage);
+    if (qgt) qgt_copy_out(p, rt, c0, stage);
+    if (words != nullptr && gw) __syncthreads();  // every thread is done with the words: the staging is G^'s
   }
-  if (PASS == 1 && p.bias && !p.gw) bias_partials(p, tile, rt, c0);
-  if (p.gw) {
+  if (PASS == 1 && p.bias && !gw) bias_partials(p, tile, rt, c0);
+  if (gw) {
     // G^: 512 units (row block jb, 2 columns c2) of the tile, 2 per thread: row blocks jb0 and jb0 + 2, columns c2.
     // Pass 2 stages a unit's codes as soon as they are formed where the staging has its own memory (TileRaw16: one
     // unit's codes live at a time); where it aliases the tile (TileF32), after every thread is done reading the tile.
@@ -876,8 +897,8 @@ constexpr int kRawRowBytes = kTileCols * 2;
 constexpr int kRawTileBytes = kTileRows * kRawRowBytes;
 constexpr int kStageBytes = kTileCols * (kRowBlocks * 16 + 20);
 constexpr size_t qgo16_smem_bytes(int pass) { return kRawTileBytes + (pass == 2 ? kStageBytes : 0); }
-static_assert(kGxWordBytes <= kStageBytes && kRawTileBytes % 16 == 0, "G~'s words live in the q_gh_t staging");
-static_assert(kQgtStageBytes <= kStageBytes, "q_gt is staged where q_gh_t would be");
+static_assert(kQgtStageBytes + kGxWordBytes <= kStageBytes && kRawTileBytes % 16 == 0,
+              "G~'s words live in the q_gh_t staging, after q_gt's");
 
 template <typename T>
 struct TileRaw16 {
@@ -1040,7 +1061,8 @@ struct QgoSetup {
   int64_t n_gx = 1;       // amax keys / scales of the g_x path: 1 (per tensor) or L (per token)
   int64_t n_rt = 0, n_ct = 0;  // row tiles (64 rows) and column tiles (256 columns) of g_y
   int64_t n_t = 0;              // tiles down the grid: n_rt / pack, rounded up
-  int fixed_rank = 0;     // R of the kernels: a compiled-in rank (8, 16), 0 (run-time rank) or kAsIs (plan.codes)
+  int fixed_rank = 0;     // R of the kernels: a compiled-in rank (8, 16), 0 (run-time rank), kAsIs (plan.codes) or
+                          // kGxOnly (no g_w path)
   bool raw16 = false;     // qgo16_kernel (16-bit g_y, aligned rows) rather than qgo_kernel
   size_t keys_bytes = 0, inv_bytes = 0, bias_bytes = 0;
   size_t scratch_bytes() const { return keys_bytes + inv_bytes + bias_bytes; }
@@ -1099,7 +1121,8 @@ QgoSetup qgo_setup(const TensorView& gy, const GradOutputPlan& plan, const GradO
   su.inv_bytes = static_cast<size_t>(su.n_gx + 1) * 8;
   su.bias_bytes = plan.bias ? static_cast<size_t>(su.n_rt * O) * 4 : 0;
 
-  su.fixed_rank = plan.gw && is_fixed_rank(plan.rank) && g_qgo_fixed_rank.load(std::memory_order_relaxed) ? plan.rank : 0;
+  const bool fixed = g_qgo_fixed_rank.load(std::memory_order_relaxed);
+  su.fixed_rank = plan.gw && is_fixed_rank(plan.rank) && fixed ? plan.rank : !plan.gw && fixed ? kGxOnly : 0;
   if (plan.codes) {  // x's own codes (activation_codes): the g_w path alone, rank 16, round-to-nearest, untransformed
     HOT_CHECK(plan.gw && !plan.gx && !plan.bias && plan.rank == 16 && plan.rounding == Rounding::nearest, internal,
               "quantize_grad_output: a codes plan is the g_w path alone at rank 16 with round-to-nearest");
@@ -1204,6 +1227,8 @@ void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutput
       run(std::integral_constant<int, kAsIs>{});
     } else if (su.fixed_rank == 16) {
       run(std::integral_constant<int, 16>{});
+    } else if (su.fixed_rank == kGxOnly) {
+      run(std::integral_constant<int, kGxOnly>{});
     } else {
       run(std::integral_constant<int, 0>{});
     }

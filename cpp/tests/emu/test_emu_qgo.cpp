@@ -494,7 +494,7 @@ TEST(Emu_QgoLaunch, FitsSixtyFourKilobytesPerBlock) {
 }
 
 // Ranks 8 and 16 select the kernels compiled for them (unless g_qgo_fixed_rank is off), every other rank 1..16 the
-// run-time-rank ones (R = 0); ABC alike.
+// run-time-rank ones (R = 0); ABC alike; a call without the g_w path the kernels without G^ (kGxOnly).
 TEST(Emu_QgoLaunch, CompiledInRanks) {
   const int64_t L = 20, O = 24;
   HostTensor gy = rand_float(DType::bf16, L, O, 1, O);
@@ -513,6 +513,12 @@ TEST(Emu_QgoLaunch, CompiledInRanks) {
       abc.q_gh_t = qh, abc.s_gh = sh;
       EXPECT_EQ(hot::cuda::qgo_setup(gy, hot::cuda::abc_plan(rank), abc).fixed_rank, expected);
     }
+    GradOutputQuant gx_only;
+    HostTensor qg = out2d(DType::s8, L, hot::padded_k(O)), sg = out1d(DType::f32, 1);
+    gx_only.q_g = qg, gx_only.s_g = sg;
+    const hot_cuda_test::QgoCase c{L, O, 8, ScaleMode::tensor, Rounding::stochastic, true, false, false, 16};
+    EXPECT_EQ(hot::cuda::qgo_setup(gy, hot_cuda_test::qgo_plan(c, 1), gx_only).fixed_rank,
+              fixed ? hot::cuda::kGxOnly : 0);
   }
   hot::cuda::g_qgo_fixed_rank = true;
 }

@@ -324,7 +324,7 @@ __device__ __forceinline__ void gx_unit_quant_store(const QgoParams& p, const Ke
 }
 
 // G~'s stochastic-rounding words of one tile (rng.h), where pass 2 has shared memory for them (the q_gh_t staging of
-// the 16-bit kernel, before G^ uses it): the row words of the tile's rows, [q * 64 + row] for packed row tile q, and
+// the 16-bit kernel, behind q_gt's 16 KB there, before G^ uses it): the row words of the tile's rows, [q * 64 + row] for packed row tile q, and
 // the column words of its column pairs, [kGxRowWords + lc / 2]. 16 row calls per packed row tile and 32 column calls,
 // one per thread.
 constexpr int kGxRowWords = 4 * kTileRows;

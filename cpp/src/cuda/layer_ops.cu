@@ -62,17 +62,7 @@ void run_qgo(const TensorView& gy, const GradOutputPlan& plan, const GradOutputQ
   dispatch_float(gy.dtype, "quantize_grad_output", [&](auto t) {
     using T = decltype(t);
     // Only the instantiation this call launches is set up.
-    if (su.fixed_rank == 8) {
-      QgoKernels<T, 8>::ensure(dev);
-    } else if (su.fixed_rank == kAsIs) {
-      QgoKernels<T, kAsIs>::ensure(dev);
-    } else if (su.fixed_rank == 16) {
-      QgoKernels<T, 16>::ensure(dev);
-    } else if (su.fixed_rank == kGxOnly) {
-      QgoKernels<T, kGxOnly>::ensure(dev);
-    } else {
-      QgoKernels<T, 0>::ensure(dev);
-    }
+    with_rank(su.fixed_rank, [&](auto r) { QgoKernels<T, decltype(r)::value>::ensure(dev); });
     qgo_launch<T>(su, plan, out, static_cast<const T*>(gy.data), launch, cast_src);
   });
 }

@@ -1182,6 +1182,23 @@ const float* qgo_cast_or_bind(QgoSetup& su, const TensorView& x, const TensorVie
   return nullptr;
 }
 
+// f(std::integral_constant<int, R>{}) for the kernels' R of a call (QgoSetup::fixed_rank): the one place that lists
+// the compiled instantiations.
+template <class F>
+void with_rank(int fixed_rank, F&& f) {
+  if (fixed_rank == 8) {
+    f(std::integral_constant<int, 8>{});
+  } else if (fixed_rank == kAsIs) {
+    f(std::integral_constant<int, kAsIs>{});
+  } else if (fixed_rank == 16) {
+    f(std::integral_constant<int, 16>{});
+  } else if (fixed_rank == kGxOnly) {
+    f(std::integral_constant<int, kGxOnly>{});
+  } else {
+    f(std::integral_constant<int, 0>{});
+  }
+}
+
 // The launch sequence of one call, after bind_scratch: zero the amax keys, pass 1 (statistics, g_b
 // partials), the scales, pass 2 (quantisation), g_b. `launch(kernel, grid, threads, smem_bytes, args...)`
 // runs a kernel and `launch.zero(ptr, bytes)` clears memory, both in stream order (the CUDA backend's
@@ -1221,17 +1238,7 @@ void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutput
       }
       go(std::false_type{});
     };
-    if (su.fixed_rank == 8) {
-      run(std::integral_constant<int, 8>{});
-    } else if (su.fixed_rank == kAsIs) {
-      run(std::integral_constant<int, kAsIs>{});
-    } else if (su.fixed_rank == 16) {
-      run(std::integral_constant<int, 16>{});
-    } else if (su.fixed_rank == kGxOnly) {
-      run(std::integral_constant<int, kGxOnly>{});
-    } else {
-      run(std::integral_constant<int, 0>{});
-    }
+    with_rank(su.fixed_rank, run);
   };
   if (plan.amax_key == nullptr && (plan.gx || plan.gw || plan.bias)) pass(std::integral_constant<int, 1>{}, p);
   if (plan.gx || plan.gw) {

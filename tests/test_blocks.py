@@ -137,6 +137,36 @@ def test_batch_norm_backward_input_and_its_amax(fw, dtype, rng):
         hot.batch_norm_backward_input(gy, fw.make(rng.standard_normal((R, C)), dtype), *f32[:4])
 
 
+@pytest.mark.parametrize("fw,dtype", FW_DTYPES)
+def test_batch_norm_backward_reduce(fw, dtype, rng):
+    """hot.batch_norm_backward_reduce: sum_dy and sum_dy_xmu within the error bound of their fp32 order (SPEC §2:
+    chains of at most 1024 / 32 adds in a lane, 5 between lanes, one a 1024-row group; two more roundings a term of
+    sum_dy_xmu) of float64 sums, grad_weight = sum_dy_xmu * invstd rounded once; float32 (C,) in the input's framework;
+    grad_weight=False asks for none; x of another shape is refused."""
+    R, C = 2500, 40  # three row groups, the last partial
+    gy = fw.make(rng.standard_normal((5, R // 5, C)), dtype)
+    x = fw.make(rng.standard_normal((5, R // 5, C)) * 2 + 0.5, dtype)
+    mean, invstd = rng.standard_normal(C) * 0.1, 0.5 + np.abs(rng.standard_normal(C))
+    sd, sdx, gw = hot.batch_norm_backward_reduce(gy, x, fw.make(mean, "float32"), fw.make(invstd, "float32"))
+    for t in (sd, sdx, gw):
+        fw.check(t, "float32", (C,))
+    g64 = fw.numpy(gy).astype(np.float64).reshape(R, C)
+    p64 = g64 * (fw.numpy(x).astype(np.float64).reshape(R, C) - mean.astype(np.float32))
+    chain = 1024 // 32 + 5 + 3
+    u = 2.0 ** -24
+    assert np.all(np.abs(fw.numpy(sd) - g64.sum(0)) <= 1.001 * chain * u * np.abs(g64).sum(0))
+    assert np.all(np.abs(fw.numpy(sdx) - p64.sum(0)) <= 1.001 * (chain + 2) * u * np.abs(p64).sum(0))
+    np.testing.assert_array_equal(fw.numpy(gw), fw.numpy(sdx) * invstd.astype(np.float32))
+    sd2, sdx2, none = hot.batch_norm_backward_reduce(gy, x, fw.make(mean, "float32"), fw.make(invstd, "float32"),
+                                                     grad_weight=False)
+    assert none is None
+    np.testing.assert_array_equal(fw.numpy(sd2), fw.numpy(sd))
+    np.testing.assert_array_equal(fw.numpy(sdx2), fw.numpy(sdx))
+    with pytest.raises(ValueError, match="batch_norm_backward_reduce: x has shape"):
+        hot.batch_norm_backward_reduce(gy, fw.make(rng.standard_normal((R, C)), dtype), fw.make(mean, "float32"),
+                                       fw.make(invstd, "float32"))
+
+
 def test_quantize_zero_and_non_finite():
     q, s = hot.quantize(np.zeros((3, 4), np.float32))
     assert (q == 0).all() and (s == 0).all()

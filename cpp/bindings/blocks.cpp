@@ -241,6 +241,35 @@ void register_blocks(py::module_& m) {
       py::arg("g_y"), py::arg("bits"), py::arg("g_x"), py::arg("stream"));
 
   m.def(
+      "batch_norm_backward_reduce",
+      [](py::handle g_y, py::handle x, py::handle mean, py::handle invstd, py::handle sum_dy, py::handle sum_dy_xmu,
+         py::handle grad_weight, int64_t stream) {
+        const char* op = "batch_norm_backward_reduce";
+        OpContext ctx(op, stream);
+        const hot::TensorView gv = ctx.input(g_y, "g_y", hotpy::kFloat), xv = ctx.input(x, "x", hotpy::kFloat);
+        const hot::TensorView mv = ctx.input(mean, "mean", hotpy::kF32, -2);
+        const hot::TensorView iv = ctx.input(invstd, "invstd", hotpy::kF32, -2);
+        hot::TensorView sv, sxv, wv;
+        const hot::Shape c{gv.shape.size() == 2 ? gv.shape[1] : 0};
+        py::object rs = output(ctx, sum_dy, "sum_dy", hotpy::kF32, hot::DType::f32, c, sv, -2);
+        py::object rsx = output(ctx, sum_dy_xmu, "sum_dy_xmu", hotpy::kF32, hot::DType::f32, c, sxv, -2);
+        py::object rw = py::none();  // grad_weight None: not asked; True: into a new f32 [C]; an array: into it
+        if (!grad_weight.is_none())
+          rw = output(ctx, py::isinstance<py::bool_>(grad_weight) ? py::none() : grad_weight, "grad_weight",
+                      hotpy::kF32, hot::DType::f32, c, wv, -2);
+        {
+          py::gil_scoped_release nogil;
+          hot::batch_norm_backward_reduce(gv, xv, mv, iv, sv, sxv, grad_weight.is_none() ? nullptr : &wv,
+                                          ctx.stream());
+        }
+        return py::make_tuple(rs, rsx, rw);
+      },
+      py::arg("g_y"), py::arg("x"), py::arg("mean"), py::arg("invstd"), py::arg("sum_dy"), py::arg("sum_dy_xmu"),
+      py::arg("grad_weight"), py::arg("stream"),
+      "hot::batch_norm_backward_reduce over rows of channels (a channels-last map flattened to N*H*W x C): (sum_dy, "
+      "sum_dy_xmu, grad_weight), each None where the caller gave the array or did not ask for it.");
+
+  m.def(
       "batch_norm_backward_input",
       [](py::handle g_y, py::handle x, py::handle mean, py::handle invstd, py::handle weight, py::handle sum_dy,
          py::handle sum_dy_xmu, py::handle g_x, py::handle gt_amax, int64_t stream) {

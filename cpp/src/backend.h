@@ -67,6 +67,9 @@ struct GradOutputQuant {
   void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, const TensorView* amax,  \
                  Stream s);                                                                                \
   void relu_mask_backward(const TensorView& gy, const TensorView& bits, const TensorView& gx, Stream s);   \
+  void batch_norm_backward_reduce(const TensorView& gy, const TensorView& x, const TensorView& mean,         \
+                                  const TensorView& invstd, const TensorView& sum_dy,                      \
+                                  const TensorView& sum_dy_xmu, const TensorView* grad_weight, Stream s);   \
   void batch_norm_backward_input(const TensorView& gy, const TensorView& x, const TensorView& mean,          \
                                  const TensorView& invstd, const TensorView* weight, const TensorView& sum_dy, \
                                  const TensorView& sum_dy_xmu, const TensorView& gx, const TensorView& amax, \

@@ -332,28 +332,64 @@ void relu_mask_backward(const TensorView& g_y, const TensorView& bits, const Ten
   HOT_DISPATCH(g_y.device, relu_mask_backward, g_y, bits, g_x, stream);
 }
 
+namespace {
+
+// A BatchNorm backward's arguments: g_y and x R x C rows of one float dtype, each per-channel one (null: absent)
+// f32 [C], all on g_y's device.
+template <size_t N>
+void check_bn_args(const char* op, const TensorView& g_y, const TensorView& x,
+                   const std::pair<const char*, const TensorView*> (&per_channel)[N]) {
+  check_float_matrix(op, "g_y", g_y);
+  check_float_matrix(op, "x", x);
+  HOT_CHECK_SHAPE(op, "x", x, g_y.shape);
+  HOT_CHECK_DTYPE(op, "x", x, x.dtype == g_y.dtype, dtype_name(g_y.dtype));
+  HOT_CHECK_SAME_DEVICE(op, "g_y", g_y, "x", x);
+  for (const auto& [name, t] : per_channel) {
+    if (t == nullptr) continue;
+    check_vector(op, name, *t, g_y.shape[1], false, DType::f32);
+    HOT_CHECK_SAME_DEVICE(op, "g_y", g_y, name, *t);
+  }
+}
+
+}  // namespace
+
+void batch_norm_backward_reduce(const TensorView& g_y, const TensorView& x, const TensorView& mean,
+                                const TensorView& invstd, const TensorView& sum_dy, const TensorView& sum_dy_xmu,
+                                const TensorView* grad_weight, Stream stream) {
+  const char* op = "batch_norm_backward_reduce";
+  const std::pair<const char*, const TensorView*> per_channel[] = {{"mean", &mean},
+                                                                   {"invstd", &invstd},
+                                                                   {"sum_dy", &sum_dy},
+                                                                   {"sum_dy_xmu", &sum_dy_xmu},
+                                                                   {"grad_weight", grad_weight}};
+  check_bn_args(op, g_y, x, per_channel);
+  // The outputs (the last three) overlap neither the inputs nor each other.
+  for (size_t i = 2; i < std::size(per_channel); ++i) {
+    if (per_channel[i].second == nullptr) continue;
+    const auto [ob, oe] = byte_span(*per_channel[i].second);
+    const TensorView* others[] = {&g_y, &x, &mean, &invstd, i > 2 ? &sum_dy : nullptr, i > 3 ? &sum_dy_xmu : nullptr};
+    for (const TensorView* in : others) {
+      if (in == nullptr) continue;
+      const auto [ib, ie] = byte_span(*in);
+      HOT_CHECK_VALUE(ie <= ob || oe <= ib, op, ": ", per_channel[i].first,
+                      " must not overlap g_y, x, mean, invstd or another output");
+    }
+  }
+  HOT_DISPATCH(g_y.device, batch_norm_backward_reduce, g_y, x, mean, invstd, sum_dy, sum_dy_xmu, grad_weight, stream);
+}
+
 void batch_norm_backward_input(const TensorView& g_y, const TensorView& x, const TensorView& mean,
                                const TensorView& invstd, const TensorView* weight, const TensorView& sum_dy,
                                const TensorView& sum_dy_xmu, const TensorView& g_x, const TensorView& gt_amax,
                                Stream stream) {
   const char* op = "batch_norm_backward_input";
-  check_float_matrix(op, "g_y", g_y);
-  const int64_t C = g_y.shape[1];
-  check_float_matrix(op, "x", x);
-  HOT_CHECK_SHAPE(op, "x", x, g_y.shape);
-  HOT_CHECK_DTYPE(op, "x", x, x.dtype == g_y.dtype, dtype_name(g_y.dtype));
+  const std::pair<const char*, const TensorView*> per_channel[] = {
+      {"mean", &mean}, {"invstd", &invstd}, {"weight", weight}, {"sum_dy", &sum_dy}, {"sum_dy_xmu", &sum_dy_xmu}};
+  check_bn_args(op, g_y, x, per_channel);
   check_float_matrix(op, "g_x", g_x);
   HOT_CHECK_SHAPE(op, "g_x", g_x, g_y.shape);
   HOT_CHECK_DTYPE(op, "g_x", g_x, g_x.dtype == g_y.dtype, dtype_name(g_y.dtype));
-  const std::pair<const char*, const TensorView*> per_channel[] = {
-      {"mean", &mean}, {"invstd", &invstd}, {"weight", weight}, {"sum_dy", &sum_dy}, {"sum_dy_xmu", &sum_dy_xmu}};
-  for (const auto& [name, t] : per_channel) {
-    if (t == nullptr) continue;
-    check_vector(op, name, *t, C, false, DType::f32);
-    HOT_CHECK_SAME_DEVICE(op, "g_y", g_y, name, *t);
-  }
   check_vector(op, "gt_amax", gt_amax, 1, false, DType::f32);
-  HOT_CHECK_SAME_DEVICE(op, "g_y", g_y, "x", x);
   HOT_CHECK_SAME_DEVICE(op, "g_y", g_y, "g_x", g_x);
   HOT_CHECK_SAME_DEVICE(op, "g_y", g_y, "gt_amax", gt_amax);
   const auto [ob, oe] = byte_span(g_x);

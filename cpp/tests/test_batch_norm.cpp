@@ -1,6 +1,8 @@
-// batch_norm_backward_input on the CPU backend: g_x against a float64 evaluation of BatchNorm's input gradient (within
-// the fp32 steps' and the final rounding's error), and its G~ amax equal, bit for bit, to the amax that
-// quantize_grad_output's g_x path finds in that g_x (its per-tensor scale); the argument checks.
+// BatchNorm's backward on the CPU backend. batch_norm_backward_reduce: the per-channel sums against float64 (within the
+// error bound of ops.h's order of fp32 adds), grad_weight = sum_dy_xmu * invstd rounded once.
+// batch_norm_backward_input: g_x against a float64 evaluation of BatchNorm's input gradient (within the fp32 steps' and
+// the final rounding's error), and its G~ amax equal, bit for bit, to the amax that quantize_grad_output's g_x path
+// finds in that g_x (its per-tensor scale). The argument checks of both.
 #include "test_util.h"
 
 #include <cmath>
@@ -35,6 +37,54 @@ BnCase make_case(DType dt, int64_t R, int64_t C, uint64_t seed) {
 }
 
 }  // namespace
+
+// Rows spanning several groups of kBnReduceRows and a partial one, channels not a multiple of 8, row padding.
+TEST(BatchNormBackwardReduce, AgainstFloat64) {
+  uint64_t seed = 90;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16})
+    for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 16}, {37, 13}, {3000, 24}, {2048, 64}})
+      for (bool weight : {true, false}) {
+        SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " " << R << "x" << C << " weight " << weight);
+        const BnCase b = make_case(dt, R, C, seed += 3);
+        HostTensor sd = HostTensor::make1d(DType::f32, C), sx = sd, gw = sd;
+        const hot::TensorView gwv = gw.view();
+        hot::batch_norm_backward_reduce(b.gy, b.x, b.mean, b.invstd, sd, sx, weight ? &gwv : nullptr);
+        // Each sum is a chain of at most 1024 / 32 in-lane adds, 5 lane adds and one add a group; a term of
+        // sum_dy_xmu carries two more roundings (x - mean, the product).
+        const int64_t groups = (R + hot::kBnReduceRows - 1) / hot::kBnReduceRows;
+        const double u = std::ldexp(1.0, -24),
+                     chain = static_cast<double>(hot::kBnReduceRows / hot::kBnReduceLanes + 5 + groups);
+        for (int64_t c = 0; c < C; ++c) {
+          double want_dy = 0, want_xmu = 0, abs_dy = 0, abs_xmu = 0;
+          for (int64_t r = 0; r < R; ++r) {
+            const double d = b.gy.getf(r, c), p = d * (static_cast<double>(b.x.getf(r, c)) - b.mean.getf(c));
+            want_dy += d, want_xmu += p, abs_dy += std::fabs(d), abs_xmu += std::fabs(p);
+          }
+          EXPECT_LE(std::fabs(sd.getf(c) - want_dy), chain * u * abs_dy * 1.001) << c;
+          EXPECT_LE(std::fabs(sx.getf(c) - want_xmu), (chain + 2) * u * abs_xmu * 1.001) << c;
+          if (weight) EXPECT_EQ(f32_bits(gw.getf(c)), f32_bits(sx.getf(c) * b.invstd.getf(c))) << c;
+        }
+      }
+}
+
+TEST(BatchNormBackwardReduce, ArgumentErrors) {
+  const BnCase b = make_case(DType::bf16, 8, 16, 1);
+  HostTensor sd = HostTensor::make1d(DType::f32, 16), sx = sd, short_out = HostTensor::make1d(DType::f32, 15);
+  const HostTensor x32 = HostTensor::make2d(DType::f32, 8, 16), x_wide = HostTensor::make2d(DType::bf16, 8, 17);
+  using hot::ErrorKind;
+  const char* op = "batch_norm_backward_reduce";
+  EXPECT_TRUE(throws_hot([&] { hot::batch_norm_backward_reduce(b.gy, x32, b.mean, b.invstd, sd, sx, nullptr); },
+                         ErrorKind::type, {op, "x", "bfloat16"}));
+  EXPECT_TRUE(throws_hot([&] { hot::batch_norm_backward_reduce(b.gy, x_wide, b.mean, b.invstd, sd, sx, nullptr); },
+                         ErrorKind::value, {op, "x"}));
+  EXPECT_TRUE(throws_hot([&] { hot::batch_norm_backward_reduce(b.gy, b.x, b.mean, b.invstd, short_out, sx, nullptr); },
+                         ErrorKind::value, {op, "sum_dy", "(16,)"}));
+  EXPECT_TRUE(throws_hot([&] { hot::batch_norm_backward_reduce(b.gy, b.x, b.mean, b.invstd, sd, sd, nullptr); },
+                         ErrorKind::value, {op, "sum_dy_xmu", "overlap"}));
+  const hot::TensorView mv = b.mean.view();
+  EXPECT_TRUE(throws_hot([&] { hot::batch_norm_backward_reduce(b.gy, b.x, b.mean, b.invstd, sd, sx, &mv); },
+                         ErrorKind::value, {op, "grad_weight", "overlap"}));
+}
 
 TEST(BatchNormBackwardInput, AgainstFloat64AndTheGyPassAmax) {
   uint64_t seed = 40;

@@ -428,11 +428,30 @@ def relu_mask_backward(grad_output, bits):
     return c.fw.reshape(_relu_mask_backward(c, c.fw.reshape(gy, (n,)), bits, None), s)
 
 
+def batch_norm_backward_reduce(grad_output, x, mean, invstd, grad_weight=True):
+    """BatchNorm's per-channel sums in training for x (..., C) with channels last (SPEC §2 "BatchNorm's hand-over"):
+    (sum_dy, sum_dy_xmu, grad_weight), each float32 (C,): the sums over the rows of grad_output and of grad_output
+    (x - mean), in fp32 in a fixed order (the same bits on the CPU and the GPU), and grad_weight = sum_dy_xmu * invstd
+    (None where grad_weight=False). mean, invstd: the forward's batch statistics, float32 (C,)."""
+    op = "batch_norm_backward_reduce"
+    gy, xa, m, i = _prep(grad_output), _prep(x), _prep(mean), _prep(invstd)
+    c = _Call(op, grad_output=gy, x=xa, mean=m, invstd=i)
+    s = fws.shape(gy)
+    _need_ndim(op, "grad_output", gy, 1, shape=s)
+    _nonempty(op, "grad_output", gy, shape=s)
+    if fws.shape(xa) != s:
+        raise ValueError(f"{op}: x has shape {fws.shape(xa)}, expected grad_output's {s}")
+    rows = (fws.prod(s[:-1]), s[-1])
+    return _batch_norm_backward_reduce(c, c.fw.reshape(gy, rows), c.fw.reshape(xa, rows), m, i,
+                                       grad_weight=bool(grad_weight))
+
+
 def batch_norm_backward_input(grad_output, x, mean, invstd, sum_dy, sum_dy_xmu, weight=None):
     """BatchNorm's input gradient in training for x (..., C) with channels last (SPEC §2 "BatchNorm's hand-over"):
     (grad_input, gt_amax). mean, invstd: the forward's batch statistics, sum_dy, sum_dy_xmu: the per-channel sums of
-    g_y and g_y (x - mean) (torch.batch_norm_backward_reduce's), weight: the affine scale or None, each float32 (C,).
-    grad_input in grad_output's dtype (torch's CUDA kernels' float32 evaluation, bit for bit); gt_amax, float32 (1,):
+    g_y and g_y (x - mean) (:func:`batch_norm_backward_reduce`'s or torch's), weight: the affine scale or None, each
+    float32 (C,). grad_input in grad_output's dtype (torch's CUDA kernels' float32 evaluation: from torch's sums, their
+    bits); gt_amax, float32 (1,):
     the max |.| of grad_input's block Hadamard transform along C (G~ of a layer whose grad_output it is), which
     :func:`backward_linear` takes as grad_output_amax."""
     op = "batch_norm_backward_input"
@@ -807,6 +826,22 @@ def _relu_mask(c: _Call, x, y, bits=None, amax=False):
     m = c.empty((1,), "float32") if amax is True else amax
     ry, rb, rm = c.call(_C.relu_mask, x, y, bits, c.stream, True if m is None else m)
     return c.result(y, ry), c.result(bits, rb), c.result(m, rm)
+
+
+def _batch_norm_backward_reduce(c: _Call, gy, x, mean, invstd, sum_dy=None, sum_dy_xmu=None, grad_weight=True):
+    """batch_norm_backward_reduce of the R x C arrays gy and x: (sum_dy, sum_dy_xmu, grad_weight), into the arrays given
+    (None: new ones; grad_weight False: not asked, None returned)."""
+    C = fws.shape(gy)[1]
+    sd = c.empty((C,), "float32") if sum_dy is None else sum_dy
+    sx = c.empty((C,), "float32") if sum_dy_xmu is None else sum_dy_xmu
+    gw = grad_weight
+    if grad_weight is True:
+        gw = c.empty((C,), "float32")
+        gw = True if gw is None else gw
+    elif grad_weight is False:
+        gw = None
+    r = c.call(_C.batch_norm_backward_reduce, gy, x, mean, invstd, sd, sx, gw, c.stream)
+    return c.result(sd, r[0]), c.result(sx, r[1]), None if gw is None else c.result(None if gw is True else gw, r[2])
 
 
 def _batch_norm_backward_input(c: _Call, gy, x, mean, invstd, weight, sum_dy, sum_dy_xmu, out=None):

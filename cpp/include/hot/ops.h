@@ -104,15 +104,27 @@ void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits,
 // dtype (g_x may be g_y itself); bits: relu_mask's.
 void relu_mask_backward(const TensorView& g_y, const TensorView& bits, const TensorView& g_x, Stream stream = {});
 
+// BatchNorm's per-channel sums in training (SPEC §2), for rows of a channels-last map: sum_dy[c] = the sum of g_y and
+// sum_dy_xmu[c] = the sum of g_y (x - mean[c]) over the rows, each in fp32 in this order (deterministic, the same bits
+// on every backend): rows in groups of kBnReduceRows = 1024; in a group, lane k (0..31) adds rows k, k + 32, ... in
+// order from +0 (per term g_y, and g_y * (x - mean) with the difference and the product each rounded); the 32 lanes
+// then pairwise (for h = 16, 8, 4, 2, 1: v[k] += v[k + h] for k < h); the groups' sums added in group order from +0.
+// grad_weight (null: not asked) = sum_dy_xmu * invstd, rounded once. g_y, x: R x C of one float dtype (R = N*H*W
+// pixel rows); mean, invstd, sum_dy, sum_dy_xmu, grad_weight: f32 [C].
+constexpr int64_t kBnReduceRows = 1024, kBnReduceLanes = 32;
+void batch_norm_backward_reduce(const TensorView& g_y, const TensorView& x, const TensorView& mean,
+                                const TensorView& invstd, const TensorView& sum_dy, const TensorView& sum_dy_xmu,
+                                const TensorView* grad_weight, Stream stream = {});
+
 // BatchNorm's input gradient in training (SPEC §2), for rows of a channels-last map, with the amax of its G~: the g_y
 // of the convolution before the BatchNorm, whose g_y pass then needs no pass of its own to find that amax (SPEC §3).
-// g_y, x, g_x: R x C of one float dtype (R = N*H*W pixel rows); mean, invstd, sum_dy, sum_dy_xmu (torch's
-// batch_norm_backward_reduce) and weight (null: affine=False): f32 [C]. In fp32 and this order (torch's CUDA
-// kernels', so g_x is theirs bit for bit): nf = 1 / R; per channel m_dy = sum_dy * nf, f1 = ((invstd * invstd) *
-// sum_dy_xmu) * nf, f2 = weight * invstd (invstd without weight); per element g_x = fma(-(x - mean), f1, g_y - m_dy)
-// * f2 (one fused multiply-add), rounded once to g_x's dtype. gt_amax (f32 [1]) = max over rows and blocks of b =
-// hq_block_size(C) channels of |blockdiag(H_b)| of the rounded g_x (SPEC §3's G~, the butterfly order of the CPU
-// backend): bit for bit the amax quantize_grad_output's g_x path finds in that g_x.
+// g_y, x, g_x: R x C of one float dtype (R = N*H*W pixel rows); mean, invstd, sum_dy, sum_dy_xmu
+// (batch_norm_backward_reduce's, or torch's) and weight (null: affine=False): f32 [C]. In fp32 and this order (torch's
+// CUDA kernels', so that from torch's sums g_x is theirs bit for bit): nf = 1 / R; per channel m_dy = sum_dy * nf,
+// f1 = ((invstd * invstd) * sum_dy_xmu) * nf, f2 = weight * invstd (invstd without weight); per element
+// g_x = fma(-(x - mean), f1, g_y - m_dy) * f2 (one fused multiply-add), rounded once to g_x's dtype. gt_amax (f32 [1])
+// = max over rows and blocks of b = hq_block_size(C) channels of |blockdiag(H_b)| of the rounded g_x (SPEC §3's G~,
+// the butterfly order of the CPU backend): bit for bit the amax quantize_grad_output's g_x path finds in that g_x.
 void batch_norm_backward_input(const TensorView& g_y, const TensorView& x, const TensorView& mean,
                                const TensorView& invstd, const TensorView* weight, const TensorView& sum_dy,
                                const TensorView& sum_dy_xmu, const TensorView& g_x, const TensorView& gt_amax,

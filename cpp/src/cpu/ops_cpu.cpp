@@ -323,6 +323,45 @@ void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits,
   if (amax != nullptr) amax->ptr<float>()[0] = amax_from_key(key);
 }
 
+// BatchNorm's per-channel sums in ops.h's order: per group of kBnReduceRows rows, kBnReduceLanes lanes of interleaved
+// rows, then their pairwise sum; the groups' sums in group order.
+void batch_norm_backward_reduce(const TensorView& gy, const TensorView& x, const TensorView& mean,
+                                const TensorView& invstd, const TensorView& sum_dy, const TensorView& sum_dy_xmu,
+                                const TensorView* grad_weight, Stream) {
+  const int64_t R = gy.shape[0], C = gy.shape[1], groups = (R + kBnReduceRows - 1) / kBnReduceRows;
+  const float* mu = mean.ptr<float>();
+  std::vector<float> part(static_cast<size_t>(groups * 2 * C));  // [group][sum_dy, sum_dy_xmu][C]
+  parallel_for(groups, 1, [&](int64_t g0, int64_t g1) {
+    std::vector<float> d(static_cast<size_t>(C)), v(d.size()), lane(static_cast<size_t>(kBnReduceLanes * 2 * C));
+    for (int64_t g = g0; g < g1; ++g) {
+      std::fill(lane.begin(), lane.end(), 0.0f);
+      for (int64_t r = g * kBnReduceRows; r < std::min(R, (g + 1) * kBnReduceRows); ++r) {
+        float* s = lane.data() + (r % kBnReduceLanes) * 2 * C;
+        load_row(gy, r, d.data());
+        load_row(x, r, v.data());
+        for (int64_t c = 0; c < C; ++c) {
+          s[c] = hot_add(s[c], d[c]);
+          s[C + c] = hot_add(s[C + c], hot_mul(d[c], hot_add(v[c], -mu[c])));
+        }
+      }
+      for (int64_t step = kBnReduceLanes / 2; step >= 1; step /= 2)
+        for (int64_t k = 0; k < step; ++k) {
+          float *to = lane.data() + k * 2 * C, *from = lane.data() + (k + step) * 2 * C;
+          for (int64_t i = 0; i < 2 * C; ++i) to[i] = hot_add(to[i], from[i]);
+        }
+      std::copy(lane.begin(), lane.begin() + 2 * C, part.begin() + g * 2 * C);
+    }
+  });
+  float *sd = sum_dy.ptr<float>(), *sx = sum_dy_xmu.ptr<float>();
+  for (int64_t c = 0; c < C; ++c) {
+    float a = 0.0f, b = 0.0f;
+    for (int64_t g = 0; g < groups; ++g) a = hot_add(a, part[g * 2 * C + c]), b = hot_add(b, part[g * 2 * C + C + c]);
+    sd[c] = a;
+    sx[c] = b;
+    if (grad_weight != nullptr) grad_weight->ptr<float>()[c] = hot_mul(b, invstd.ptr<float>()[c]);
+  }
+}
+
 // Per channel c of a BatchNorm's backward (ops.h): m_dy, f1 and f2 in fp32, in the order ops.h gives.
 void batch_norm_backward_input(const TensorView& gy, const TensorView& x, const TensorView& mean,
                                const TensorView& invstd, const TensorView* weight, const TensorView& sum_dy,

@@ -517,13 +517,135 @@ __global__ void relu_mask_backward_kernel(const R* gy, const uint8_t* __restrict
   }
 }
 
+// ---- BatchNorm's per-channel sums (batch_norm_backward_reduce, ops.h) ----------------------------------
+// Grid (row groups of kBnReduceRows, channel slices of 8 J); a CTA is kBnLanes row lanes x J (up to kBnMaxJ) threads of
+// 8 channels: a warp reads 4 consecutive rows' 128 bytes (16-bit, J = 8). Thread (lane k, j) adds rows k, k + 32, ...
+// of its group in order (U rows' loads issued before their adds: a lane's 32 rows in 4 rounds), the lanes are summed
+// pairwise through shared memory and lane 0 writes the group's partial sums, [group][sum_dy (C), sum_dy_xmu (C)];
+// bias_final_kernel then adds the groups in order (BnSums).
+constexpr int kBnLanes = static_cast<int>(kBnReduceLanes), kBnMaxJ = 8;
+
+template <typename T>
+struct Raw8 {  // 8 values of T as loaded: 16 or 32 bytes
+  uint4 w[sizeof(T) / 2];
+};
+template <typename T>
+__device__ __forceinline__ void raw8_load(const T* p, Raw8<T>& r) {
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(T) / 2); ++i) r.w[i] = __ldg(reinterpret_cast<const uint4*>(p) + i);
+}
+template <typename T>
+__device__ __forceinline__ void raw8_to_f(const Raw8<T>& r, float (&v)[8]) {
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(T) / 2); ++i) {
+    const uint32_t u[4] = {r.w[i].x, r.w[i].y, r.w[i].z, r.w[i].w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if constexpr (sizeof(T) == 4) {
+        v[4 * i + k] = __uint_as_float(u[k]);
+      } else {
+        v[2 * k] = f16bits_to_f<T>(static_cast<unsigned short>(u[k]));
+        v[2 * k + 1] = f16bits_to_f<T>(static_cast<unsigned short>(u[k] >> 16));
+      }
+    }
+  }
+}
+
+// One row's terms added to a thread's sums: s += g_y, t += g_y * (x - mean), each step rounded (ops.h).
+__device__ __forceinline__ void bn_reduce_add(const float (&d)[8], const float (&v)[8], const float (&mu)[8],
+                                              float (&s)[8], float (&t)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    s[i] = hot_add(s[i], d[i]);
+    t[i] = hot_add(t[i], hot_mul(d[i], hot_add(v[i], -mu[i])));
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kBnLanes * kBnMaxJ)
+    bn_reduce_kernel(Mat<const T> gy, Mat<const T> x, const float* mean, float* partial, bool vec) {
+  constexpr int U = sizeof(T) == 4 ? 4 : 8;  // rows in flight a thread (64 registers of loads)
+  __shared__ float hand[kBnLanes / 2][kBnMaxJ][17];
+  const int J = static_cast<int>(blockDim.x) / kBnLanes, j = static_cast<int>(threadIdx.x) % J,
+            k = static_cast<int>(threadIdx.x) / J;
+  const int64_t C = gy.cols, c0 = (static_cast<int64_t>(blockIdx.y) * J + j) * 8;
+  const int cn = c0 < C ? static_cast<int>(C - c0 < 8 ? C - c0 : 8) : 0;
+  float s[8], t[8], mu[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s[i] = 0.0f, t[i] = 0.0f, mu[i] = i < cn ? mean[c0 + i] : 0.0f;
+  const int64_t g0 = static_cast<int64_t>(blockIdx.x) * kBnReduceRows;
+  const int64_t r1 = g0 + kBnReduceRows < gy.rows ? g0 + kBnReduceRows : gy.rows;
+  if (vec && cn == 8) {
+    for (int64_t r = g0 + k; r < r1; r += kBnLanes * U) {
+      Raw8<T> a[U], b[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (r + u * kBnLanes < r1) {
+          raw8_load(gy.p + (r + u * kBnLanes) * gy.ld + c0, a[u]);
+          raw8_load(x.p + (r + u * kBnLanes) * x.ld + c0, b[u]);
+        }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (r + u * kBnLanes < r1) {
+          float d[8], v[8];
+          raw8_to_f(a[u], d);
+          raw8_to_f(b[u], v);
+          bn_reduce_add(d, v, mu, s, t);
+        }
+    }
+  } else if (cn > 0) {  // unaligned rows or a partial group of 8 channels: element-wise loads, zeros past C (unstored)
+    for (int64_t r = g0 + k; r < r1; r += kBnLanes) {
+      float d[8], v[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        d[i] = i < cn ? load_f(gy.p + r * gy.ld + c0 + i) : 0.0f;
+        v[i] = i < cn ? load_f(x.p + r * x.ld + c0 + i) : 0.0f;
+      }
+      bn_reduce_add(d, v, mu, s, t);
+    }
+  }
+  for (int step = kBnLanes / 2; step >= 1; step /= 2) {  // lane k += lane k + step
+    if (k >= step && k < 2 * step) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) hand[k - step][j][i] = s[i], hand[k - step][j][8 + i] = t[i];
+    }
+    __syncthreads();
+    if (k < step) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s[i] = hot_add(s[i], hand[k][j][i]), t[i] = hot_add(t[i], hand[k][j][8 + i]);
+    }
+    __syncthreads();
+  }
+  if (k == 0) {
+    float* out = partial + static_cast<int64_t>(blockIdx.x) * 2 * C + c0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (i < cn) out[i] = s[i], out[C + i] = t[i];
+  }
+}
+
+// bias_final_kernel's store for BatchNorm's sums: columns [0, C) are sum_dy, [C, 2C) sum_dy_xmu (and grad_weight).
+struct BnSums {
+  float *sum_dy, *sum_dy_xmu, *grad_weight;
+  const float* invstd;
+  int64_t C;
+  __device__ void operator()(int64_t c, float v) const {
+    if (c < C) {
+      sum_dy[c] = v;
+    } else {
+      sum_dy_xmu[c - C] = v;
+      if (grad_weight != nullptr) grad_weight[c - C] = hot_mul(v, invstd[c - C]);
+    }
+  }
+};
+
 // ---- BatchNorm's input gradient with G~'s amax (batch_norm_backward_input, ops.h) ---------------------
 // Per slice of kBnSlice 16-channel groups (blockIdx.y), each CTA forms the slice's per-channel coefficients {mean,
 // m_dy, f1, f2} in the CPU backend's order into shared memory (a row of 17 float4 a group: the 16 loads of a warp's
 // threads, 16 channels apart, fall in distinct banks; zeros past C); then one thread per 16 channels of a row: g_y and
 // x loaded (16-byte vectors where the rows allow), g_x formed, rounded and stored, and the rounded values transformed
 // in blocks of b (fwht_regs, the CPU's butterfly order) for the amax (one atomicMax a CTA; a grid-stride loop over the
-// slice's rows).
+// slice's rows). 64 registers, 4 CTAs an SM: more loads in flight than at 3 (its 65 registers unbounded), -10 % a step.
 constexpr int kBnSlice = 64;  // 16-channel groups a CTA's coefficients cover: 1,024 channels, 17 KB of shared memory
 
 // A BatchNorm's per-channel inputs (f32 [C]; weight null without affine) and nf = 1 / R rounded to float.
@@ -547,7 +669,7 @@ __device__ __forceinline__ void load16_row(const T* p, int n, bool vec, float (&
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kBasicThreads)
+__global__ void __launch_bounds__(kBasicThreads, 4)
     bn_backward_input_kernel(Mat<const T> gy, Mat<const T> x, BnStats st, Mat<T> gx, int block, bool vec,
                              unsigned* key) {
   __shared__ float4 cs[kBnSlice * 17];
@@ -1158,6 +1280,33 @@ void bn_backward_input_launch(const TensorView& gy, const TensorView& x, const T
          kBasicThreads, 0, mat<const T>(gy), mat<const T>(x), st, mat<T>(gx), hq_block_size(C), vec, key);
 }
 
+// partial: scratch of bn_reduce_partial_bytes.
+inline int64_t bn_reduce_groups(const TensorView& gy) { return ceil_div(gy.shape[0], kBnReduceRows); }
+inline size_t bn_reduce_partial_bytes(const TensorView& gy) {
+  return static_cast<size_t>(bn_reduce_groups(gy) * 2 * gy.shape[1]) * sizeof(float);
+}
+
+template <typename T, typename Launch>
+void bn_reduce_launch(const TensorView& gy, const TensorView& x, const TensorView& mean, const TensorView& invstd,
+                      const TensorView& sum_dy, const TensorView& sum_dy_xmu, const TensorView* grad_weight,
+                      float* partial, const Launch& launch) {
+  const int64_t C = gy.shape[1], groups = bn_reduce_groups(gy), octets = ceil_div(C, 8);
+  const int J = static_cast<int>(std::min<int64_t>(octets, kBnMaxJ));
+  const int64_t slices = ceil_div(octets, J);
+  HOT_CHECK_VALUE(groups <= kMaxGridX && slices <= kMaxGridYZ, "batch_norm_backward_reduce: ", gy.shape[0], " x ", C,
+                  " is too large (at most ", kMaxGridYZ * kBnMaxJ * 8, " channels)");
+  const auto a16 = [](const TensorView& t) {
+    return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.strides[0] % (16 / (dtype_bits(t.dtype) / 8)) == 0;
+  };
+  launch(bn_reduce_kernel<T>, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(slices)), kBnLanes * J, 0,
+         mat<const T>(gy), mat<const T>(x), static_cast<const float*>(mean.data), partial, a16(gy) && a16(x));
+  const BnSums out{static_cast<float*>(sum_dy.data), static_cast<float*>(sum_dy_xmu.data),
+                   grad_weight != nullptr ? static_cast<float*>(grad_weight->data) : nullptr,
+                   static_cast<const float*>(invstd.data), C};
+  launch(bias_final_kernel<BnSums>, bias_final_grid(2 * C), kBiasFinalThreads, 0, static_cast<const float*>(partial),
+         groups, 2 * C, out);
+}
+
 template <typename Launch>
 void pack_int4_launch(const TensorView& q, const TensorView& packed, const Launch& launch) {
   launch(pack_int4_kernel, dim3(grid_1d(q.numel() / 2, kBasicThreads)), kBasicThreads, 0, mat<const int8_t>(q),
@@ -1189,8 +1338,8 @@ void bias_grad_launch(const TensorView& gy, const TensorView& out, float* partia
   });
   dispatch_float(out.dtype, "bias_grad", [&](auto t) {
     using T = decltype(t);
-    launch(bias_final_kernel<T>, bias_final_grid(O), kBiasFinalThreads, 0, static_cast<const float*>(partial), nchunks,
-           O, static_cast<T*>(out.data));
+    launch(bias_final_kernel<StoreCast<T>>, bias_final_grid(O), kBiasFinalThreads, 0,
+           static_cast<const float*>(partial), nchunks, O, StoreCast<T>{static_cast<T*>(out.data)});
   });
 }
 

@@ -178,8 +178,9 @@ __device__ __forceinline__ uint32_t f16x2_bits(float a, float b) {
   return lo | (hi << 16);
 }
 
-// The last step of a bias gradient (bias_grad and the fused g_y pass): out[c] = the sum of partial[k][c] over the
-// nchunks row chunks, in chunk order (deterministic, the CPU backend's order), cast to T.
+// The last step of a bias gradient (bias_grad and the fused g_y pass) and of BatchNorm's sums: out(c, s) with s = the
+// sum of partial[k][c] over the nchunks row chunks, in chunk order from +0 (deterministic, the CPU backend's order).
+// `out` is a functor; StoreCast<T> stores s cast to T at p[c].
 // The sum of one column is a chain of dependent adds, so what bounds the kernel is keeping that chain fed: one CTA
 // per kBiasFinalCols columns; warp 0 adds up one round of kBiasFinalRows staged chunks (one column per lane, 8
 // shared-memory loads issued ahead of their adds) while warps 1-7 stage the next round into the other buffer
@@ -191,8 +192,13 @@ inline dim3 bias_final_grid(int64_t cols) {
   return dim3(static_cast<unsigned>((cols + kBiasFinalCols - 1) / kBiasFinalCols));
 }
 template <typename T>
+struct StoreCast {
+  T* p;
+  __device__ void operator()(int64_t c, float s) const { store_f(p + c, s); }
+};
+template <typename Out>
 __global__ void __launch_bounds__(kBiasFinalThreads) bias_final_kernel(const float* partial, int64_t nchunks,
-                                                                        int64_t cols, T* out) {
+                                                                        int64_t cols, Out out) {
   __shared__ float stage[2][kBiasFinalRows][kBiasFinalCols + 1];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t c = blockIdx.x * static_cast<int64_t>(kBiasFinalCols) + lane;
@@ -237,7 +243,7 @@ __global__ void __launch_bounds__(kBiasFinalThreads) bias_final_kernel(const flo
     }
     __syncthreads();  // round k + 1 staged; buffer b free for round k + 2
   }
-  if (warp == 0 && c < cols) store_f(out + c, s);
+  if (warp == 0 && c < cols) out(c, s);
 }
 
 // Calls f(T{}) with T the C++ type of a float dtype.

@@ -1257,8 +1257,8 @@ void qgo_launch(const QgoSetup& su, const GradOutputPlan& plan, const GradOutput
   if (plan.bias) {
     dispatch_float(out.g_b.dtype, "quantize_grad_output (g_b)", [&](auto t) {
       using B = decltype(t);
-      launch(bias_final_kernel<B>, bias_final_grid(p.O), kBiasFinalThreads, 0,
-             static_cast<const float*>(p.bias_partial), su.n_rt, p.O, static_cast<B*>(out.g_b.data));
+      launch(bias_final_kernel<StoreCast<B>>, bias_final_grid(p.O), kBiasFinalThreads, 0,
+             static_cast<const float*>(p.bias_partial), su.n_rt, p.O, StoreCast<B>{static_cast<B*>(out.g_b.data)});
     });
   }
 }

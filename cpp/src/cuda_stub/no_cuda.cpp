@@ -43,6 +43,10 @@ void compress_columns(const TensorView&, const ConvGeometry&, const TensorView&,
 void transpose(const TensorView&, const TensorView&, Stream) { missing(); }
 void relu_mask(const TensorView&, const TensorView&, const TensorView&, const TensorView*, Stream) { missing(); }
 void relu_mask_backward(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
+void batch_norm_backward_reduce(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                                const TensorView&, const TensorView&, const TensorView*, Stream) {
+  missing();
+}
 void batch_norm_backward_input(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                                const TensorView*, const TensorView&, const TensorView&, const TensorView&,
                                const TensorView&, Stream) {

@@ -312,10 +312,11 @@ class MaxPool2d(nn.MaxPool2d):
 # ---- BatchNorm2d: G~'s amax handed to the converted convolution before it ----------------------------------------
 class _HandingBatchNorm(torch.autograd.Function):
     """Training-mode batch norm of a channels-last x by torch's own kernels, chosen as ``F.batch_norm`` chooses them
-    (``_batch_norm_impl_index``). Where that is torch's native kernels, the backward's per-channel sums are theirs
-    (``batch_norm_backward_reduce``) and g_x the engine's ``batch_norm_backward_input`` (their float32 evaluation, bit
-    for bit), which also gives G~'s amax of g_x, handed to the converted convolution whose output x is (``node``);
-    otherwise (cuDNN) the backward is torch's, without a hand-over."""
+    (``_batch_norm_impl_index``). Where that is torch's native kernels, the backward is the engine's: the per-channel
+    sums ``batch_norm_backward_reduce`` (fp32 in a fixed order; g_w = sum_dy_xmu * invstd, g_b = sum_dy, as torch's up
+    to the order of the adds) and g_x ``batch_norm_backward_input`` (torch's float32 evaluation), which also gives G~'s
+    amax of g_x, handed to the converted convolution whose output x is (``node``); otherwise (cuDNN) the backward is
+    torch's, without a hand-over."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight, bias, running_mean, running_var, momentum: float, eps: float, node):
@@ -340,8 +341,12 @@ class _HandingBatchNorm(torch.autograd.Function):
             return gx, gw, gb, None, None, None, None, None
         g = g.contiguous(memory_format=torch.channels_last)
         affine = weight is not None
-        sum_dy, sum_dy_xmu, gw, gb = torch.batch_norm_backward_reduce(g, x, mean, invstd, weight, nx, nw and affine,
-                                                                       nb and affine)
+        sum_dy, sum_dy_xmu, gw = _api._batch_norm_backward_reduce(
+            _call("batch_norm_backward_reduce", g), _nchw_rows(g), _nchw_rows(x), mean.float(), invstd.float(),
+            grad_weight=nw and affine)
+        gb = sum_dy if nb and affine else None
+        if affine and weight.dtype != torch.float32:  # in the parameters' dtype, as torch's
+            gw, gb = (None if t is None else t.to(weight.dtype) for t in (gw, gb))
         gx = None
         if nx:
             gx = torch.empty_like(x, memory_format=torch.channels_last)
@@ -352,14 +357,15 @@ class _HandingBatchNorm(torch.autograd.Function):
                                                       sum_dy_xmu, _nchw_rows(gx))
             if node is not None:
                 hand_amax(node, gx, amax)
-        return gx, gw if nw else None, gb if nb else None, None, None, None, None, None
+        return gx, gw, gb, None, None, None, None, None
 
 
 class BatchNorm2d(nn.BatchNorm2d):
-    """``nn.BatchNorm2d`` (same arguments, state and results) that, training after a converted convolution on a
-    channels-last CUDA map, forms its g_x with the engine (torch's bits) and hands the convolution G~'s amax of it, so
-    that the convolution's g_y pass needs no pass of its own over g_y to find it (SPEC §2, "BatchNorm's hand-over").
-    Everywhere else (evaluation, another producer, NCHW, the CPU, torch.compile, float64) it is nn.BatchNorm2d."""
+    """``nn.BatchNorm2d`` (same arguments, state and forward) that, training after a converted convolution on a
+    channels-last CUDA map, forms its backward with the engine (the per-channel sums in fp32 in a fixed order, so its
+    gradients are torch's up to the order of those adds) and hands the convolution G~'s amax of g_x, so that the
+    convolution's g_y pass needs no pass of its own over g_y to find it (SPEC §2, "BatchNorm's hand-over"). Everywhere
+    else (evaluation, another producer, NCHW, the CPU, torch.compile, float64) it is nn.BatchNorm2d."""
 
     def forward(self, x: Tensor) -> Tensor:
         node = None

@@ -363,18 +363,15 @@ void batch_norm_backward_reduce(const TensorView& g_y, const TensorView& x, cons
                                                                    {"sum_dy_xmu", &sum_dy_xmu},
                                                                    {"grad_weight", grad_weight}};
   check_bn_args(op, g_y, x, per_channel);
-  // The outputs (the last three) overlap neither the inputs nor each other.
-  for (size_t i = 2; i < std::size(per_channel); ++i) {
-    if (per_channel[i].second == nullptr) continue;
-    const auto [ob, oe] = byte_span(*per_channel[i].second);
-    const TensorView* others[] = {&g_y, &x, &mean, &invstd, i > 2 ? &sum_dy : nullptr, i > 3 ? &sum_dy_xmu : nullptr};
-    for (const TensorView* in : others) {
-      if (in == nullptr) continue;
-      const auto [ib, ie] = byte_span(*in);
-      HOT_CHECK_VALUE(ie <= ob || oe <= ib, op, ": ", per_channel[i].first,
+  // The outputs (sum_dy, sum_dy_xmu, grad_weight) overlap neither the inputs nor each other.
+  const TensorView* all[] = {&g_y, &x, &mean, &invstd, &sum_dy, &sum_dy_xmu, grad_weight};
+  for (size_t i = 4; i < std::size(all); ++i)
+    for (size_t k = 0; k < i && all[i] != nullptr; ++k) {
+      const auto [ob, oe] = byte_span(*all[i]);
+      const auto [ib, ie] = byte_span(*all[k]);
+      HOT_CHECK_VALUE(ie <= ob || oe <= ib, op, ": ", per_channel[i - 2].first,
                       " must not overlap g_y, x, mean, invstd or another output");
     }
-  }
   HOT_DISPATCH(g_y.device, batch_norm_backward_reduce, g_y, x, mean, invstd, sum_dy, sum_dy_xmu, grad_weight, stream);
 }
 

@@ -828,18 +828,15 @@ def _relu_mask(c: _Call, x, y, bits=None, amax=False):
     return c.result(y, ry), c.result(bits, rb), c.result(m, rm)
 
 
-def _batch_norm_backward_reduce(c: _Call, gy, x, mean, invstd, sum_dy=None, sum_dy_xmu=None, grad_weight=True):
-    """batch_norm_backward_reduce of the R x C arrays gy and x: (sum_dy, sum_dy_xmu, grad_weight), into the arrays given
-    (None: new ones; grad_weight False: not asked, None returned)."""
+def _batch_norm_backward_reduce(c: _Call, gy, x, mean, invstd, grad_weight=True):
+    """batch_norm_backward_reduce of the R x C arrays gy and x: new (sum_dy, sum_dy_xmu, grad_weight), grad_weight None
+    where not asked."""
     C = fws.shape(gy)[1]
-    sd = c.empty((C,), "float32") if sum_dy is None else sum_dy
-    sx = c.empty((C,), "float32") if sum_dy_xmu is None else sum_dy_xmu
-    gw = grad_weight
-    if grad_weight is True:
+    sd, sx = c.empty((C,), "float32"), c.empty((C,), "float32")  # None: the bindings allocate
+    gw = None
+    if grad_weight:
         gw = c.empty((C,), "float32")
-        gw = True if gw is None else gw
-    elif grad_weight is False:
-        gw = None
+        gw = True if gw is None else gw  # True: the bindings allocate it
     r = c.call(_C.batch_norm_backward_reduce, gy, x, mean, invstd, sd, sx, gw, c.stream)
     return c.result(sd, r[0]), c.result(sx, r[1]), None if gw is None else c.result(None if gw is True else gw, r[2])
 

@@ -243,7 +243,7 @@ void register_blocks(py::module_& m) {
   m.def(
       "batch_norm_backward_reduce",
       [](py::handle g_y, py::handle x, py::handle mean, py::handle invstd, py::handle sum_dy, py::handle sum_dy_xmu,
-         py::handle grad_weight, int64_t stream) {
+         py::handle grad_weight, int64_t stream, py::handle relu_bits, py::handle g_relu) {
         const char* op = "batch_norm_backward_reduce";
         OpContext ctx(op, stream);
         const hot::TensorView gv = ctx.input(g_y, "g_y", hotpy::kFloat), xv = ctx.input(x, "x", hotpy::kFloat);
@@ -257,17 +257,22 @@ void register_blocks(py::module_& m) {
         if (!grad_weight.is_none())
           rw = output(ctx, py::isinstance<py::bool_>(grad_weight) ? py::none() : grad_weight, "grad_weight",
                       hotpy::kF32, hot::DType::f32, c, wv, -2);
+        hot::TensorView bv, gv_relu;  // the ReLU's bits and the masked gradient, each where given
+        if (!relu_bits.is_none()) bv = ctx.input(relu_bits, "relu_bits", hotpy::kS8, -2);
+        if (!g_relu.is_none()) gv_relu = ctx.output(g_relu, "g_relu", hotpy::kFloat);
         {
           py::gil_scoped_release nogil;
           hot::batch_norm_backward_reduce(gv, xv, mv, iv, sv, sxv, grad_weight.is_none() ? nullptr : &wv,
+                                          relu_bits.is_none() ? nullptr : &bv, g_relu.is_none() ? nullptr : &gv_relu,
                                           ctx.stream());
         }
         return py::make_tuple(rs, rsx, rw);
       },
       py::arg("g_y"), py::arg("x"), py::arg("mean"), py::arg("invstd"), py::arg("sum_dy"), py::arg("sum_dy_xmu"),
-      py::arg("grad_weight"), py::arg("stream"),
+      py::arg("grad_weight"), py::arg("stream"), py::arg("relu_bits") = py::none(), py::arg("g_relu") = py::none(),
       "hot::batch_norm_backward_reduce over rows of channels (a channels-last map flattened to N*H*W x C): (sum_dy, "
-      "sum_dy_xmu, grad_weight), each None where the caller gave the array or did not ask for it.");
+      "sum_dy_xmu, grad_weight), each None where the caller gave the array or did not ask for it; relu_bits, "
+      "g_relu: the ReLU after the BatchNorm (its bits; the masked gradient, written where given).");
 
   m.def(
       "batch_norm_backward_input",

@@ -69,7 +69,8 @@ struct GradOutputQuant {
   void relu_mask_backward(const TensorView& gy, const TensorView& bits, const TensorView& gx, Stream s);   \
   void batch_norm_backward_reduce(const TensorView& gy, const TensorView& x, const TensorView& mean,         \
                                   const TensorView& invstd, const TensorView& sum_dy,                      \
-                                  const TensorView& sum_dy_xmu, const TensorView* grad_weight, Stream s);   \
+                                  const TensorView& sum_dy_xmu, const TensorView* grad_weight,             \
+                                  const TensorView* relu_bits, const TensorView* g_relu, Stream s);        \
   void batch_norm_backward_input(const TensorView& gy, const TensorView& x, const TensorView& mean,          \
                                  const TensorView& invstd, const TensorView* weight, const TensorView& sum_dy, \
                                  const TensorView& sum_dy_xmu, const TensorView& gx, const TensorView& amax, \

@@ -355,7 +355,8 @@ void check_bn_args(const char* op, const TensorView& g_y, const TensorView& x,
 
 void batch_norm_backward_reduce(const TensorView& g_y, const TensorView& x, const TensorView& mean,
                                 const TensorView& invstd, const TensorView& sum_dy, const TensorView& sum_dy_xmu,
-                                const TensorView* grad_weight, Stream stream) {
+                                const TensorView* grad_weight, const TensorView* relu_bits, const TensorView* g_relu,
+                                Stream stream) {
   const char* op = "batch_norm_backward_reduce";
   const std::pair<const char*, const TensorView*> per_channel[] = {{"mean", &mean},
                                                                    {"invstd", &invstd},
@@ -372,7 +373,31 @@ void batch_norm_backward_reduce(const TensorView& g_y, const TensorView& x, cons
       HOT_CHECK_VALUE(ie <= ob || oe <= ib, op, ": ", per_channel[i - 2].first,
                       " must not overlap g_y, x, mean, invstd or another output");
     }
-  HOT_DISPATCH(g_y.device, batch_norm_backward_reduce, g_y, x, mean, invstd, sum_dy, sum_dy_xmu, grad_weight, stream);
+  HOT_CHECK_VALUE(g_relu == nullptr || relu_bits != nullptr, op, ": g_relu needs relu_bits");
+  if (relu_bits != nullptr) {
+    const int64_t n = g_y.shape[0] * g_y.shape[1];
+    HOT_CHECK_VALUE(g_y.shape[0] <= 1 || g_y.strides[0] == g_y.shape[1], op,
+                    ": with relu_bits, g_y's rows must be contiguous (row stride ", g_y.shape[1], "), got ",
+                    g_y.strides[0]);
+    check_vector(op, "relu_bits", *relu_bits, (n + 7) / 8, false, DType::s8);
+    HOT_CHECK_SAME_DEVICE(op, "g_y", g_y, "relu_bits", *relu_bits);
+  }
+  if (g_relu != nullptr) {
+    check_float_matrix(op, "g_relu", *g_relu);
+    HOT_CHECK_SHAPE(op, "g_relu", *g_relu, g_y.shape);
+    HOT_CHECK_DTYPE(op, "g_relu", *g_relu, g_relu->dtype == g_y.dtype, dtype_name(g_y.dtype));
+    HOT_CHECK_SAME_DEVICE(op, "g_y", g_y, "g_relu", *g_relu);
+    const auto [gb, ge] = byte_span(*g_relu);
+    const bool same = g_relu->data == g_y.data && g_relu->strides == g_y.strides;
+    const TensorView* others[] = {&g_y, &x, &mean, &invstd, &sum_dy, &sum_dy_xmu, grad_weight, relu_bits};
+    for (const TensorView* in : others) {
+      if (in == nullptr || (in == &g_y && same)) continue;
+      const auto [ib, ie] = byte_span(*in);
+      HOT_CHECK_VALUE(ie <= gb || ge <= ib, op, ": g_relu must be g_y itself or overlap no other argument");
+    }
+  }
+  HOT_DISPATCH(g_y.device, batch_norm_backward_reduce, g_y, x, mean, invstd, sum_dy, sum_dy_xmu, grad_weight,
+               relu_bits, g_relu, stream);
 }
 
 void batch_norm_backward_input(const TensorView& g_y, const TensorView& x, const TensorView& mean,

@@ -67,6 +67,39 @@ TEST(BatchNormBackwardReduce, AgainstFloat64) {
       }
 }
 
+// With a ReLU's bits: the sums of relu_mask_backward's output, bit for bit, and g_relu its bytes (into a buffer and in
+// place); NaN and infinite g_y where masked and unmasked.
+TEST(BatchNormBackwardReduce, WithTheReluBitsIsTheReduceOfTheMaskedGradient) {
+  uint64_t seed = 130;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16})
+    for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{37, 13}, {2100, 24}})
+      for (bool in_place : {false, true}) {
+        SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " " << R << "x" << C << " in place " << in_place);
+        BnCase b = make_case(dt, R, C, seed += 3);
+        b.gy.setf(0, 0, std::nanf("")), b.gy.setf(1, 1, INFINITY), b.gy.setf(2, 2, std::nanf(""));
+        const int64_t n = R * C;
+        HostTensor bits = HostTensor::make1d(DType::s8, (n + 7) / 8);
+        const std::vector<int64_t> r = randint(static_cast<size_t>((n + 7) / 8), seed, -128, 127);
+        for (int64_t i = 0; i < (n + 7) / 8; ++i) static_cast<int8_t*>(bits.view().data)[i] = static_cast<int8_t>(r[i]);
+        const auto flat = [n](const HostTensor& t) {
+          hot::TensorView v = t.view();
+          v.shape = {n}, v.strides = {1};
+          return v;
+        };
+        HostTensor masked = HostTensor::make2d(dt, R, C);
+        hot::relu_mask_backward(flat(b.gy), bits, flat(masked));
+        HostTensor want[2] = {HostTensor::make1d(DType::f32, C), HostTensor::make1d(DType::f32, C)};
+        hot::batch_norm_backward_reduce(masked, b.x, b.mean, b.invstd, want[0], want[1], nullptr);
+        HostTensor got[2] = {HostTensor::make1d(DType::f32, C), HostTensor::make1d(DType::f32, C)};
+        HostTensor gr = HostTensor::make2d(dt, R, C), gy_copy = b.gy;
+        const hot::TensorView bv = bits.view(), grv = in_place ? gy_copy.view() : gr.view();
+        hot::batch_norm_backward_reduce(gy_copy, b.x, b.mean, b.invstd, got[0], got[1], nullptr, &bv, &grv);
+        EXPECT_TRUE(bits_equal(got[0], want[0]));
+        EXPECT_TRUE(bits_equal(got[1], want[1]));
+        EXPECT_TRUE(bits_equal(in_place ? gy_copy : gr, masked));
+      }
+}
+
 TEST(BatchNormBackwardReduce, ArgumentErrors) {
   const BnCase b = make_case(DType::bf16, 8, 16, 1);
   HostTensor sd = HostTensor::make1d(DType::f32, 16), sx = sd, short_out = HostTensor::make1d(DType::f32, 15);
@@ -84,6 +117,22 @@ TEST(BatchNormBackwardReduce, ArgumentErrors) {
   const hot::TensorView mv = b.mean.view();
   EXPECT_TRUE(throws_hot([&] { hot::batch_norm_backward_reduce(b.gy, b.x, b.mean, b.invstd, sd, sx, &mv); },
                          ErrorKind::value, {op, "grad_weight", "overlap"}));
+  HostTensor bits = HostTensor::make1d(DType::s8, 16), short_bits = HostTensor::make1d(DType::s8, 15);
+  const hot::TensorView bv = bits.view(), sbv = short_bits.view(), xv = b.x.view(), gyv = b.gy.view();
+  HostTensor gr = HostTensor::make2d(DType::bf16, 8, 16), padded = HostTensor::make2d(DType::bf16, 8, 24);
+  hot::TensorView grv = gr.view(), pv = padded.view();
+  pv.shape = {8, 16};
+  EXPECT_TRUE(throws_hot([&] { hot::batch_norm_backward_reduce(b.gy, b.x, b.mean, b.invstd, sd, sx, nullptr, nullptr,
+                                                               &grv); },
+                         ErrorKind::value, {op, "g_relu needs relu_bits"}));
+  EXPECT_TRUE(throws_hot([&] { hot::batch_norm_backward_reduce(b.gy, b.x, b.mean, b.invstd, sd, sx, nullptr, &sbv); },
+                         ErrorKind::value, {op, "relu_bits", "(16,)"}));
+  EXPECT_TRUE(throws_hot([&] { hot::batch_norm_backward_reduce(pv, b.x, b.mean, b.invstd, sd, sx, nullptr, &bv); },
+                         ErrorKind::value, {op, "rows must be contiguous"}));
+  EXPECT_TRUE(throws_hot([&] { hot::batch_norm_backward_reduce(b.gy, b.x, b.mean, b.invstd, sd, sx, nullptr, &bv,
+                                                               &xv); },
+                         ErrorKind::value, {op, "g_relu must be g_y itself"}));
+  EXPECT_NO_THROW(hot::batch_norm_backward_reduce(b.gy, b.x, b.mean, b.invstd, sd, sx, nullptr, &bv, &gyv));
 }
 
 TEST(BatchNormBackwardInput, AgainstFloat64AndTheGyPassAmax) {

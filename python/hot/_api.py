@@ -828,16 +828,16 @@ def _relu_mask(c: _Call, x, y, bits=None, amax=False):
     return c.result(y, ry), c.result(bits, rb), c.result(m, rm)
 
 
-def _batch_norm_backward_reduce(c: _Call, gy, x, mean, invstd, grad_weight=True):
+def _batch_norm_backward_reduce(c: _Call, gy, x, mean, invstd, grad_weight=True, relu_bits=None, g_relu=None):
     """batch_norm_backward_reduce of the R x C arrays gy and x: new (sum_dy, sum_dy_xmu, grad_weight), grad_weight None
-    where not asked."""
+    where not asked; with relu_bits, of gy masked by the ReLU's bits (written into the R x C g_relu where given)."""
     C = fws.shape(gy)[1]
     sd, sx = c.empty((C,), "float32"), c.empty((C,), "float32")  # None: the bindings allocate
     gw = None
     if grad_weight:
         gw = c.empty((C,), "float32")
         gw = True if gw is None else gw  # True: the bindings allocate it
-    r = c.call(_C.batch_norm_backward_reduce, gy, x, mean, invstd, sd, sx, gw, c.stream)
+    r = c.call(_C.batch_norm_backward_reduce, gy, x, mean, invstd, sd, sx, gw, c.stream, relu_bits, g_relu)
     return c.result(sd, r[0]), c.result(sx, r[1]), None if gw is None else c.result(None if gw is True else gw, r[2])
 
 

@@ -593,6 +593,53 @@ def test_the_handing_batch_norm_gives_the_conv_its_amax_cpu(pointwise, monkeypat
     assert seen == [False]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("inplace", [True, False])
+def test_relu_after_the_handing_batch_norm_forms_its_sums_cpu(dtype, inplace, monkeypatch):
+    """A hot ReLU right after the handing BatchNorm forms the BatchNorm's sums in its own pass (the engine's reduce
+    with the ReLU's bits) and hands them over: every gradient (the BatchNorm's weight and bias, the conv's, the input's)
+    bit for bit those of the same model with the sums formed by the BatchNorm's backward, and one reduce call instead
+    of a ReLU pass and a reduce; an output also used elsewhere (autograd sums its gradients) takes no hand-over."""
+    from hot import _api
+    from hot.torch import ops
+
+    calls = []
+    reduce = _api._batch_norm_backward_reduce
+    monkeypatch.setattr(_api, "_batch_norm_backward_reduce", lambda *a, **k: calls.append(
+        k.get("relu_bits") is not None) or reduce(*a, **k))
+    torch.manual_seed(0)
+    conv = nn.Conv2d(8, 16, 3, padding=1, bias=False)
+    ht.convert(nn.Sequential(conv))
+    conv.to(dtype)
+    x = torch.randn(4, 8, 6, 6, dtype=dtype).to(memory_format=torch.channels_last)
+    w, b = (torch.rand(16) + 0.5).requires_grad_(True), torch.randn(16).requires_grad_(True)
+
+    def grads(fuse: bool, also: bool):
+        conv.weight.grad, w.grad, b.grad = None, None, None
+        calls.clear()
+        xi = x.clone().requires_grad_(True)
+        torch.manual_seed(3)  # the conv's stochastic-rounding seed
+        y = conv(xi)
+        z = lean._HandingBatchNorm.apply(y, w, b, None, None, 0.1, 1e-5, ops.conv_node(y))
+        r = lean.relu(z, inplace) if fuse else lean._MaskedReLU.apply(z, inplace, None)[0]
+        loss = r.float().square().sum() + (z.float().sum() if also and not inplace else 0)
+        loss.backward()
+        return [conv.weight.grad.clone(), xi.grad.clone(), w.grad.clone(), b.grad.clone()], list(calls)
+
+    plain, plain_calls = grads(False, False)
+    assert plain_calls == [False]
+    fused, fused_calls = grads(True, False)
+    assert fused_calls == [True]
+    for a, c in zip(plain, fused):
+        assert torch.equal(a, c)
+    if not inplace:  # z also summed into the loss: the BatchNorm's g_y is no longer the ReLU's g_x
+        summed, summed_calls = grads(True, True)
+        assert summed_calls == [True, False]
+        ref, _ = grads(False, True)
+        for a, c in zip(ref, summed):
+            assert torch.equal(a, c)
+
+
 _UNIT = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 
 

@@ -111,10 +111,15 @@ void relu_mask_backward(const TensorView& g_y, const TensorView& bits, const Ten
 // then pairwise (for h = 16, 8, 4, 2, 1: v[k] += v[k + h] for k < h); the groups' sums added in group order from +0.
 // grad_weight (null: not asked) = sum_dy_xmu * invstd, rounded once. g_y, x: R x C of one float dtype (R = N*H*W
 // pixel rows); mean, invstd, sum_dy, sum_dy_xmu, grad_weight: f32 [C].
+// With relu_bits (relu_mask's bits of the BatchNorm's output, one an element in g_y's row order: g_y's rows
+// contiguous), g_y is the gradient of the ReLU after the BatchNorm and the sums are those of the ReLU's input gradient,
+// relu_mask_backward's (g_y where the bit is clear, +0 where set), which g_relu receives (null: not asked; R x C of
+// g_y's dtype, g_y itself or not overlapping it): the ReLU's backward and the BatchNorm's sums in one pass.
 constexpr int64_t kBnReduceRows = 1024, kBnReduceLanes = 32;
 void batch_norm_backward_reduce(const TensorView& g_y, const TensorView& x, const TensorView& mean,
                                 const TensorView& invstd, const TensorView& sum_dy, const TensorView& sum_dy_xmu,
-                                const TensorView* grad_weight, Stream stream = {});
+                                const TensorView* grad_weight, const TensorView* relu_bits = nullptr,
+                                const TensorView* g_relu = nullptr, Stream stream = {});
 
 // BatchNorm's input gradient in training (SPEC §2), for rows of a channels-last map, with the amax of its G~: the g_y
 // of the convolution before the BatchNorm, whose g_y pass then needs no pass of its own to find that amax (SPEC §3).

@@ -324,12 +324,16 @@ void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits,
 }
 
 // BatchNorm's per-channel sums in ops.h's order: per group of kBnReduceRows rows, kBnReduceLanes lanes of interleaved
-// rows, then their pairwise sum; the groups' sums in group order.
+// rows, then their pairwise sum; the groups' sums in group order. With relu_bits, g_y masked as relu_mask_backward
+// masks it (its bytes into g_relu).
 void batch_norm_backward_reduce(const TensorView& gy, const TensorView& x, const TensorView& mean,
                                 const TensorView& invstd, const TensorView& sum_dy, const TensorView& sum_dy_xmu,
-                                const TensorView* grad_weight, Stream) {
+                                const TensorView* grad_weight, const TensorView* relu_bits, const TensorView* g_relu,
+                                Stream) {
   const int64_t R = gy.shape[0], C = gy.shape[1], groups = (R + kBnReduceRows - 1) / kBnReduceRows;
   const float* mu = mean.ptr<float>();
+  const auto* bits = relu_bits != nullptr ? static_cast<const uint8_t*>(relu_bits->data) : nullptr;
+  const size_t es = static_cast<size_t>(dtype_bits(gy.dtype) / 8);
   std::vector<float> part(static_cast<size_t>(groups * 2 * C));  // [group][sum_dy, sum_dy_xmu][C]
   parallel_for(groups, 1, [&](int64_t g0, int64_t g1) {
     std::vector<float> d(static_cast<size_t>(C)), v(d.size()), lane(static_cast<size_t>(kBnReduceLanes * 2 * C));
@@ -339,6 +343,20 @@ void batch_norm_backward_reduce(const TensorView& gy, const TensorView& x, const
         float* s = lane.data() + (r % kBnReduceLanes) * 2 * C;
         load_row(gy, r, d.data());
         load_row(x, r, v.data());
+        if (bits != nullptr) {
+          const auto* src = static_cast<const unsigned char*>(gy.data) + r * gy.strides[0] * es;
+          auto* dst = g_relu != nullptr ? static_cast<unsigned char*>(g_relu->data) + r * g_relu->strides[0] * es
+                                        : nullptr;
+          for (int64_t c = 0; c < C; ++c) {
+            const bool zero = (bits[(r * C + c) >> 3] >> ((r * C + c) & 7)) & 1u;
+            if (zero) d[c] = 0.0f;
+            if (dst == nullptr) continue;
+            if (zero)
+              std::memset(dst + c * es, 0, es);
+            else if (dst != src)
+              std::memcpy(dst + c * es, src + c * es, es);
+          }
+        }
         for (int64_t c = 0; c < C; ++c) {
           s[c] = hot_add(s[c], d[c]);
           s[C + c] = hot_add(s[C + c], hot_mul(d[c], hot_add(v[c], -mu[c])));

@@ -554,9 +554,36 @@ __device__ __forceinline__ void bn_reduce_add(const float (&d)[8], const float (
   }
 }
 
+// The ReLU's mask of 8 elements (bit k: element k masked) applied to their raw words: masked elements become +0.
+template <typename T>
+__device__ __forceinline__ void raw8_mask(Raw8<T>& r, uint32_t bits) {
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(T) / 2); ++i) {
+    uint32_t u[4] = {r.w[i].x, r.w[i].y, r.w[i].z, r.w[i].w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if constexpr (sizeof(T) == 4) {
+        if ((bits >> (4 * i + k)) & 1u) u[k] = 0u;
+      } else {
+        if ((bits >> (2 * k)) & 1u) u[k] &= 0xffff0000u;
+        if ((bits >> (2 * k + 1)) & 1u) u[k] &= 0x0000ffffu;
+      }
+    }
+    r.w[i] = make_uint4(u[0], u[1], u[2], u[3]);
+  }
+}
+
+// With `relu`: g_y's elements (row-major, rows contiguous) masked by the ReLU's bits, their bytes into `out` (null:
+// not asked) as relu_mask_backward writes them (batch_norm_backward_reduce's relu_bits, ops.h).
+struct BnRelu {
+  const uint8_t* bits;
+  void* out;
+  int64_t ld_out;
+};
+
 template <typename T>
 __global__ void __launch_bounds__(kBnLanes * kBnMaxJ)
-    bn_reduce_kernel(Mat<const T> gy, Mat<const T> x, const float* mean, float* partial, bool vec) {
+    bn_reduce_kernel(Mat<const T> gy, Mat<const T> x, const float* mean, float* partial, bool vec, BnRelu relu) {
   constexpr int U = sizeof(T) == 4 ? 4 : 8;  // rows in flight a thread (64 registers of loads)
   __shared__ float hand[kBnLanes / 2][kBnMaxJ][17];
   const int J = static_cast<int>(blockDim.x) / kBnLanes, j = static_cast<int>(threadIdx.x) % J,
@@ -568,18 +595,29 @@ __global__ void __launch_bounds__(kBnLanes * kBnMaxJ)
   for (int i = 0; i < 8; ++i) s[i] = 0.0f, t[i] = 0.0f, mu[i] = i < cn ? mean[c0 + i] : 0.0f;
   const int64_t g0 = static_cast<int64_t>(blockIdx.x) * kBnReduceRows;
   const int64_t r1 = g0 + kBnReduceRows < gy.rows ? g0 + kBnReduceRows : gy.rows;
-  if (vec && cn == 8) {
+  T* out = static_cast<T*>(relu.out);
+  if (vec && cn == 8) {  // with relu: C % 8 == 0, so the 8 elements' bits are one byte
     for (int64_t r = g0 + k; r < r1; r += kBnLanes * U) {
       Raw8<T> a[U], b[U];
+      uint32_t m[U];
 #pragma unroll
       for (int u = 0; u < U; ++u)
         if (r + u * kBnLanes < r1) {
           raw8_load(gy.p + (r + u * kBnLanes) * gy.ld + c0, a[u]);
           raw8_load(x.p + (r + u * kBnLanes) * x.ld + c0, b[u]);
+          m[u] = relu.bits != nullptr ? relu.bits[((r + u * kBnLanes) * C + c0) >> 3] : 0u;
         }
 #pragma unroll
       for (int u = 0; u < U; ++u)
         if (r + u * kBnLanes < r1) {
+          if (relu.bits != nullptr) {
+            raw8_mask(a[u], m[u]);
+            if (out != nullptr) {
+              uint4* dst = reinterpret_cast<uint4*>(out + (r + u * kBnLanes) * relu.ld_out + c0);
+#pragma unroll
+              for (int i = 0; i < static_cast<int>(sizeof(T) / 2); ++i) dst[i] = a[u].w[i];
+            }
+          }
           float d[8], v[8];
           raw8_to_f(a[u], d);
           raw8_to_f(b[u], v);
@@ -587,12 +625,18 @@ __global__ void __launch_bounds__(kBnLanes * kBnMaxJ)
         }
     }
   } else if (cn > 0) {  // unaligned rows or a partial group of 8 channels: element-wise loads, zeros past C (unstored)
+    using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, unsigned short>;  // an element's bytes, as they are
     for (int64_t r = g0 + k; r < r1; r += kBnLanes) {
       float d[8], v[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        d[i] = i < cn ? load_f(gy.p + r * gy.ld + c0 + i) : 0.0f;
+        const int64_t at = r * C + c0 + i;  // the element's bit (relu: rows contiguous)
+        const bool zero = i < cn && relu.bits != nullptr && ((relu.bits[at >> 3] >> (at & 7)) & 1u);
+        d[i] = i < cn && !zero ? load_f(gy.p + r * gy.ld + c0 + i) : 0.0f;
         v[i] = i < cn ? load_f(x.p + r * x.ld + c0 + i) : 0.0f;
+        if (i < cn && out != nullptr)
+          reinterpret_cast<Bits*>(out + r * relu.ld_out + c0)[i] =
+              zero ? Bits{0} : reinterpret_cast<const Bits*>(gy.p + r * gy.ld + c0)[i];
       }
       bn_reduce_add(d, v, mu, s, t);
     }
@@ -1283,7 +1327,7 @@ inline size_t bn_reduce_partial_bytes(const TensorView& gy) {
 template <typename T, typename Launch>
 void bn_reduce_launch(const TensorView& gy, const TensorView& x, const TensorView& mean, const TensorView& invstd,
                       const TensorView& sum_dy, const TensorView& sum_dy_xmu, const TensorView* grad_weight,
-                      float* partial, const Launch& launch) {
+                      const TensorView* relu_bits, const TensorView* g_relu, float* partial, const Launch& launch) {
   const int64_t C = gy.shape[1], groups = bn_reduce_groups(gy), octets = ceil_div(C, 8);
   const int J = static_cast<int>(std::min<int64_t>(octets, kBnMaxJ));
   const int64_t slices = ceil_div(octets, J);
@@ -1292,8 +1336,11 @@ void bn_reduce_launch(const TensorView& gy, const TensorView& x, const TensorVie
   const auto a16 = [](const TensorView& t) {
     return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.strides[0] % (16 / (dtype_bits(t.dtype) / 8)) == 0;
   };
+  const BnRelu relu{relu_bits != nullptr ? static_cast<const uint8_t*>(relu_bits->data) : nullptr,
+                    g_relu != nullptr ? g_relu->data : nullptr, g_relu != nullptr ? g_relu->strides[0] : 0};
+  const bool vec = a16(gy) && a16(x) && (g_relu == nullptr || a16(*g_relu)) && (relu_bits == nullptr || C % 8 == 0);
   launch(bn_reduce_kernel<T>, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(slices)), kBnLanes * J, 0,
-         mat<const T>(gy), mat<const T>(x), static_cast<const float*>(mean.data), partial, a16(gy) && a16(x));
+         mat<const T>(gy), mat<const T>(x), static_cast<const float*>(mean.data), partial, vec, relu);
   const BnSums out{static_cast<float*>(sum_dy.data), static_cast<float*>(sum_dy_xmu.data),
                    grad_weight != nullptr ? static_cast<float*>(grad_weight->data) : nullptr,
                    static_cast<const float*>(invstd.data), C};

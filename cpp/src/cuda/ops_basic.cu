@@ -64,12 +64,13 @@ void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits,
 
 void batch_norm_backward_reduce(const TensorView& gy, const TensorView& x, const TensorView& mean,
                                 const TensorView& invstd, const TensorView& sum_dy, const TensorView& sum_dy_xmu,
-                                const TensorView* grad_weight, Stream st) {
+                                const TensorView* grad_weight, const TensorView* relu_bits, const TensorView* g_relu,
+                                Stream st) {
   DeviceGuard dg(gy.device.index);
   Scratch partial(bn_reduce_partial_bytes(gy), gy.device.index, st);
   dispatch_float(gy.dtype, "batch_norm_backward_reduce", [&](auto t) {
-    bn_reduce_launch<decltype(t)>(gy, x, mean, invstd, sum_dy, sum_dy_xmu, grad_weight, partial.as<float>(),
-                                  StreamLaunch{to_cuda(st)});
+    bn_reduce_launch<decltype(t)>(gy, x, mean, invstd, sum_dy, sum_dy_xmu, grad_weight, relu_bits, g_relu,
+                                  partial.as<float>(), StreamLaunch{to_cuda(st)});
   });
 }
 

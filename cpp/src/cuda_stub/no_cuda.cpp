@@ -44,7 +44,8 @@ void transpose(const TensorView&, const TensorView&, Stream) { missing(); }
 void relu_mask(const TensorView&, const TensorView&, const TensorView&, const TensorView*, Stream) { missing(); }
 void relu_mask_backward(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
 void batch_norm_backward_reduce(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                                const TensorView&, const TensorView&, const TensorView*, Stream) {
+                                const TensorView&, const TensorView&, const TensorView*, const TensorView*,
+                                const TensorView*, Stream) {
   missing();
 }
 void batch_norm_backward_input(const TensorView&, const TensorView&, const TensorView&, const TensorView&,

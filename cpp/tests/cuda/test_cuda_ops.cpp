@@ -383,35 +383,46 @@ TEST_F(Cuda_ReluMask, AmaxFeedsQuantizeAndCodes) {
 }
 
 // BatchNorm's per-channel sums on the GPU: the CPU's bits (sum_dy, sum_dy_xmu, grad_weight); a partial row group,
-// channels not a multiple of 8 and padded rows (element-wise loads), two channel slices, and ResNet-50 sizes.
+// channels not a multiple of 8 and padded rows (element-wise loads), two channel slices, and ResNet-50 sizes; with a
+// ReLU's bits, g_relu's bytes too.
 class Cuda_BatchNormBackwardReduce : public CudaTest {};
 TEST_F(Cuda_BatchNormBackwardReduce, BitExactVsCpu) {
   uint64_t seed = 2500;
   for (DType dt : kFloatTypes)
     for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{
              {1, 16}, {37, 13}, {3001, 72}, {2100, 264}, {100352, 64}, {25088, 256}, {6272, 2048}})
-      for (int64_t pad : {0, 8}) {
-        if (R * C > 1000000 && (small_run() || pad != 0)) continue;
-        SCOPED_TRACE(testing::Message() << dt_name(dt) << " " << R << "x" << C << " pad " << pad);
-        const HostTensor gy = rand_float(dt, R, C, seed++, C + pad, 2.0f);
-        const HostTensor x = rand_float(dt, R, C, seed++, C + pad, 3.0f);
-        HostTensor stats[2];  // mean, invstd
-        const HostTensor u = rand_float(DType::f32, 2, C, seed++);
-        for (int k = 0; k < 2; ++k) {
-          stats[k] = HostTensor::make1d(DType::f32, C);
-          for (int64_t c = 0; c < C; ++c) stats[k].setf(c, k == 1 ? 0.5f + std::fabs(u.getf(k, c)) : u.getf(k, c));
+      for (int64_t pad : {0, 8})
+        for (bool relu : {false, true}) {
+          if (R * C > 1000000 && (small_run() || pad != 0)) continue;
+          if (relu && pad != 0) continue;  // the bits follow contiguous rows
+          SCOPED_TRACE(testing::Message() << dt_name(dt) << " " << R << "x" << C << " pad " << pad << " relu "
+                                          << relu);
+          const HostTensor gy = rand_float(dt, R, C, seed++, C + pad, 2.0f);
+          const HostTensor x = rand_float(dt, R, C, seed++, C + pad, 3.0f);
+          const HostTensor bits = rand_int(DType::s8, 1, (R * C + 7) / 8, -128, 127, seed++);
+          HostTensor stats[2];  // mean, invstd
+          const HostTensor u = rand_float(DType::f32, 2, C, seed++);
+          for (int k = 0; k < 2; ++k) {
+            stats[k] = HostTensor::make1d(DType::f32, C);
+            for (int64_t c = 0; c < C; ++c) stats[k].setf(c, k == 1 ? 0.5f + std::fabs(u.getf(k, c)) : u.getf(k, c));
+          }
+          HostTensor oc[3], gr = HostTensor::make2d(dt, R, C);
+          for (HostTensor& t : oc) t = HostTensor::make1d(DType::f32, C);
+          hot::TensorView gwc = oc[2].view(), bv = bits.view(), grc = gr.view();
+          bv.shape = {bits.cols()}, bv.strides = {1};
+          hot::batch_norm_backward_reduce(gy, x, stats[0], stats[1], oc[0], oc[1], &gwc, relu ? &bv : nullptr,
+                                          relu ? &grc : nullptr);
+          DevTensor dgy(gy), dx(x), db(bits), dgr(HostTensor::make2d(dt, R, C)), dout[3];
+          DevTensor ds[2] = {DevTensor(stats[0]), DevTensor(stats[1])};
+          for (int k = 0; k < 3; ++k) dout[k] = DevTensor(HostTensor::make1d(DType::f32, C));
+          hot::TensorView dgw = dout[2].view(), dbv = db.view(), dgrv = dgr.view();
+          dbv.shape = {bits.cols()}, dbv.strides = {1};
+          hot::batch_norm_backward_reduce(dgy, dx, ds[0], ds[1], dout[0], dout[1], &dgw, relu ? &dbv : nullptr,
+                                          relu ? &dgrv : nullptr, st());
+          sync();
+          for (int k = 0; k < 3; ++k) EXPECT_TRUE(all_bytes_equal(oc[k], dout[k].to_host())) << k;
+          if (relu) EXPECT_TRUE(all_bytes_equal(gr, dgr.to_host()));
         }
-        HostTensor oc[3];
-        for (HostTensor& t : oc) t = HostTensor::make1d(DType::f32, C);
-        const hot::TensorView gwc = oc[2].view();
-        hot::batch_norm_backward_reduce(gy, x, stats[0], stats[1], oc[0], oc[1], &gwc);
-        DevTensor dgy(gy), dx(x), ds[2] = {DevTensor(stats[0]), DevTensor(stats[1])}, dout[3];
-        for (int k = 0; k < 3; ++k) dout[k] = DevTensor(HostTensor::make1d(DType::f32, C));
-        const hot::TensorView dgw = dout[2].view();
-        hot::batch_norm_backward_reduce(dgy, dx, ds[0], ds[1], dout[0], dout[1], &dgw, st());
-        sync();
-        for (int k = 0; k < 3; ++k) EXPECT_TRUE(all_bytes_equal(oc[k], dout[k].to_host())) << k;
-      }
 }
 
 // BatchNorm's input gradient with G~'s amax on the GPU: the CPU's bytes (g_x, amax); widths with a partial 16-channel

@@ -377,34 +377,45 @@ TEST(Emu_BatchNormBackwardInput, BitExactVsCpu) {
 
 // BatchNorm's per-channel sums: the emulated kernels (row groups, lanes, the pairwise hand-over, the groups' sums in
 // order) against the CPU's bits; a partial last group, channels not a multiple of 8 (element-wise loads), more than
-// kBnMaxJ * 8 channels (two slices), row padding, grad_weight asked or not.
+// kBnMaxJ * 8 channels (two slices), row padding, grad_weight asked or not; with a ReLU's bits (g_relu's bytes too,
+// into a buffer and in place).
 TEST(Emu_BatchNormBackwardReduce, BitExactVsCpu) {
   uint64_t seed = 2200;
   for (DType dt : kDtypes)
     for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 16}, {37, 13}, {2100, 24}, {1030, 264}})
       for (int64_t pad : {0, 8})
-        for (bool weight : {true, false}) {
-          SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " " << R << "x" << C << " pad " << pad);
-          const HostTensor gy = hot_cuda_test::rand_float(dt, R, C, seed++, C + pad, 2.0f);
+        for (int relu : {0, 1, 2, 3}) {  // none; bits; bits and g_relu; bits, g_relu in place
+          if (relu != 0 && pad != 0) continue;  // the bits follow contiguous rows
+          const bool weight = relu != 1;
+          SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " " << R << "x" << C << " pad " << pad << " relu "
+                                          << relu);
+          HostTensor gy = hot_cuda_test::rand_float(dt, R, C, seed++, C + pad, 2.0f), gye = gy;
           const HostTensor x = hot_cuda_test::rand_float(dt, R, C, seed++, C + pad, 3.0f);
           const HostTensor st = hot_cuda_test::rand_float(DType::f32, 2, C, seed++, C, 1.0f);  // mean, invstd
+          const HostTensor bits = rand_int(DType::s8, 1, (R * C + 7) / 8, -128, 127, seed++);
           const auto vec = [](const HostTensor& t, int64_t row) {
             hot::TensorView v = t.view();
-            v.data = static_cast<char*>(v.data) + row * t.cols() * 4;
+            v.data = static_cast<char*>(v.data) + row * t.cols() * hot::dtype_bits(t.view().dtype) / 8;
             v.shape = {t.cols()};
             v.strides = {1};
             return v;
           };
           HostTensor oc = out2d(DType::f32, 3, C, C), oe = oc;  // sum_dy, sum_dy_xmu, grad_weight
-          const hot::TensorView gwc = vec(oc, 2), gwe = vec(oe, 2);
+          HostTensor gr = out2d(dt, R, C, C), gre = gr;
+          const hot::TensorView gwc = vec(oc, 2), gwe = vec(oe, 2), bv = vec(bits, 0);
+          const hot::TensorView grc = relu == 3 ? gy.view() : gr.view(), grv = relu == 3 ? gye.view() : gre.view();
           hot::cpu::batch_norm_backward_reduce(gy, x, vec(st, 0), vec(st, 1), vec(oc, 0), vec(oc, 1),
-                                               weight ? &gwc : nullptr, {});
+                                               weight ? &gwc : nullptr, relu ? &bv : nullptr,
+                                               relu >= 2 ? &grc : nullptr, {});
           std::vector<float> partial(hot::cuda::bn_reduce_partial_bytes(gy.view()) / sizeof(float));
           with_type(dt, [&](auto t, auto launch) {
-            hot::cuda::bn_reduce_launch<decltype(t)>(gy.view(), x.view(), vec(st, 0), vec(st, 1), vec(oe, 0),
-                                                     vec(oe, 1), weight ? &gwe : nullptr, partial.data(), launch);
+            hot::cuda::bn_reduce_launch<decltype(t)>(gye.view(), x.view(), vec(st, 0), vec(st, 1), vec(oe, 0),
+                                                     vec(oe, 1), weight ? &gwe : nullptr, relu ? &bv : nullptr,
+                                                     relu >= 2 ? &grv : nullptr, partial.data(), launch);
           });
           EXPECT_TRUE(all_bytes_equal(oc, oe));
+          EXPECT_TRUE(all_bytes_equal(gr, gre));
+          EXPECT_TRUE(all_bytes_equal(gy, gye));
         }
 }
 

@@ -122,11 +122,29 @@ class _MaskedGrad(torch.autograd.Function):
         return _MaskedGrad.apply(gg, bits, ctx.perm), None, None
 
 
+def _fused_masked_grad(g: Tensor, bits: Tensor, bn) -> Optional[Tensor]:
+    """The ReLU's g_x where its input is the output of a handing BatchNorm (``bn``, its backward node, whose backward
+    comes next): the engine's batch_norm_backward_reduce with the ReLU's bits forms g_x and the BatchNorm's sums in one
+    pass, and hands the sums to ``bn`` with g_x (SPEC §2); None where the shapes do not allow it (then nothing is
+    handed)."""
+    x, weight, _, _, mean, invstd, _ = bn.saved_tensors
+    if g.shape != x.shape or g.dtype != x.dtype or not x.is_contiguous(memory_format=torch.channels_last):
+        return None
+    g = g.contiguous(memory_format=torch.channels_last)
+    gx = torch.empty_like(x, memory_format=torch.channels_last)
+    sums = _api._batch_norm_backward_reduce(_call("batch_norm_backward_reduce", g), _nchw_rows(g), _nchw_rows(x),
+                                            mean.float(), invstd.float(), grad_weight=weight is not None,
+                                            relu_bits=bits, g_relu=_nchw_rows(gx))
+    bn.grad_sums = (gx, gx._version) + tuple(sums)
+    return gx
+
+
 class _MaskedReLU(torch.autograd.Function):
-    """(y, y's amax or None): the amax (no gradient) for the converted layer that quantises y next (note_amax)."""
+    """(y, y's amax or None): the amax (no gradient) for the converted layer that quantises y next (note_amax). bn: the
+    backward node of the handing BatchNorm whose output x is, or None (see :func:`_fused_masked_grad`)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, inplace: bool):
+    def forward(ctx, x: Tensor, inplace: bool, bn=None):
         perm = _memory_order(x)
         xp = x if perm is None else x.permute(perm)
         if not xp.is_contiguous():  # not dense (a strided view): through a row-major copy, masked in place
@@ -148,14 +166,20 @@ class _MaskedReLU(torch.autograd.Function):
             ctx.mark_non_differentiable(amax)
         ctx.save_for_backward(bits)
         ctx.perm = perm
+        ctx.bn = bn if perm is _NHWC else None  # the bits in the map's channels-last order
         return y, amax
 
     @staticmethod
     def backward(ctx, grad_y: Tensor, _grad_amax):
         (bits,) = ctx.saved_tensors
+        bn, ctx.bn = ctx.bn, None
         if torch.is_grad_enabled():  # create_graph=True: the gradient itself is differentiated
-            return _MaskedGrad.apply(grad_y, bits, ctx.perm), None
-        return _masked_grad(grad_y, bits, ctx.perm), None
+            return _MaskedGrad.apply(grad_y, bits, ctx.perm), None, None
+        if bn is not None and bn.impl == 0:  # the handing BatchNorm's engine backward comes next
+            gx = _fused_masked_grad(grad_y, bits, bn)
+            if gx is not None:
+                return gx, None, None
+        return _masked_grad(grad_y, bits, ctx.perm), None, None
 
 
 def relu(x: Tensor, inplace: bool = False) -> Tensor:
@@ -168,7 +192,10 @@ def relu(x: Tensor, inplace: bool = False) -> Tensor:
         return F.relu(x, inplace=inplace)
     if inplace and torch.compiler.is_compiling() and not _TRACES_INPLACE:
         return F.relu(x, inplace=True)
-    y, amax = _MaskedReLU.apply(x, inplace)
+    bn = None  # the handing BatchNorm's backward node, where x is its output (eager only: it hands nothing compiled)
+    if not torch.compiler.is_compiling() and isinstance(x.grad_fn, _HandingBatchNorm._backward_cls):
+        bn = x.grad_fn
+    y, amax = _MaskedReLU.apply(x, inplace, bn)
     if amax is not None:  # eager: the conv after the ReLU takes y's amax instead of a pass over y (SPEC §8)
         note_amax(y, amax)
     return y
@@ -339,11 +366,16 @@ class _HandingBatchNorm(torch.autograd.Function):
                 gx, gw, gb = torch.ops.aten._batch_norm_impl_index_backward(
                     ctx.impl, x, g, weight, rm, rv, mean, invstd, True, ctx.eps, [nx, nw, nb], reserve)
             return gx, gw, gb, None, None, None, None, None
-        g = g.contiguous(memory_format=torch.channels_last)
+        handed, ctx.grad_sums = getattr(ctx, "grad_sums", None), None
         affine = weight is not None
-        sum_dy, sum_dy_xmu, gw = _api._batch_norm_backward_reduce(
-            _call("batch_norm_backward_reduce", g), _nchw_rows(g), _nchw_rows(x), mean.float(), invstd.float(),
-            grad_weight=nw and affine)
+        if handed is not None and handed[0] is g and g._version == handed[1]:  # the ReLU after it formed the sums
+            sum_dy, sum_dy_xmu, gw = handed[2:]
+            gw = gw if nw else None
+        else:
+            g = g.contiguous(memory_format=torch.channels_last)
+            sum_dy, sum_dy_xmu, gw = _api._batch_norm_backward_reduce(
+                _call("batch_norm_backward_reduce", g), _nchw_rows(g), _nchw_rows(x), mean.float(), invstd.float(),
+                grad_weight=nw and affine)
         gb = sum_dy if nb and affine else None
         if affine and weight.dtype != torch.float32:  # in the parameters' dtype, as torch's
             gw, gb = (None if t is None else t.to(weight.dtype) for t in (gw, gb))

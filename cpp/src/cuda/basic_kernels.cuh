@@ -725,12 +725,18 @@ __global__ void __launch_bounds__(kBasicThreads, 4)
     cs[(i / 16) * 17 + i % 16] = f;
   }
   __syncthreads();
-  const int64_t n = gy.rows * gs;
+  // The thread's units e = r * gs + j, its row and group stepped with the grid's stride (one division a thread, not a
+  // 64-bit division a unit).
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x,
+                e0 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t dr = stride / gs;
+  const int dj = static_cast<int>(stride - dr * gs);
+  int64_t r = e0 / gs;
+  int j = static_cast<int>(e0 - r * gs);
   uint32_t m = 0;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = e / gs;
-    const int j = static_cast<int>(e - r * gs);
+  for (; r < gy.rows; r += dr, j += dj) {
+    if (j >= gs) j -= gs, ++r;  // the carry of the step (j < gs before it, dj < gs)
+    if (r >= gy.rows) break;
     const int64_t c0 = (g0 + j) * 16;
     const int cn = static_cast<int>(C - c0 < 16 ? C - c0 : 16);
     float d[16], v[16];

@@ -375,6 +375,35 @@ TEST(Emu_BatchNormBackwardInput, BitExactVsCpu) {
         }
 }
 
+// The g_x kernel's grid-stride loop on one CTA: 100 rows of 3 groups (300 units for 256 threads), so that a thread's
+// step carries its group into the next row; the CPU's bytes.
+TEST(Emu_BatchNormBackwardInput, OneCtaStridesOverRows) {
+  const int64_t R = 100, C = 48;
+  const HostTensor gy = hot_cuda_test::rand_float(DType::f32, R, C, 2150, C, 2.0f);
+  const HostTensor x = hot_cuda_test::rand_float(DType::f32, R, C, 2151, C, 3.0f);
+  HostTensor st = out2d(DType::f32, 4, C, C);  // mean, invstd, sum_dy, sum_dy_xmu
+  for (int64_t c = 0; c < C; ++c)
+    st.setf(0, c, 0.1f * static_cast<float>(c % 7)), st.setf(1, c, 0.5f + 0.01f * static_cast<float>(c)),
+        st.setf(2, c, 3.0f - 0.1f * static_cast<float>(c)), st.setf(3, c, 0.2f * static_cast<float>(c % 5));
+  const auto row = [&](int k) {
+    hot::TensorView v = st.view();
+    v.data = static_cast<char*>(v.data) + k * C * 4;
+    v.shape = {C}, v.strides = {1};
+    return v;
+  };
+  HostTensor gc = out2d(DType::f32, R, C, C), ge = gc, ac = out1d(DType::f32, 1), ae = ac;
+  hot::cpu::batch_norm_backward_input(gy, x, row(0), row(1), nullptr, row(2), row(3), gc, ac, {});
+  const auto* f = static_cast<const float*>(st.view().data);
+  const hot::cuda::BnStats bs{f, f + C, nullptr, f + 2 * C, f + 3 * C, hot::hot_div(1.0f, static_cast<float>(R))};
+  unsigned key = 0;
+  hot_emu::Launch{}(hot::cuda::bn_backward_input_kernel<float>, dim3(1, 1), hot::cuda::kBasicThreads, 0,
+                    hot::cuda::mat<const float>(gy.view()), hot::cuda::mat<const float>(x.view()), bs,
+                    hot::cuda::mat<float>(ge.view()), hot::hq_block_size(C), true, &key);
+  static_cast<float*>(ae.view().data)[0] = hot::amax_from_key(key);
+  EXPECT_TRUE(all_bytes_equal(gc, ge));
+  EXPECT_TRUE(all_bytes_equal(ac, ae));
+}
+
 // BatchNorm's per-channel sums: the emulated kernels (row groups, lanes, the pairwise hand-over, the groups' sums in
 // order) against the CPU's bits; a partial last group, channels not a multiple of 8 (element-wise loads), more than
 // kBnMaxJ * 8 channels (two slices), row padding, grad_weight asked or not; with a ReLU's bits (g_relu's bytes too,

@@ -582,7 +582,7 @@ struct BnRelu {
 };
 
 template <typename T>
-__global__ void __launch_bounds__(kBnLanes * kBnMaxJ)
+__global__ void __launch_bounds__(kBnLanes * kBnMaxJ, 2)
     bn_reduce_kernel(Mat<const T> gy, Mat<const T> x, const float* mean, float* partial, bool vec, BnRelu relu) {
   constexpr int U = sizeof(T) == 4 ? 4 : 8;  // rows in flight a thread (64 registers of loads)
   __shared__ float hand[kBnLanes / 2][kBnMaxJ][17];
@@ -729,8 +729,7 @@ __global__ void __launch_bounds__(kBasicThreads, 4)
   // 64-bit division a unit).
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x,
                 e0 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t dr = stride / gs;
-  const int dj = static_cast<int>(stride - dr * gs);
+  const int dr = static_cast<int>(stride / gs), dj = static_cast<int>(stride % gs);  // stride: at most 1024 CTAs
   int64_t r = e0 / gs;
   int j = static_cast<int>(e0 - r * gs);
   uint32_t m = 0;

@@ -593,9 +593,10 @@ def test_the_handing_batch_norm_gives_the_conv_its_amax_cpu(pointwise, monkeypat
     assert seen == [False]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("inplace", [True, False])
-def test_relu_after_the_handing_batch_norm_forms_its_sums_cpu(dtype, inplace, monkeypatch):
+def test_relu_after_the_handing_batch_norm_forms_its_sums(device, dtype, inplace, monkeypatch):
     """A hot ReLU right after the handing BatchNorm forms the BatchNorm's sums in its own pass (the engine's reduce
     with the ReLU's bits) and hands them over: every gradient (the BatchNorm's weight and bias, the conv's, the input's)
     bit for bit those of the same model with the sums formed by the BatchNorm's backward, and one reduce call instead
@@ -610,9 +611,10 @@ def test_relu_after_the_handing_batch_norm_forms_its_sums_cpu(dtype, inplace, mo
     torch.manual_seed(0)
     conv = nn.Conv2d(8, 16, 3, padding=1, bias=False)
     ht.convert(nn.Sequential(conv))
-    conv.to(dtype)
-    x = torch.randn(4, 8, 6, 6, dtype=dtype).to(memory_format=torch.channels_last)
-    w, b = (torch.rand(16) + 0.5).requires_grad_(True), torch.randn(16).requires_grad_(True)
+    conv.to(device, dtype)
+    x = torch.randn(4, 8, 6, 6, dtype=dtype, device=device).to(memory_format=torch.channels_last)
+    w = (torch.rand(16, device=device) + 0.5).requires_grad_(True)
+    b = torch.randn(16, device=device).requires_grad_(True)
 
     def grads(fuse: bool, also: bool):
         conv.weight.grad, w.grad, b.grad = None, None, None

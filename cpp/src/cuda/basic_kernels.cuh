@@ -581,8 +581,10 @@ struct BnRelu {
   int64_t ld_out;
 };
 
-template <typename T>
-__global__ void __launch_bounds__(kBnLanes * kBnMaxJ, 2)
+// kRelu: with the ReLU's bits (`relu`), bounded to 2 CTAs an SM (its masks took it to 138 registers); without them
+// the kernel has no trace of them (a runtime test and the bound cost its plain use ~6 %, H200).
+template <typename T, bool kRelu>
+__global__ void __launch_bounds__(kBnLanes * kBnMaxJ, kRelu ? 2 : 1)
     bn_reduce_kernel(Mat<const T> gy, Mat<const T> x, const float* mean, float* partial, bool vec, BnRelu relu) {
   constexpr int U = sizeof(T) == 4 ? 4 : 8;  // rows in flight a thread (64 registers of loads)
   __shared__ float hand[kBnLanes / 2][kBnMaxJ][17];
@@ -599,18 +601,18 @@ __global__ void __launch_bounds__(kBnLanes * kBnMaxJ, 2)
   if (vec && cn == 8) {  // with relu: C % 8 == 0, so the 8 elements' bits are one byte
     for (int64_t r = g0 + k; r < r1; r += kBnLanes * U) {
       Raw8<T> a[U], b[U];
-      uint32_t m[U];
+      [[maybe_unused]] uint32_t m[U];
 #pragma unroll
       for (int u = 0; u < U; ++u)
         if (r + u * kBnLanes < r1) {
           raw8_load(gy.p + (r + u * kBnLanes) * gy.ld + c0, a[u]);
           raw8_load(x.p + (r + u * kBnLanes) * x.ld + c0, b[u]);
-          m[u] = relu.bits != nullptr ? relu.bits[((r + u * kBnLanes) * C + c0) >> 3] : 0u;
+          if constexpr (kRelu) m[u] = relu.bits[((r + u * kBnLanes) * C + c0) >> 3];
         }
 #pragma unroll
       for (int u = 0; u < U; ++u)
         if (r + u * kBnLanes < r1) {
-          if (relu.bits != nullptr) {
+          if constexpr (kRelu) {
             raw8_mask(a[u], m[u]);
             if (out != nullptr) {
               uint4* dst = reinterpret_cast<uint4*>(out + (r + u * kBnLanes) * relu.ld_out + c0);
@@ -631,10 +633,10 @@ __global__ void __launch_bounds__(kBnLanes * kBnMaxJ, 2)
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const int64_t at = r * C + c0 + i;  // the element's bit (relu: rows contiguous)
-        const bool zero = i < cn && relu.bits != nullptr && ((relu.bits[at >> 3] >> (at & 7)) & 1u);
+        const bool zero = kRelu && i < cn && ((relu.bits[at >> 3] >> (at & 7)) & 1u);
         d[i] = i < cn && !zero ? load_f(gy.p + r * gy.ld + c0 + i) : 0.0f;
         v[i] = i < cn ? load_f(x.p + r * x.ld + c0 + i) : 0.0f;
-        if (i < cn && out != nullptr)
+        if (kRelu && i < cn && out != nullptr)
           reinterpret_cast<Bits*>(out + r * relu.ld_out + c0)[i] =
               zero ? Bits{0} : reinterpret_cast<const Bits*>(gy.p + r * gy.ld + c0)[i];
       }
@@ -725,17 +727,12 @@ __global__ void __launch_bounds__(kBasicThreads, 4)
     cs[(i / 16) * 17 + i % 16] = f;
   }
   __syncthreads();
-  // The thread's units e = r * gs + j, its row and group stepped with the grid's stride (one division a thread, not a
-  // 64-bit division a unit).
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x,
-                e0 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int dr = static_cast<int>(stride / gs), dj = static_cast<int>(stride % gs);  // stride: at most 1024 CTAs
-  int64_t r = e0 / gs;
-  int j = static_cast<int>(e0 - r * gs);
+  const int64_t n = gy.rows * gs;
   uint32_t m = 0;
-  for (; r < gy.rows; r += dr, j += dj) {
-    if (j >= gs) j -= gs, ++r;  // the carry of the step (j < gs before it, dj < gs)
-    if (r >= gy.rows) break;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / gs;
+    const int j = static_cast<int>(e - r * gs);
     const int64_t c0 = (g0 + j) * 16;
     const int cn = static_cast<int>(C - c0 < 16 ? C - c0 : 16);
     float d[16], v[16];
@@ -1344,8 +1341,8 @@ void bn_reduce_launch(const TensorView& gy, const TensorView& x, const TensorVie
   const BnRelu relu{relu_bits != nullptr ? static_cast<const uint8_t*>(relu_bits->data) : nullptr,
                     g_relu != nullptr ? g_relu->data : nullptr, g_relu != nullptr ? g_relu->strides[0] : 0};
   const bool vec = a16(gy) && a16(x) && (g_relu == nullptr || a16(*g_relu)) && (relu_bits == nullptr || C % 8 == 0);
-  launch(bn_reduce_kernel<T>, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(slices)), kBnLanes * J, 0,
-         mat<const T>(gy), mat<const T>(x), static_cast<const float*>(mean.data), partial, vec, relu);
+  launch(relu_bits != nullptr ? bn_reduce_kernel<T, true> : bn_reduce_kernel<T, false>,
+         dim3(static_cast<unsigned>(groups), static_cast<unsigned>(slices)), kBnLanes * J, 0, mat<const T>(gy), mat<const T>(x), static_cast<const float*>(mean.data), partial, vec, relu);
   const BnSums out{static_cast<float*>(sum_dy.data), static_cast<float*>(sum_dy_xmu.data),
                    grad_weight != nullptr ? static_cast<float*>(grad_weight->data) : nullptr,
                    static_cast<const float*>(invstd.data), C};

@@ -601,12 +601,11 @@ def test_relu_after_the_handing_batch_norm_forms_its_sums(device, dtype, inplace
     with the ReLU's bits) and hands them over: every gradient (the BatchNorm's weight and bias, the conv's, the input's)
     bit for bit those of the same model with the sums formed by the BatchNorm's backward, and one reduce call instead
     of a ReLU pass and a reduce; an output also used elsewhere (autograd sums its gradients) takes no hand-over.
-    cuDNN off: where torch would pick it (float32 on a GPU), the BatchNorm's backward is torch's and nothing is
-    handed."""
+    The BatchNorm runs with cuDNN off: where torch would pick cuDNN (float32 on a GPU), its backward is torch's and
+    nothing is handed."""
     from hot import _api
     from hot.torch import ops
 
-    monkeypatch.setattr(torch.backends.cudnn, "enabled", False)
     calls = []
     reduce = _api._batch_norm_backward_reduce
     monkeypatch.setattr(_api, "_batch_norm_backward_reduce", lambda *a, **k: calls.append(
@@ -625,7 +624,8 @@ def test_relu_after_the_handing_batch_norm_forms_its_sums(device, dtype, inplace
         xi = x.clone().requires_grad_(True)
         torch.manual_seed(3)  # the conv's stochastic-rounding seed
         y = conv(xi)
-        z = lean._HandingBatchNorm.apply(y, w, b, None, None, 0.1, 1e-5, ops.conv_node(y))
+        with torch.backends.cudnn.flags(enabled=False):  # not around the conv: torch's conv without cuDNN is NCHW
+            z = lean._HandingBatchNorm.apply(y, w, b, None, None, 0.1, 1e-5, ops.conv_node(y))
         r = lean.relu(z, inplace) if fuse else lean._MaskedReLU.apply(z, inplace, None)[0]
         loss = r.float().square().sum() + (z.float().sum() if also and not inplace else 0)
         loss.backward()

@@ -1342,7 +1342,8 @@ void bn_reduce_launch(const TensorView& gy, const TensorView& x, const TensorVie
                     g_relu != nullptr ? g_relu->data : nullptr, g_relu != nullptr ? g_relu->strides[0] : 0};
   const bool vec = a16(gy) && a16(x) && (g_relu == nullptr || a16(*g_relu)) && (relu_bits == nullptr || C % 8 == 0);
   launch(relu_bits != nullptr ? bn_reduce_kernel<T, true> : bn_reduce_kernel<T, false>,
-         dim3(static_cast<unsigned>(groups), static_cast<unsigned>(slices)), kBnLanes * J, 0, mat<const T>(gy), mat<const T>(x), static_cast<const float*>(mean.data), partial, vec, relu);
+         dim3(static_cast<unsigned>(groups), static_cast<unsigned>(slices)), kBnLanes * J, 0, mat<const T>(gy),
+         mat<const T>(x), static_cast<const float*>(mean.data), partial, vec, relu);
   const BnSums out{static_cast<float*>(sum_dy.data), static_cast<float*>(sum_dy_xmu.data),
                    grad_weight != nullptr ? static_cast<float*>(grad_weight->data) : nullptr,
                    static_cast<const float*>(invstd.data), C};

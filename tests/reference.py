@@ -207,3 +207,33 @@ def assert_q_close(q, ref):
     d = np.abs(q - ref)
     assert d.max(initial=0) <= 1, f"quantised values differ by {d.max()}"
     assert np.count_nonzero(d) <= max(1, q.size // 1000), f"{np.count_nonzero(d)} of {q.size} values differ"
+
+
+def bn_stats_bound(x64, eps, momentum=None, running=None):
+    """BatchNorm's batch statistics of the R x C float64 x64 (the stored values) with the error bounds of SPEC §2's
+    fp32 order: (mean, invstd, bound of mean, bound of invstd), and with momentum and running = (r_mean, r_var) also
+    the updated running statistics and their bounds. Sums of d = x - K (K the first row; d rounded) in chains of
+    1024 / 32 adds in a lane, 5 between lanes and one a 1024-row group: a within (chain + 1) u sum |x - K|, b (d * d,
+    the square and d's error: 3 u a term) within (chain + 3) u sum (x - K)^2; then q = a / R, mean = K + q,
+    M2 = b - a q, var = M2 / R, invstd = 1 / sqrt(var + eps), each step's rounding counted (first order, 1 % slack)."""
+    R = x64.shape[0]
+    u, chain = 2.0 ** -24, 1024 // 32 + 5 + -(-R // 1024)
+    d = x64 - x64[0]
+    a, s1, s2 = d.sum(0), np.abs(d).sum(0), (d * d).sum(0)
+    ea, eb = (chain + 1) * u * s1, (chain + 3) * u * s2
+    mean = x64[0] + a / R
+    m2 = np.maximum(s2 - a * a / R, 0.0)
+    var = m2 / R
+    em = (ea + u * np.abs(a)) / R + u * np.abs(mean)
+    em2 = eb + (2 * np.abs(a) * ea + ea * ea) / R + 2 * u * (np.abs(a) + ea) ** 2 / R + u * (m2 + eb)
+    ev = em2 / R + u * var
+    invstd = 1 / np.sqrt(var + eps)
+    ei = invstd * (0.5 * (ev + u * (var + eps)) / (var + eps) + 2 * u)
+    out = [mean, invstd, 1.01 * em + 1e-30, 1.01 * ei + 1e-30]
+    if running is not None:
+        m = float(np.float32(momentum))
+        unbiased, eu = m2 / (R - 1), em2 / (R - 1) + u * m2 / (R - 1)
+        for r, s, e in zip(running, (mean, unbiased), (em, eu)):
+            want = m * s + (1 - m) * r
+            out += [want, 1.01 * (m * e + 3 * u * (m * np.abs(s) + (1 - m) * np.abs(r) + np.abs(want))) + 1e-30]
+    return out

@@ -167,6 +167,59 @@ def test_batch_norm_backward_reduce(fw, dtype, rng):
                                        fw.make(invstd, "float32"))
 
 
+@pytest.mark.parametrize("fw,dtype", FW_DTYPES)
+def test_batch_norm_stats(fw, dtype, rng):
+    """hot.batch_norm_stats: mean and invstd (float32 (C,), in x's framework) within the error bound of SPEC §2's fp32
+    order of the float64 batch statistics of x's stored values, on a map far from zero in half its channels (where
+    unshifted sums would cancel) and near it in the rest; the same bits from a strided x; eps in invstd; x of no
+    rows is refused."""
+    R, C = 2500, 40  # three row groups, the last partial
+    x = rng.standard_normal((5, R // 5, C)) * 2 + np.where(np.arange(C) < C // 2, 300.0, 0.5)
+    xa = fw.make(x, dtype)
+    eps = 1e-3
+    mean, invstd = hot.batch_norm_stats(xa, eps=eps)
+    for t in (mean, invstd):
+        fw.check(t, "float32", (C,))
+    want_m, want_i, bm, bi = R.bn_stats_bound(fw.numpy(xa).astype(np.float64).reshape(R, C), np.float32(eps))
+    assert np.all(np.abs(fw.numpy(mean) - want_m) <= bm)
+    assert np.all(np.abs(fw.numpy(invstd) - want_i) <= bi)
+    if not fw.name.startswith("jax"):  # jax slices are copies
+        wide = fw.make(np.concatenate([x, x[..., :8]], -1), dtype)[..., :C]
+        m2, i2 = hot.batch_norm_stats(wide, eps=eps)
+        np.testing.assert_array_equal(fw.numpy(m2), fw.numpy(mean))
+        np.testing.assert_array_equal(fw.numpy(i2), fw.numpy(invstd))
+    with pytest.raises(ValueError, match="batch_norm_stats: x is empty"):
+        hot.batch_norm_stats(fw.make(np.zeros((0, C)), dtype))
+
+
+@pytest.mark.parametrize("fw,dtype", FW_DTYPES)
+def test_batch_norm_transform(fw, dtype, rng):
+    """hot.batch_norm_transform: y = fma(x - mean, weight * invstd, bias) within one rounding of x - mean and of the
+    scale, the fma's and the final rounding to x's dtype of a float64 evaluation, in x's dtype, shape and framework;
+    without weight and bias, x - mean times invstd."""
+    R, C = 300, 24
+    x = fw.make(rng.standard_normal((3, R // 3, C)) * 2 + 0.5, dtype)
+    mean, invstd = rng.standard_normal(C) * 0.3, 0.5 + np.abs(rng.standard_normal(C))
+    w, b = rng.standard_normal(C), rng.standard_normal(C)
+    x64 = fw.numpy(x).astype(np.float64).reshape(R, C)
+    m32, i32, w32, b32 = (v.astype(np.float32).astype(np.float64) for v in (mean, invstd, w, b))
+    u = 2.0 ** -24
+    for weight, bias in ((w, b), (None, None)):
+        y = hot.batch_norm_transform(x, fw.make(mean, "float32"), fw.make(invstd, "float32"),
+                                     None if weight is None else fw.make(weight, "float32"),
+                                     None if bias is None else fw.make(bias, "float32"))
+        fw.check(y, dtype, (3, R // 3, C))
+        s = i32 * (w32 if weight is not None else 1.0)
+        bb = b32 if bias is not None else 0.0
+        want = (x64 - m32) * s + bb
+        prod = np.abs((x64 - m32) * s)
+        bound = 2.01 * u * prod + u * (prod + np.abs(bb)) + UNIT_ROUNDOFF[dtype] * np.abs(want) * 1.01 + 1e-30
+        got = fw.numpy(y).astype(np.float64).reshape(R, C)
+        assert np.all(np.abs(got - want) <= bound)
+    with pytest.raises(ValueError, match="batch_norm_transform: mean has shape"):
+        hot.batch_norm_transform(x, fw.make(mean[:-1], "float32"), fw.make(invstd, "float32"))
+
+
 def test_quantize_zero_and_non_finite():
     q, s = hot.quantize(np.zeros((3, 4), np.float32))
     assert (q == 0).all() and (s == 0).all()

@@ -241,6 +241,56 @@ void register_blocks(py::module_& m) {
       py::arg("g_y"), py::arg("bits"), py::arg("g_x"), py::arg("stream"));
 
   m.def(
+      "batch_norm_stats",
+      [](py::handle x, py::handle mean, py::handle invstd, float eps, py::handle running_mean,
+         py::handle running_var, float momentum, int64_t stream) {
+        const char* op = "batch_norm_stats";
+        OpContext ctx(op, stream);
+        const hot::TensorView xv = ctx.input(x, "x", hotpy::kFloat);
+        const hot::Shape c{xv.shape.size() == 2 ? xv.shape[1] : 0};
+        hot::TensorView mv, iv, rmv, rvv;
+        py::object rm = output(ctx, mean, "mean", hotpy::kF32, hot::DType::f32, c, mv, -2);
+        py::object ri = output(ctx, invstd, "invstd", hotpy::kF32, hot::DType::f32, c, iv, -2);
+        if (!running_mean.is_none()) rmv = ctx.output(running_mean, "running_mean", hotpy::kF32, -2);
+        if (!running_var.is_none()) rvv = ctx.output(running_var, "running_var", hotpy::kF32, -2);
+        {
+          py::gil_scoped_release nogil;
+          hot::batch_norm_stats(xv, mv, iv, eps, running_mean.is_none() ? nullptr : &rmv,
+                                running_var.is_none() ? nullptr : &rvv, momentum, ctx.stream());
+        }
+        return py::make_tuple(rm, ri);
+      },
+      py::arg("x"), py::arg("mean"), py::arg("invstd"), py::arg("eps"), py::arg("running_mean"),
+      py::arg("running_var"), py::arg("momentum"), py::arg("stream"),
+      "hot::batch_norm_stats over rows of channels (a channels-last map flattened to N*H*W x C): (mean, invstd), each "
+      "None where the caller gave the array; running_mean, running_var (float32 [C] or None) updated in place.");
+
+  m.def(
+      "batch_norm_transform",
+      [](py::handle x, py::handle mean, py::handle invstd, py::handle weight, py::handle bias, py::handle y,
+         int64_t stream) {
+        const char* op = "batch_norm_transform";
+        OpContext ctx(op, stream);
+        const hot::TensorView xv = ctx.input(x, "x", hotpy::kFloat);
+        const hot::TensorView mv = ctx.input(mean, "mean", hotpy::kF32, -2);
+        const hot::TensorView iv = ctx.input(invstd, "invstd", hotpy::kF32, -2);
+        hot::TensorView wv, bv, yv;
+        if (!weight.is_none()) wv = ctx.input(weight, "weight", hotpy::kF32, -2);
+        if (!bias.is_none()) bv = ctx.input(bias, "bias", hotpy::kF32, -2);
+        py::object ry = output(ctx, y, "y", hotpy::kFloat, xv.dtype, xv.shape, yv);
+        {
+          py::gil_scoped_release nogil;
+          hot::batch_norm_transform(xv, mv, iv, weight.is_none() ? nullptr : &wv, bias.is_none() ? nullptr : &bv, yv,
+                                    ctx.stream());
+        }
+        return ry;
+      },
+      py::arg("x"), py::arg("mean"), py::arg("invstd"), py::arg("weight"), py::arg("bias"), py::arg("y"),
+      py::arg("stream"),
+      "hot::batch_norm_transform over rows of channels (a channels-last map flattened to N*H*W x C): y, None where the "
+      "caller gave the array.");
+
+  m.def(
       "batch_norm_backward_reduce",
       [](py::handle g_y, py::handle x, py::handle mean, py::handle invstd, py::handle sum_dy, py::handle sum_dy_xmu,
          py::handle grad_weight, int64_t stream, py::handle relu_bits, py::handle g_relu) {

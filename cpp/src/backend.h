@@ -67,6 +67,12 @@ struct GradOutputQuant {
   void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits, const TensorView* amax,  \
                  Stream s);                                                                                \
   void relu_mask_backward(const TensorView& gy, const TensorView& bits, const TensorView& gx, Stream s);   \
+  void batch_norm_stats(const TensorView& x, const TensorView& mean, const TensorView& invstd, float eps,  \
+                        const TensorView* running_mean, const TensorView* running_var, float momentum,     \
+                        Stream s);                                                                         \
+  void batch_norm_transform(const TensorView& x, const TensorView& mean, const TensorView& invstd,         \
+                            const TensorView* weight, const TensorView* bias, const TensorView& y,         \
+                            Stream s);                                                                     \
   void batch_norm_backward_reduce(const TensorView& gy, const TensorView& x, const TensorView& mean,         \
                                   const TensorView& invstd, const TensorView& sum_dy,                      \
                                   const TensorView& sum_dy_xmu, const TensorView* grad_weight,             \

@@ -3,6 +3,8 @@
 #include "hot/ops.h"
 
 #include <algorithm>
+#include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <utility>
 
@@ -352,6 +354,68 @@ void check_bn_args(const char* op, const TensorView& g_y, const TensorView& x,
 }
 
 }  // namespace
+
+namespace {
+
+// A BatchNorm forward's per-channel views (null: absent): each f32 [C] on x's device.
+void check_bn_channels(const char* op, const TensorView& x,
+                       std::initializer_list<std::pair<const char*, const TensorView*>> per_channel) {
+  for (const auto& [name, t] : per_channel) {
+    if (t == nullptr) continue;
+    check_vector(op, name, *t, x.shape[1], false, DType::f32);
+    HOT_CHECK_SAME_DEVICE(op, "x", x, name, *t);
+  }
+}
+
+// Views the op writes overlap no other argument (null entries skipped).
+void check_disjoint(const char* op, std::initializer_list<std::pair<const char*, const TensorView*>> outs,
+                    std::initializer_list<std::pair<const char*, const TensorView*>> all) {
+  for (const auto& [on, o] : outs) {
+    if (o == nullptr) continue;
+    const auto [ob, oe] = byte_span(*o);
+    for (const auto& [in, i] : all) {
+      if (i == nullptr || i == o) continue;
+      const auto [ib, ie] = byte_span(*i);
+      HOT_CHECK_VALUE(ie <= ob || oe <= ib, op, ": ", on, " must not overlap ", in);
+    }
+  }
+}
+
+}  // namespace
+
+void batch_norm_stats(const TensorView& x, const TensorView& mean, const TensorView& invstd, float eps,
+                      const TensorView* running_mean, const TensorView* running_var, float momentum, Stream stream) {
+  const char* op = "batch_norm_stats";
+  check_float_matrix(op, "x", x);
+  check_bn_channels(op, x, {{"mean", &mean}, {"invstd", &invstd}, {"running_mean", running_mean},
+                            {"running_var", running_var}});
+  HOT_CHECK_VALUE((running_mean == nullptr) == (running_var == nullptr), op,
+                  ": running_mean and running_var are given both or neither");
+  HOT_CHECK_VALUE(std::isfinite(eps) && eps >= 0.0f, op, ": eps must be finite and >= 0, got ", eps);
+  HOT_CHECK_VALUE(momentum >= 0.0f && momentum <= 1.0f, op, ": momentum must be in [0, 1], got ", momentum);
+  HOT_CHECK_VALUE(running_var == nullptr || x.shape[0] >= 2, op,
+                  ": x needs at least 2 rows to update the running variance, got ", x.shape[0]);
+  const std::initializer_list<std::pair<const char*, const TensorView*>> all = {
+      {"x", &x}, {"mean", &mean}, {"invstd", &invstd}, {"running_mean", running_mean}, {"running_var", running_var}};
+  check_disjoint(op, {{"mean", &mean}, {"invstd", &invstd}, {"running_mean", running_mean},
+                      {"running_var", running_var}}, all);
+  HOT_DISPATCH(x.device, batch_norm_stats, x, mean, invstd, eps, running_mean, running_var, momentum, stream);
+}
+
+void batch_norm_transform(const TensorView& x, const TensorView& mean, const TensorView& invstd,
+                          const TensorView* weight, const TensorView* bias, const TensorView& y, Stream stream) {
+  const char* op = "batch_norm_transform";
+  check_float_matrix(op, "x", x);
+  check_float_matrix(op, "y", y);
+  HOT_CHECK_SHAPE(op, "y", y, x.shape);
+  HOT_CHECK_DTYPE(op, "y", y, y.dtype == x.dtype, dtype_name(x.dtype));
+  HOT_CHECK_SAME_DEVICE(op, "x", x, "y", y);
+  check_bn_channels(op, x, {{"mean", &mean}, {"invstd", &invstd}, {"weight", weight}, {"bias", bias}});
+  const bool in_place = y.data == x.data && y.strides == x.strides;
+  check_disjoint(op, {{"y", &y}}, {{"x", in_place ? nullptr : &x}, {"mean", &mean}, {"invstd", &invstd},
+                                   {"weight", weight}, {"bias", bias}});
+  HOT_DISPATCH(x.device, batch_norm_transform, x, mean, invstd, weight, bias, y, stream);
+}
 
 void batch_norm_backward_reduce(const TensorView& g_y, const TensorView& x, const TensorView& mean,
                                 const TensorView& invstd, const TensorView& sum_dy, const TensorView& sum_dy_xmu,

@@ -428,6 +428,36 @@ def relu_mask_backward(grad_output, bits):
     return c.fw.reshape(_relu_mask_backward(c, c.fw.reshape(gy, (n,)), bits, None), s)
 
 
+def batch_norm_stats(x, eps=1e-5):
+    """BatchNorm's batch statistics in training for x (..., C) with channels last (SPEC §2 "BatchNorm's statistics"):
+    (mean, invstd), each float32 (C,), from the sums of x - K and (x - K)^2 (K: x's first row) in fp32 in a fixed
+    order (the same bits on the CPU and the GPU); invstd = 1 / sqrt(biased variance + eps)."""
+    op = "batch_norm_stats"
+    xa = _prep(x)
+    c = _Call(op, x=xa)
+    s = fws.shape(xa)
+    _need_ndim(op, "x", xa, 1, shape=s)
+    _nonempty(op, "x", xa, shape=s)
+    return _batch_norm_stats(c, c.fw.reshape(xa, (fws.prod(s[:-1]), s[-1])), float(eps))
+
+
+def batch_norm_transform(x, mean, invstd, weight=None, bias=None):
+    """BatchNorm's output for x (..., C) with channels last (SPEC §2 "BatchNorm's statistics"): y = fma(x - mean,
+    weight * invstd, bias) per element in fp32, rounded once to x's dtype; mean, invstd, weight, bias: float32 (C,)
+    (weight, bias None: absent)."""
+    op = "batch_norm_transform"
+    xa = _prep(x)
+    stats = {k: None if v is None else _prep(v)
+             for k, v in {"mean": mean, "invstd": invstd, "weight": weight, "bias": bias}.items()}
+    c = _Call(op, x=xa, **{k: v for k, v in stats.items() if v is not None})
+    s = fws.shape(xa)
+    _need_ndim(op, "x", xa, 1, shape=s)
+    _nonempty(op, "x", xa, shape=s)
+    rows = c.fw.reshape(xa, (fws.prod(s[:-1]), s[-1]))
+    return c.fw.reshape(_batch_norm_transform(c, rows, stats["mean"], stats["invstd"], stats["weight"],
+                                              stats["bias"]), s)
+
+
 def batch_norm_backward_reduce(grad_output, x, mean, invstd, grad_weight=True):
     """BatchNorm's per-channel sums in training for x (..., C) with channels last (SPEC §2 "BatchNorm's hand-over"):
     (sum_dy, sum_dy_xmu, grad_weight), each float32 (C,): the sums over the rows of grad_output and of grad_output
@@ -826,6 +856,22 @@ def _relu_mask(c: _Call, x, y, bits=None, amax=False):
     m = c.empty((1,), "float32") if amax is True else amax
     ry, rb, rm = c.call(_C.relu_mask, x, y, bits, c.stream, True if m is None else m)
     return c.result(y, ry), c.result(bits, rb), c.result(m, rm)
+
+
+def _batch_norm_stats(c: _Call, x, eps, running_mean=None, running_var=None, momentum=0.0):
+    """batch_norm_stats of the R x C array x: new (mean, invstd); running_mean, running_var updated in place where
+    given."""
+    C = fws.shape(x)[1]
+    m, i = c.empty((C,), "float32"), c.empty((C,), "float32")  # None: the bindings allocate
+    r = c.call(_C.batch_norm_stats, x, m, i, eps, running_mean, running_var, momentum, c.stream)
+    return c.result(m, r[0]), c.result(i, r[1])
+
+
+def _batch_norm_transform(c: _Call, x, mean, invstd, weight, bias, out=None):
+    """batch_norm_transform of the R x C array x into out (None: a new array; x itself: in place)."""
+    if out is None:
+        out = c.empty_as(fws.shape(x), x)
+    return c.result(out, c.call(_C.batch_norm_transform, x, mean, invstd, weight, bias, out, c.stream))
 
 
 def _batch_norm_backward_reduce(c: _Call, gy, x, mean, invstd, grad_weight=True, relu_bits=None, g_relu=None):

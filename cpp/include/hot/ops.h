@@ -104,6 +104,26 @@ void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits,
 // dtype (g_x may be g_y itself); bits: relu_mask's.
 void relu_mask_backward(const TensorView& g_y, const TensorView& bits, const TensorView& g_x, Stream stream = {});
 
+// BatchNorm's statistics in training (SPEC §2, "BatchNorm's statistics"), for rows of a channels-last map x (R x C of
+// one float dtype, R = N*H*W pixel rows, R >= 1; R >= 2 with running statistics): with K[c] = x[0][c] (the first row,
+// a shift that keeps the sums' cancellation small on maps far from zero) and per element d = x - K (rounded), the sums
+// a[c] of d and b[c] of d * d (the product rounded) in fp32 in batch_norm_backward_reduce's order (groups of
+// kBnReduceRows rows, kBnReduceLanes interleaved lanes, the lanes pairwise, the groups in order). Then per channel in
+// fp32: q = a / R, mean = K + q, M2 = b - a * q (set to +0 if negative), var = M2 / R, invstd = 1 / sqrt(var + eps)
+// (+0 where var + eps == 0, as torch's), each step rounded. mean, invstd: f32 [C], written. running_mean and
+// running_var (null: not tracked; f32 [C], updated in place, both or neither): r = momentum * s + (1 - momentum) * r
+// with s = mean and the unbiased M2 / (R - 1), (1 - momentum) rounded once. eps >= 0, 0 <= momentum <= 1 (as floats).
+void batch_norm_stats(const TensorView& x, const TensorView& mean, const TensorView& invstd, float eps,
+                      const TensorView* running_mean = nullptr, const TensorView* running_var = nullptr,
+                      float momentum = 0.1f, Stream stream = {});
+
+// BatchNorm's output in training or evaluation (SPEC §2): y = fma(x - mean, s, bias) per element with s = weight *
+// invstd (invstd without weight) and bias +0 when absent, x - mean and s rounded, the fused multiply-add rounded once
+// to y's dtype. x, y: R x C of one float dtype (y may be x itself, or overlaps nothing else); mean, invstd, weight,
+// bias (null: absent): f32 [C].
+void batch_norm_transform(const TensorView& x, const TensorView& mean, const TensorView& invstd,
+                          const TensorView* weight, const TensorView* bias, const TensorView& y, Stream stream = {});
+
 // BatchNorm's per-channel sums in training (SPEC §2), for rows of a channels-last map: sum_dy[c] = the sum of g_y and
 // sum_dy_xmu[c] = the sum of g_y (x - mean[c]) over the rows, each in fp32 in this order (deterministic, the same bits
 // on every backend): rows in groups of kBnReduceRows = 1024; in a group, lane k (0..31) adds rows k, k + 32, ... in

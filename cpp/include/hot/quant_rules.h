@@ -93,6 +93,24 @@ HOT_HD float hot_add(float a, float b) {
 #endif
 }
 
+// The correctly rounded square root (IEEE; CUDA's __fsqrt_rn).
+HOT_HD float hot_sqrt(float a) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+
+// The fused multiply-add a * b + c, rounded once.
+HOT_HD float hot_fma(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
 HOT_HD int clamp_q(float r, int qmax) {
   // r is finite here (v finite, inv finite); clamp in float before converting.
   const float hi = static_cast<float>(qmax);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "bn_rules.h"
 #include "conv_rules.h"
 #include "cpu/convert.h"
 #include "cpu/fwht.h"
@@ -321,6 +322,67 @@ void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits,
     key = std::max(key, part);
   });
   if (amax != nullptr) amax->ptr<float>()[0] = amax_from_key(key);
+}
+
+// BatchNorm's statistics (ops.h): the sums of d = x - K and d * d in batch_norm_backward_reduce's order, then
+// bn_store_stats per channel.
+void batch_norm_stats(const TensorView& x, const TensorView& mean, const TensorView& invstd, float eps,
+                      const TensorView* running_mean, const TensorView* running_var, float momentum, Stream) {
+  const int64_t R = x.shape[0], C = x.shape[1], groups = (R + kBnReduceRows - 1) / kBnReduceRows;
+  std::vector<float> K(static_cast<size_t>(C));
+  load_row(x, 0, K.data());
+  std::vector<float> part(static_cast<size_t>(groups * 2 * C));  // [group][a, b][C]
+  parallel_for(groups, 1, [&](int64_t g0, int64_t g1) {
+    std::vector<float> v(static_cast<size_t>(C)), lane(static_cast<size_t>(kBnReduceLanes * 2 * C));
+    for (int64_t g = g0; g < g1; ++g) {
+      std::fill(lane.begin(), lane.end(), 0.0f);
+      for (int64_t r = g * kBnReduceRows; r < std::min(R, (g + 1) * kBnReduceRows); ++r) {
+        float* s = lane.data() + (r % kBnReduceLanes) * 2 * C;
+        load_row(x, r, v.data());
+        for (int64_t c = 0; c < C; ++c) {
+          const float d = hot_add(v[c], -K[c]);
+          s[c] = hot_add(s[c], d);
+          s[C + c] = hot_add(s[C + c], hot_mul(d, d));
+        }
+      }
+      for (int64_t step = kBnReduceLanes / 2; step >= 1; step /= 2)
+        for (int64_t k = 0; k < step; ++k) {
+          float *to = lane.data() + k * 2 * C, *from = lane.data() + (k + step) * 2 * C;
+          for (int64_t i = 0; i < 2 * C; ++i) to[i] = hot_add(to[i], from[i]);
+        }
+      std::copy(lane.begin(), lane.begin() + 2 * C, part.begin() + g * 2 * C);
+    }
+  });
+  const float om = hot_add(1.0f, -momentum);
+  float *rm = running_mean != nullptr ? running_mean->ptr<float>() : nullptr,
+        *rv = running_var != nullptr ? running_var->ptr<float>() : nullptr;
+  for (int64_t c = 0; c < C; ++c) {
+    float a = 0.0f, b = 0.0f;
+    for (int64_t g = 0; g < groups; ++g) a = hot_add(a, part[g * 2 * C + c]), b = hot_add(b, part[g * 2 * C + C + c]);
+    bn_store_stats(a, b, K[c], R, eps, momentum, om, mean.ptr<float>() + c, invstd.ptr<float>() + c,
+                   rm != nullptr ? rm + c : nullptr, rv != nullptr ? rv + c : nullptr);
+  }
+}
+
+// y = bn_transform per element (ops.h).
+void batch_norm_transform(const TensorView& x, const TensorView& mean, const TensorView& invstd,
+                          const TensorView* weight, const TensorView* bias, const TensorView& y, Stream) {
+  const int64_t R = x.shape[0], C = x.shape[1];
+  std::vector<float> mu(static_cast<size_t>(C)), sc(mu.size()), bs(mu.size());
+  for (int64_t c = 0; c < C; ++c) {
+    const float is = invstd.ptr<float>()[c];
+    mu[c] = mean.ptr<float>()[c];
+    sc[c] = weight != nullptr ? hot_mul(weight->ptr<float>()[c], is) : is;
+    bs[c] = bias != nullptr ? bias->ptr<float>()[c] : 0.0f;
+  }
+  parallel_for(R, row_grain(C), [&](int64_t r0, int64_t r1) {
+    std::vector<float> v(static_cast<size_t>(C));
+    for (int64_t r = r0; r < r1; ++r) {
+      load_row(x, r, v.data());
+      for (int64_t c = 0; c < C; ++c) v[c] = bn_transform(v[c], mu[c], sc[c], bs[c]);
+      store_row(y, r, v.data());
+    }
+  });
 }
 
 // BatchNorm's per-channel sums in ops.h's order: per group of kBnReduceRows rows, kBnReduceLanes lanes of interleaved

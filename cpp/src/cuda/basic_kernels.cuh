@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "bn_rules.h"
 #include "conv_rules.h"
 #include "fwht.cuh"
 #include "hot/quant_rules.h"
@@ -581,6 +582,29 @@ struct BnRelu {
   int64_t ld_out;
 };
 
+// The 32 lanes' sums (s, t) of a CTA's thread column j added pairwise (lane k += lane k + h for h = 16, 8, ..., 1)
+// through `hand`; lane 0 writes its cn channels' s to out[0, cn) and t to out[C, C + cn).
+__device__ __forceinline__ void bn_lanes_to_partial(float (&s)[8], float (&t)[8], float (&hand)[kBnLanes / 2][kBnMaxJ][17],
+                                                    int k, int j, int cn, float* out, int64_t C) {
+  for (int step = kBnLanes / 2; step >= 1; step /= 2) {
+    if (k >= step && k < 2 * step) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) hand[k - step][j][i] = s[i], hand[k - step][j][8 + i] = t[i];
+    }
+    __syncthreads();
+    if (k < step) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s[i] = hot_add(s[i], hand[k][j][i]), t[i] = hot_add(t[i], hand[k][j][8 + i]);
+    }
+    __syncthreads();
+  }
+  if (k == 0) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (i < cn) out[i] = s[i], out[C + i] = t[i];
+  }
+}
+
 // kRelu: with the ReLU's bits (`relu`), bounded to 2 CTAs an SM (its masks took it to 138 registers); without them
 // the kernel has no trace of them (a runtime test and the bound cost its plain use ~6 %, H200).
 template <typename T, bool kRelu>
@@ -643,24 +667,7 @@ __global__ void __launch_bounds__(kBnLanes * kBnMaxJ, kRelu ? 2 : 1)
       bn_reduce_add(d, v, mu, s, t);
     }
   }
-  for (int step = kBnLanes / 2; step >= 1; step /= 2) {  // lane k += lane k + step
-    if (k >= step && k < 2 * step) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) hand[k - step][j][i] = s[i], hand[k - step][j][8 + i] = t[i];
-    }
-    __syncthreads();
-    if (k < step) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) s[i] = hot_add(s[i], hand[k][j][i]), t[i] = hot_add(t[i], hand[k][j][8 + i]);
-    }
-    __syncthreads();
-  }
-  if (k == 0) {
-    float* out = partial + static_cast<int64_t>(blockIdx.x) * 2 * C + c0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-      if (i < cn) out[i] = s[i], out[C + i] = t[i];
-  }
+  bn_lanes_to_partial(s, t, hand, k, j, cn, partial + static_cast<int64_t>(blockIdx.x) * 2 * C + c0, C);
 }
 
 // bias_final_kernel's store for BatchNorm's sums: columns [0, C) are sum_dy, [C, 2C) sum_dy_xmu (and grad_weight).
@@ -677,6 +684,135 @@ struct BnSums {
     }
   }
 };
+
+// ---- BatchNorm's statistics and output (batch_norm_stats, batch_norm_transform, ops.h) ------------------------
+// bn_stats_kernel: bn_reduce_kernel's grid, lanes and order over x alone: thread (lane k, j) adds d = x - K and d * d
+// (K: the first row's value of its channel) over rows k, k + 32, ... of its group (U rows' loads in flight: one tensor
+// read, so twice the reduce's), then the lanes pairwise; partial [group][a (C), b (C)]. bias_final_kernel adds the
+// groups in order into sums [a (C), b (C)] and bn_stats_final_kernel applies bn_store_stats per channel.
+template <typename T>
+__global__ void __launch_bounds__(kBnLanes * kBnMaxJ, 2) bn_stats_kernel(Mat<const T> x, float* partial, bool vec) {
+  constexpr int U = sizeof(T) == 4 ? 8 : 16;
+  __shared__ float hand[kBnLanes / 2][kBnMaxJ][17];
+  const int J = static_cast<int>(blockDim.x) / kBnLanes, j = static_cast<int>(threadIdx.x) % J,
+            k = static_cast<int>(threadIdx.x) / J;
+  const int64_t C = x.cols, c0 = (static_cast<int64_t>(blockIdx.y) * J + j) * 8;
+  const int cn = c0 < C ? static_cast<int>(C - c0 < 8 ? C - c0 : 8) : 0;
+  float s[8], t[8], K[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s[i] = 0.0f, t[i] = 0.0f, K[i] = i < cn ? load_f(x.p + c0 + i) : 0.0f;
+  const auto add = [&](const float (&v)[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float d = hot_add(v[i], -K[i]);
+      s[i] = hot_add(s[i], d);
+      t[i] = hot_add(t[i], hot_mul(d, d));
+    }
+  };
+  const int64_t g0 = static_cast<int64_t>(blockIdx.x) * kBnReduceRows;
+  const int64_t r1 = g0 + kBnReduceRows < x.rows ? g0 + kBnReduceRows : x.rows;
+  if (vec && cn == 8) {
+    for (int64_t r = g0 + k; r < r1; r += kBnLanes * U) {
+      Raw8<T> a[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (r + u * kBnLanes < r1) raw8_load(x.p + (r + u * kBnLanes) * x.ld + c0, a[u]);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (r + u * kBnLanes < r1) {
+          float v[8];
+          raw8_to_f(a[u], v);
+          add(v);
+        }
+    }
+  } else if (cn > 0) {  // element-wise loads; channels past C: zeros, unstored
+    for (int64_t r = g0 + k; r < r1; r += kBnLanes) {
+      float v[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = i < cn ? load_f(x.p + r * x.ld + c0 + i) : 0.0f;
+      add(v);
+    }
+  }
+  bn_lanes_to_partial(s, t, hand, k, j, cn, partial + static_cast<int64_t>(blockIdx.x) * 2 * C + c0, C);
+}
+
+// Per channel: the statistics from the groups' sums (bn_store_stats); rm, rv null without running statistics.
+struct BnStatsOut {
+  float *mean, *invstd, *rm, *rv;
+  float eps, momentum, om;
+};
+template <typename T>
+__global__ void bn_stats_final_kernel(Mat<const T> x, const float* sums, BnStatsOut o) {
+  const int64_t C = x.cols, c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  bn_store_stats(sums[c], sums[C + c], load_f(x.p + c), x.rows, o.eps, o.momentum, o.om, o.mean + c, o.invstd + c,
+                 o.rm != nullptr ? o.rm + c : nullptr, o.rv != nullptr ? o.rv + c : nullptr);
+}
+
+// bn_transform_kernel: a CTA is (256 / J) rows x J threads of 8 channels (J up to 32; blockIdx.y: slices of 8 J
+// channels); a thread forms its channels' coefficients once, then steps over rows (U rows' loads in flight), stores
+// in 16-byte vectors where the rows allow.
+struct BnAffine {
+  const float *mean, *invstd, *weight, *bias;
+};
+constexpr int kBnTransformMaxJ = 32;
+template <typename T>
+__global__ void __launch_bounds__(kBasicThreads) bn_transform_kernel(Mat<const T> x, BnAffine a, Mat<T> y, int J,
+                                                                     bool vec) {
+  constexpr int U = 4;
+  const int j = static_cast<int>(threadIdx.x) % J, k = static_cast<int>(threadIdx.x) / J,
+            rows = static_cast<int>(blockDim.x) / J;
+  if (k >= rows) return;
+  const int64_t C = x.cols, c0 = (static_cast<int64_t>(blockIdx.y) * J + j) * 8;
+  if (c0 >= C) return;
+  const int cn = static_cast<int>(C - c0 < 8 ? C - c0 : 8);
+  float mu[8], sc[8], bs[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float is = i < cn ? a.invstd[c0 + i] : 0.0f;
+    mu[i] = i < cn ? a.mean[c0 + i] : 0.0f;
+    sc[i] = a.weight != nullptr && i < cn ? hot_mul(a.weight[c0 + i], is) : is;
+    bs[i] = a.bias != nullptr && i < cn ? a.bias[c0 + i] : 0.0f;
+  }
+  const int64_t step = static_cast<int64_t>(gridDim.x) * rows;
+  const bool full = vec && cn == 8;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * rows + k; r < x.rows; r += step * U) {
+    Raw8<T> in[U];
+    if (full) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (r + u * step < x.rows) raw8_load(x.p + (r + u * step) * x.ld + c0, in[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t row = r + u * step;
+      if (row >= x.rows) break;
+      float v[8];
+      if (full) {
+        raw8_to_f(in[u], v);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = i < cn ? load_f(x.p + row * x.ld + c0 + i) : 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = bn_transform(v[i], mu[i], sc[i], bs[i]);
+      T* dst = y.p + row * y.ld + c0;
+      if (full) {
+        if constexpr (sizeof(T) == 2) {
+          *reinterpret_cast<uint4*>(dst) = make_uint4(f16x2_bits<T>(v[0], v[1]), f16x2_bits<T>(v[2], v[3]),
+                                                      f16x2_bits<T>(v[4], v[5]), f16x2_bits<T>(v[6], v[7]));
+        } else {
+          reinterpret_cast<float4*>(dst)[0] = make_float4(v[0], v[1], v[2], v[3]);
+          reinterpret_cast<float4*>(dst)[1] = make_float4(v[4], v[5], v[6], v[7]);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          if (i < cn) store_f(dst + i, v[i]);
+      }
+    }
+  }
+}
 
 // ---- BatchNorm's input gradient with G~'s amax (batch_norm_backward_input, ops.h) ---------------------
 // Per slice of kBnSlice 16-channel groups (blockIdx.y), each CTA forms the slice's per-channel coefficients {mean,
@@ -1296,6 +1432,11 @@ void relu_mask_backward_launch(const TensorView& gy, const TensorView& bits, con
   });
 }
 
+// A BatchNorm operand whose rows start at 16-byte boundaries (vector loads of 8 channels).
+inline bool bn_a16(const TensorView& t) {
+  return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.strides[0] % (16 / (dtype_bits(t.dtype) / 8)) == 0;
+}
+
 // key: gt_amax's bits (zeroed here).
 template <typename T, typename Launch>
 void bn_backward_input_launch(const TensorView& gy, const TensorView& x, const TensorView& mean,
@@ -1309,10 +1450,7 @@ void bn_backward_input_launch(const TensorView& gy, const TensorView& x, const T
                    static_cast<const float*>(sum_dy.data), static_cast<const float*>(sum_dy_xmu.data),
                    hot_div(1.0f, static_cast<float>(R))};
   launch.zero(key, sizeof(unsigned));
-  const auto a16 = [](const TensorView& t) {
-    return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.strides[0] % (16 / (dtype_bits(t.dtype) / 8)) == 0;
-  };
-  const bool vec = a16(gy) && a16(x) && a16(gx);
+  const bool vec = bn_a16(gy) && bn_a16(x) && bn_a16(gx);
   const int64_t per_slice = std::max<int64_t>(1, 1024 / slices);  // about 1,024 CTAs in all
   launch(bn_backward_input_kernel<T>,
          dim3(static_cast<unsigned>(grid_1d(R * std::min<int64_t>(groups, kBnSlice), kBasicThreads, per_slice)),
@@ -1335,12 +1473,10 @@ void bn_reduce_launch(const TensorView& gy, const TensorView& x, const TensorVie
   const int64_t slices = ceil_div(octets, J);
   HOT_CHECK_VALUE(groups <= kMaxGridX && slices <= kMaxGridYZ, "batch_norm_backward_reduce: ", gy.shape[0], " x ", C,
                   " is too large (at most ", kMaxGridYZ * kBnMaxJ * 8, " channels)");
-  const auto a16 = [](const TensorView& t) {
-    return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.strides[0] % (16 / (dtype_bits(t.dtype) / 8)) == 0;
-  };
   const BnRelu relu{relu_bits != nullptr ? static_cast<const uint8_t*>(relu_bits->data) : nullptr,
                     g_relu != nullptr ? g_relu->data : nullptr, g_relu != nullptr ? g_relu->strides[0] : 0};
-  const bool vec = a16(gy) && a16(x) && (g_relu == nullptr || a16(*g_relu)) && (relu_bits == nullptr || C % 8 == 0);
+  const bool vec =
+      bn_a16(gy) && bn_a16(x) && (g_relu == nullptr || bn_a16(*g_relu)) && (relu_bits == nullptr || C % 8 == 0);
   launch(relu_bits != nullptr ? bn_reduce_kernel<T, true> : bn_reduce_kernel<T, false>,
          dim3(static_cast<unsigned>(groups), static_cast<unsigned>(slices)), kBnLanes * J, 0, mat<const T>(gy),
          mat<const T>(x), static_cast<const float*>(mean.data), partial, vec, relu);
@@ -1349,6 +1485,49 @@ void bn_reduce_launch(const TensorView& gy, const TensorView& x, const TensorVie
                    static_cast<const float*>(invstd.data), C};
   launch(bias_final_kernel<BnSums>, bias_final_grid(2 * C), kBiasFinalThreads, 0, static_cast<const float*>(partial),
          groups, 2 * C, out);
+}
+
+// partial: scratch of bn_stats_scratch_bytes (the groups' partial sums, then the sums).
+inline size_t bn_stats_scratch_bytes(const TensorView& x) {
+  return static_cast<size_t>((bn_reduce_groups(x) + 1) * 2 * x.shape[1]) * sizeof(float);
+}
+
+template <typename T, typename Launch>
+void bn_stats_launch(const TensorView& x, const TensorView& mean, const TensorView& invstd, float eps,
+                     const TensorView* running_mean, const TensorView* running_var, float momentum, float* partial,
+                     const Launch& launch) {
+  const int64_t C = x.shape[1], groups = bn_reduce_groups(x), octets = ceil_div(C, 8);
+  const int J = static_cast<int>(std::min<int64_t>(octets, kBnMaxJ));
+  const int64_t slices = ceil_div(octets, J);
+  HOT_CHECK_VALUE(groups <= kMaxGridX && slices <= kMaxGridYZ, "batch_norm_stats: ", x.shape[0], " x ", C,
+                  " is too large (at most ", kMaxGridYZ * kBnMaxJ * 8, " channels)");
+  launch(bn_stats_kernel<T>, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(slices)), kBnLanes * J, 0,
+         mat<const T>(x), partial, bn_a16(x));
+  float* sums = partial + groups * 2 * C;
+  launch(bias_final_kernel<StoreCast<float>>, bias_final_grid(2 * C), kBiasFinalThreads, 0,
+         static_cast<const float*>(partial), groups, 2 * C, StoreCast<float>{sums});
+  const auto f32 = [](const TensorView* t) { return t != nullptr ? static_cast<float*>(t->data) : nullptr; };
+  const BnStatsOut o{static_cast<float*>(mean.data), static_cast<float*>(invstd.data), f32(running_mean),
+                     f32(running_var), eps, momentum, hot_add(1.0f, -momentum)};
+  launch(bn_stats_final_kernel<T>, dim3(static_cast<unsigned>(ceil_div(C, kBasicThreads))), kBasicThreads, 0,
+         mat<const T>(x), static_cast<const float*>(sums), o);
+}
+
+template <typename T, typename Launch>
+void bn_transform_launch(const TensorView& x, const TensorView& mean, const TensorView& invstd,
+                         const TensorView* weight, const TensorView* bias, const TensorView& y, const Launch& launch) {
+  const int64_t R = x.shape[0], C = x.shape[1], octets = ceil_div(C, 8);
+  const int J = static_cast<int>(std::min<int64_t>(octets, kBnTransformMaxJ));
+  const int64_t slices = ceil_div(octets, J), rows = kBasicThreads / J;
+  HOT_CHECK_VALUE(slices <= kMaxGridYZ, "batch_norm_transform: ", C, " channels; at most ",
+                  kMaxGridYZ * kBnTransformMaxJ * 8, " fit one launch");
+  const auto f32 = [](const TensorView* t) { return t != nullptr ? static_cast<const float*>(t->data) : nullptr; };
+  const BnAffine a{static_cast<const float*>(mean.data), static_cast<const float*>(invstd.data), f32(weight),
+                   f32(bias)};
+  // About 2,048 CTAs in all, each thread then over several rows.
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(ceil_div(R, rows), 2048 / slices));
+  launch(bn_transform_kernel<T>, dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(slices)), kBasicThreads,
+         0, mat<const T>(x), a, mat<T>(y), J, bn_a16(x) && bn_a16(y));
 }
 
 template <typename Launch>

@@ -62,6 +62,24 @@ void relu_mask(const TensorView& x, const TensorView& y, const TensorView& bits,
   relu_mask_launch(x, y, bits, StreamLaunch{to_cuda(st)}, key);
 }
 
+void batch_norm_stats(const TensorView& x, const TensorView& mean, const TensorView& invstd, float eps,
+                      const TensorView* running_mean, const TensorView* running_var, float momentum, Stream st) {
+  DeviceGuard dg(x.device.index);
+  Scratch partial(bn_stats_scratch_bytes(x), x.device.index, st);
+  dispatch_float(x.dtype, "batch_norm_stats", [&](auto t) {
+    bn_stats_launch<decltype(t)>(x, mean, invstd, eps, running_mean, running_var, momentum, partial.as<float>(),
+                                 StreamLaunch{to_cuda(st)});
+  });
+}
+
+void batch_norm_transform(const TensorView& x, const TensorView& mean, const TensorView& invstd,
+                          const TensorView* weight, const TensorView* bias, const TensorView& y, Stream st) {
+  DeviceGuard dg(x.device.index);
+  dispatch_float(x.dtype, "batch_norm_transform", [&](auto t) {
+    bn_transform_launch<decltype(t)>(x, mean, invstd, weight, bias, y, StreamLaunch{to_cuda(st)});
+  });
+}
+
 void batch_norm_backward_reduce(const TensorView& gy, const TensorView& x, const TensorView& mean,
                                 const TensorView& invstd, const TensorView& sum_dy, const TensorView& sum_dy_xmu,
                                 const TensorView* grad_weight, const TensorView* relu_bits, const TensorView* g_relu,

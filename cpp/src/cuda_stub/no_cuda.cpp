@@ -43,6 +43,14 @@ void compress_columns(const TensorView&, const ConvGeometry&, const TensorView&,
 void transpose(const TensorView&, const TensorView&, Stream) { missing(); }
 void relu_mask(const TensorView&, const TensorView&, const TensorView&, const TensorView*, Stream) { missing(); }
 void relu_mask_backward(const TensorView&, const TensorView&, const TensorView&, Stream) { missing(); }
+void batch_norm_stats(const TensorView&, const TensorView&, const TensorView&, float, const TensorView*,
+                      const TensorView*, float, Stream) {
+  missing();
+}
+void batch_norm_transform(const TensorView&, const TensorView&, const TensorView&, const TensorView*,
+                          const TensorView*, const TensorView&, Stream) {
+  missing();
+}
 void batch_norm_backward_reduce(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
                                 const TensorView&, const TensorView&, const TensorView*, const TensorView*,
                                 const TensorView*, Stream) {

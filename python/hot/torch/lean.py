@@ -338,17 +338,30 @@ class MaxPool2d(nn.MaxPool2d):
 
 # ---- BatchNorm2d: G~'s amax handed to the converted convolution before it ----------------------------------------
 class _HandingBatchNorm(torch.autograd.Function):
-    """Training-mode batch norm of a channels-last x by torch's own kernels, chosen as ``F.batch_norm`` chooses them
-    (``_batch_norm_impl_index``). Where that is torch's native kernels, the backward is the engine's: the per-channel
-    sums ``batch_norm_backward_reduce`` (fp32 in a fixed order; g_w = sum_dy_xmu * invstd, g_b = sum_dy, as torch's up
-    to the order of the adds) and g_x ``batch_norm_backward_input`` (torch's float32 evaluation), which also gives G~'s
+    """Training-mode batch norm of a channels-last x. The forward is the engine's where the running statistics are
+    float32 or untracked and there is more than one value per channel: the batch statistics ``batch_norm_stats`` (fp32
+    sums in a fixed order, the running statistics updated as torch updates them) and y ``batch_norm_transform``;
+    otherwise torch's own kernels, chosen as ``F.batch_norm`` chooses them (``_batch_norm_impl_index``). Where the
+    forward is the engine's or torch's native kernels, the backward is the engine's: the per-channel sums
+    ``batch_norm_backward_reduce`` (fp32 in a fixed order; g_w = sum_dy_xmu * invstd, g_b = sum_dy, as torch's up to
+    the order of the adds) and g_x ``batch_norm_backward_input`` (torch's float32 evaluation), which also gives G~'s
     amax of g_x, handed to the converted convolution whose output x is (``node``); otherwise (cuDNN) the backward is
     torch's, without a hand-over."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight, bias, running_mean, running_var, momentum: float, eps: float, node):
-        y, mean, invstd, reserve, impl = torch.ops.aten._batch_norm_impl_index(
-            x, weight, bias, running_mean, running_var, True, momentum, eps, torch.backends.cudnn.enabled)
+        f32 = lambda t: t is None or t.dtype == torch.float32  # noqa: E731
+        if x.numel() > x.shape[1] and f32(running_mean) and f32(running_var):
+            rows = _nchw_rows(x)  # a view: x is channels-last
+            mean, invstd = _api._batch_norm_stats(_call("batch_norm_stats", x), rows, float(eps), running_mean,
+                                                  running_var, float(momentum))
+            y = torch.empty_like(x, memory_format=torch.channels_last)
+            w32, b32 = (None if t is None else t.detach().float() for t in (weight, bias))
+            _api._batch_norm_transform(_call("batch_norm_transform", x), rows, mean, invstd, w32, b32, _nchw_rows(y))
+            reserve, impl = x.new_empty(0, dtype=torch.uint8), 0
+        else:
+            y, mean, invstd, reserve, impl = torch.ops.aten._batch_norm_impl_index(
+                x, weight, bias, running_mean, running_var, True, momentum, eps, torch.backends.cudnn.enabled)
         ctx.save_for_backward(x, weight, running_mean, running_var, mean, invstd, reserve)
         ctx.eps, ctx.impl, ctx.node = eps, impl, node
         return y

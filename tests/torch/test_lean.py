@@ -637,13 +637,14 @@ def test_handing_batch_norm_forward_statistics(device, dtype, tracked):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("inplace", [True, False])
-def test_relu_after_the_handing_batch_norm_forms_its_sums(device, dtype, inplace, monkeypatch):
-    """A hot ReLU right after the handing BatchNorm forms the BatchNorm's sums in its own pass (the engine's reduce
-    with the ReLU's bits) and hands them over: every gradient (the BatchNorm's weight and bias, the conv's, the input's)
-    bit for bit those of the same model with the sums formed by the BatchNorm's backward, and one reduce call instead
-    of a ReLU pass and a reduce; an output also used elsewhere (autograd sums its gradients) takes no hand-over.
-    The BatchNorm runs with cuDNN off: where torch would pick cuDNN (float32 on a GPU), its backward is torch's and
-    nothing is handed."""
+@pytest.mark.parametrize("shortcut", [None, "tensor", "batch_norm"])
+def test_relu_after_the_handing_batch_norm_forms_its_sums(device, dtype, inplace, shortcut, monkeypatch):
+    """A hot ReLU right after the handing BatchNorm, or after a residual add of its output and a shortcut (a tensor, or
+    a second handing BatchNorm's output: torchvision's bottleneck end, ``out += identity``), forms the BatchNorm's sums
+    in its own pass (the engine's reduce with the ReLU's bits) and hands them over: every gradient (the BatchNorms'
+    weights and biases, the conv's, the input's, the shortcut's) bit for bit those of the same model with the sums
+    formed by the BatchNorm's backward, and one reduce call instead of a ReLU pass and a reduce (the second BatchNorm
+    forms its own); an output also used elsewhere (autograd sums its gradients) takes no hand-over."""
     from hot import _api
     from hot.torch import ops
 
@@ -658,29 +659,40 @@ def test_relu_after_the_handing_batch_norm_forms_its_sums(device, dtype, inplace
     x = torch.randn(4, 8, 6, 6, dtype=dtype, device=device).to(memory_format=torch.channels_last)
     w = (torch.rand(16, device=device) + 0.5).requires_grad_(True)
     b = torch.randn(16, device=device).requires_grad_(True)
+    w2, b2 = (torch.rand(16, device=device) + 0.5).requires_grad_(True), torch.randn(16, device=device)
+    extra = torch.randn(4, 16, 6, 6, dtype=dtype, device=device).to(memory_format=torch.channels_last)
+    extra.requires_grad_(True)
+    leaves = [conv.weight, w, b, w2, extra]
 
     def grads(fuse: bool, also: bool):
-        conv.weight.grad, w.grad, b.grad = None, None, None
+        for t in leaves:
+            t.grad = None
         calls.clear()
         xi = x.clone().requires_grad_(True)
         torch.manual_seed(3)  # the conv's stochastic-rounding seed
         y = conv(xi)
-        with torch.backends.cudnn.flags(enabled=False):  # not around the conv: torch's conv without cuDNN is NCHW
-            z = lean._HandingBatchNorm.apply(y, w, b, None, None, 0.1, 1e-5, ops.conv_node(y))
-        r = lean.relu(z, inplace) if fuse else lean._MaskedReLU.apply(z, inplace, None)[0]
+        z = lean._HandingBatchNorm.apply(y, w, b, None, None, 0.1, 1e-5, ops.conv_node(y))
+        s = z
+        if shortcut is not None:
+            s = z + (extra if shortcut == "tensor" else
+                     lean._HandingBatchNorm.apply(y, w2, b2, None, None, 0.1, 1e-5, None))
+        r = lean.relu(s, inplace) if fuse else lean._MaskedReLU.apply(s, inplace, None)[0]
         loss = r.float().square().sum() + (z.float().sum() if also and not inplace else 0)
         loss.backward()
-        return [conv.weight.grad.clone(), xi.grad.clone(), w.grad.clone(), b.grad.clone()], list(calls)
+        got = [xi.grad.clone()] + [t.grad.clone() for t in leaves if t.grad is not None]
+        return got, sorted(calls)
 
+    extra_calls = [False] if shortcut == "batch_norm" else []
     plain, plain_calls = grads(False, False)
-    assert plain_calls == [False]
+    assert plain_calls == extra_calls + [False]
     fused, fused_calls = grads(True, False)
-    assert fused_calls == [True]
+    assert fused_calls == extra_calls + [True]
+    assert len(plain) == len(fused) == 4 + (shortcut is not None)
     for a, c in zip(plain, fused):
         assert torch.equal(a, c)
     if not inplace:  # z also summed into the loss: the BatchNorm's g_y is no longer the ReLU's g_x
         summed, summed_calls = grads(True, True)
-        assert summed_calls == [True, False]
+        assert summed_calls == sorted(extra_calls + [True, False])
         ref, _ = grads(False, True)
         for a, c in zip(ref, summed):
             assert torch.equal(a, c)

@@ -182,6 +182,16 @@ class _MaskedReLU(torch.autograd.Function):
         return _masked_grad(grad_y, bits, ctx.perm), None, None
 
 
+def _handing_batch_norm_of(x: Tensor):
+    """The backward node of the handing BatchNorm that receives the ReLU's g_x itself, the very tensor: x's producer,
+    or the first input of a residual add producing x (``out += identity``, ``out + identity``; alpha 1: the add's
+    backward hands its gradient to both inputs as that tensor), where it is a handing BatchNorm; else None."""
+    fn = x.grad_fn
+    if type(fn).__name__ == "AddBackward0" and getattr(fn, "_saved_alpha", None) == 1:
+        fn = next((f for f, _ in fn.next_functions if isinstance(f, _HandingBatchNorm._backward_cls)), None)
+    return fn if isinstance(fn, _HandingBatchNorm._backward_cls) else None
+
+
 def relu(x: Tensor, inplace: bool = False) -> Tensor:
     """``F.relu(x, inplace)`` whose backward keeps a 1-bit mask (the engine's ``hot.relu_mask``, one pass over x); the
     plain ReLU where no gradient is recorded (grad mode off, x not requiring grad), for an empty x, for dtypes other
@@ -192,9 +202,7 @@ def relu(x: Tensor, inplace: bool = False) -> Tensor:
         return F.relu(x, inplace=inplace)
     if inplace and torch.compiler.is_compiling() and not _TRACES_INPLACE:
         return F.relu(x, inplace=True)
-    bn = None  # the handing BatchNorm's backward node, where x is its output (eager only: it hands nothing compiled)
-    if not torch.compiler.is_compiling() and isinstance(x.grad_fn, _HandingBatchNorm._backward_cls):
-        bn = x.grad_fn
+    bn = None if torch.compiler.is_compiling() else _handing_batch_norm_of(x)  # eager only: it hands nothing compiled
     y, amax = _MaskedReLU.apply(x, inplace, bn)
     if amax is not None:  # eager: the conv after the ReLU takes y's amax instead of a pass over y (SPEC §8)
         note_amax(y, amax)

@@ -754,7 +754,20 @@ __global__ void bn_stats_final_kernel(Mat<const T> x, const float* sums, BnStats
 // in 16-byte vectors where the rows allow.
 struct BnAffine {
   const float *mean, *invstd, *weight, *bias;
+  bool vec;  // every array 16-byte aligned: a thread's 8 coefficients of each in two float4 loads
 };
+
+// c[0, 8) = p[c0, c0 + 8): two float4 loads where `vec` and cn == 8, else element-wise (zeros past cn; p null: `dflt`).
+__device__ __forceinline__ void bn_coef8(const float* p, int64_t c0, int cn, bool vec, float dflt, float (&c)[8]) {
+  if (p != nullptr && vec && cn == 8) {
+    const float4* v = reinterpret_cast<const float4*>(p + c0);
+    const float4 a = __ldg(v), b = __ldg(v + 1);
+    c[0] = a.x, c[1] = a.y, c[2] = a.z, c[3] = a.w, c[4] = b.x, c[5] = b.y, c[6] = b.z, c[7] = b.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) c[i] = i < cn ? (p != nullptr ? p[c0 + i] : dflt) : 0.0f;
+  }
+}
 constexpr int kBnTransformMaxJ = 32;
 template <typename T>
 __global__ void __launch_bounds__(kBasicThreads) bn_transform_kernel(Mat<const T> x, BnAffine a, Mat<T> y, int J,
@@ -766,13 +779,14 @@ __global__ void __launch_bounds__(kBasicThreads) bn_transform_kernel(Mat<const T
   const int64_t C = x.cols, c0 = (static_cast<int64_t>(blockIdx.y) * J + j) * 8;
   if (c0 >= C) return;
   const int cn = static_cast<int>(C - c0 < 8 ? C - c0 : 8);
-  float mu[8], sc[8], bs[8];
+  float mu[8], sc[8], bs[8], w[8];
+  bn_coef8(a.mean, c0, cn, a.vec, 0.0f, mu);
+  bn_coef8(a.invstd, c0, cn, a.vec, 0.0f, sc);
+  bn_coef8(a.bias, c0, cn, a.vec, 0.0f, bs);
+  if (a.weight != nullptr) {
+    bn_coef8(a.weight, c0, cn, a.vec, 0.0f, w);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float is = i < cn ? a.invstd[c0 + i] : 0.0f;
-    mu[i] = i < cn ? a.mean[c0 + i] : 0.0f;
-    sc[i] = a.weight != nullptr && i < cn ? hot_mul(a.weight[c0 + i], is) : is;
-    bs[i] = a.bias != nullptr && i < cn ? a.bias[c0 + i] : 0.0f;
+    for (int i = 0; i < 8; ++i) sc[i] = hot_mul(w[i], sc[i]);
   }
   const int64_t step = static_cast<int64_t>(gridDim.x) * rows;
   const bool full = vec && cn == 8;
@@ -1522,10 +1536,13 @@ void bn_transform_launch(const TensorView& x, const TensorView& mean, const Tens
   HOT_CHECK_VALUE(slices <= kMaxGridYZ, "batch_norm_transform: ", C, " channels; at most ",
                   kMaxGridYZ * kBnTransformMaxJ * 8, " fit one launch");
   const auto f32 = [](const TensorView* t) { return t != nullptr ? static_cast<const float*>(t->data) : nullptr; };
+  const auto a16 = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const BnAffine a{static_cast<const float*>(mean.data), static_cast<const float*>(invstd.data), f32(weight),
-                   f32(bias)};
-  // About 2,048 CTAs in all, each thread then over several rows.
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(ceil_div(R, rows), 2048 / slices));
+                   f32(bias), a16(f32(&mean)) && a16(f32(&invstd)) && a16(f32(weight)) && a16(f32(bias))};
+  // A thread over ~8 rows (its coefficients' loads paid once: on small maps they were most of its work), but at least
+  // ~528 CTAs in all (4 an SM of an H100 / H200) where the rows allow.
+  const int64_t most = ceil_div(R, rows);
+  const int64_t blocks = std::min(most, std::max(ceil_div(most, 8), ceil_div(528, slices)));
   launch(bn_transform_kernel<T>, dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(slices)), kBasicThreads,
          0, mat<const T>(x), a, mat<T>(y), J, bn_a16(x) && bn_a16(y));
 }

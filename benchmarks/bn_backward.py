@@ -41,6 +41,16 @@ def timed(fn, reps: int = 10, replays: int = 5) -> float:
     return sorted(ts)[len(ts) // 2]
 
 
+def report(lines, out, name: str) -> None:
+    """Prints the table's lines and, with a directory `out`, writes them to out/name."""
+    text = "\n".join(lines)
+    print(text)
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, name), "w") as f:
+            f.write(text + "\n")
+
+
 def bn_shapes(batch: int):
     """{(N, C, H, W): how many of ResNet-50's BatchNorm2d modules see that input shape}."""
     m = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
@@ -100,12 +110,7 @@ def main() -> None:
                      f"{t['hot']:.1f} | {t['copy']:.1f} | {unequal} of {gx.numel()} | {sums_rel:.1e} |")
     lines.append(f"| a step (x BNs) | | {total['reduce']:.0f} | {total['hreduce']:.0f} | {total['elemt']:.0f} | "
                  f"{total['hot']:.0f} | {total['copy']:.0f} | | |")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "bn_backward.md"), "w") as f:
-            f.write(text + "\n")
+    report(lines, args.out, "bn_backward.md")
 
 
 if __name__ == "__main__":

@@ -14,14 +14,13 @@ batch_norm_elemt of the engine's statistics.
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 
 import hot
 from hot import _api
 from hot.torch.ops import _call
-from bn_backward import bn_shapes, timed
+from bn_backward import bn_shapes, report, timed
 
 
 def main() -> None:
@@ -71,12 +70,7 @@ def main() -> None:
         lines.append(f"| {N},{C},{H},{W} | {n} | " + " | ".join(f"{t[k]:.1f}" for k in keys) +
                      f" | {rel:.1e} | {unequal} of {got.numel()} |")
     lines.append("| a step (x BNs) | | " + " | ".join(f"{total[k]:.0f}" for k in keys) + " | | |")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "bn_forward.md"), "w") as f:
-            f.write(text + "\n")
+    report(lines, args.out, "bn_forward.md")
 
 
 if __name__ == "__main__":

@@ -584,8 +584,9 @@ struct BnRelu {
 
 // The 32 lanes' sums (s, t) of a CTA's thread column j added pairwise (lane k += lane k + h for h = 16, 8, ..., 1)
 // through `hand`; lane 0 writes its cn channels' s to out[0, cn) and t to out[C, C + cn).
-__device__ __forceinline__ void bn_lanes_to_partial(float (&s)[8], float (&t)[8], float (&hand)[kBnLanes / 2][kBnMaxJ][17],
-                                                    int k, int j, int cn, float* out, int64_t C) {
+using BnHand = float[kBnLanes / 2][kBnMaxJ][17];
+__device__ __forceinline__ void bn_lanes_to_partial(float (&s)[8], float (&t)[8], BnHand& hand, int k, int j, int cn,
+                                                    float* out, int64_t C) {
   for (int step = kBnLanes / 2; step >= 1; step /= 2) {
     if (k >= step && k < 2 * step) {
 #pragma unroll

@@ -459,6 +459,83 @@ TEST_F(Cuda_BatchNormBackwardInput, BitExactVsCpu) {
         }
 }
 
+// BatchNorm's statistics on the GPU: the CPU's bits (mean, invstd, running statistics); a partial row group, channels
+// not a multiple of 8 and padded rows (element-wise loads), two channel slices, a map far from zero, and ResNet-50
+// sizes (layer 1 at batch 8 and 32, the last stage at batch 128, and 13 channels over 25,088 rows).
+class Cuda_BatchNormStats : public CudaTest {};
+TEST_F(Cuda_BatchNormStats, BitExactVsCpu) {
+  uint64_t seed = 2600;
+  for (DType dt : kFloatTypes)
+    for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{
+             {1, 16}, {37, 13}, {3001, 72}, {2100, 264}, {25088, 64}, {100352, 64}, {6272, 2048}, {25088, 13}})
+      for (int64_t pad : {0, 3, 8})
+        for (bool running : {false, true}) {
+          if (R * C > 1000000 && (small_run() || pad != 0)) continue;
+          if (running && R < 2) continue;
+          const float offset = pad == 3 ? 600.0f : 0.0f;
+          SCOPED_TRACE(testing::Message() << dt_name(dt) << " " << R << "x" << C << " pad " << pad << " running "
+                                          << running);
+          std::vector<float> v = hot_test::randn(static_cast<size_t>(R * C), seed++, 2.0f);
+          for (float& e : v) e += offset;
+          const HostTensor x = hot_test::host_from(dt, R, C, v, C + pad);
+          const HostTensor u = rand_float(DType::f32, 2, C, seed++);
+          HostTensor rm = HostTensor::make1d(DType::f32, C), rv = rm;
+          for (int64_t c = 0; c < C; ++c) rm.setf(c, u.getf(0, c)), rv.setf(c, 0.5f + std::fabs(u.getf(1, c)));
+          const DevTensor drm(rm), drv(rv);
+          HostTensor mc = out1d(DType::f32, C), ic = mc;
+          const hot::TensorView rmv = rm.view(), rvv = rv.view(), drmv = drm.view(), drvv = drv.view();
+          hot::batch_norm_stats(x, mc, ic, 1e-5f, running ? &rmv : nullptr, running ? &rvv : nullptr, 0.1f);
+          DevTensor dx(x), dm(out1d(DType::f32, C)), di(out1d(DType::f32, C));
+          hot::batch_norm_stats(dx, dm, di, 1e-5f, running ? &drmv : nullptr, running ? &drvv : nullptr, 0.1f, st());
+          sync();
+          EXPECT_TRUE(all_bytes_equal(mc, dm.to_host()));
+          EXPECT_TRUE(all_bytes_equal(ic, di.to_host()));
+          EXPECT_TRUE(all_bytes_equal(rm, drm.to_host()));
+          EXPECT_TRUE(all_bytes_equal(rv, drv.to_host()));
+        }
+}
+
+// BatchNorm's output on the GPU: the CPU's bytes (y poisoned, its padding included); channels not a multiple of 8 and
+// padded rows (element-wise), three channel slices (C = 520), with and without weight and bias, in place, and ResNet-50
+// sizes (more rows than the launcher's ~2,048 CTAs cover at one row a thread).
+class Cuda_BatchNormTransform : public CudaTest {};
+TEST_F(Cuda_BatchNormTransform, BitExactVsCpu) {
+  uint64_t seed = 2700;
+  for (DType dt : kFloatTypes)
+    for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{
+             {1, 16}, {37, 13}, {3001, 72}, {70, 520}, {25088, 64}, {100352, 64}, {6272, 2048}, {25088, 13}})
+      for (int64_t pad : {0, 3, 8})
+        for (int affine = 0; affine < 4; ++affine) {  // bit 0: weight, bit 1: bias
+          if (R * C > 1000000 && (small_run() || pad != 0 || affine == 1 || affine == 2)) continue;
+          SCOPED_TRACE(testing::Message() << dt_name(dt) << " " << R << "x" << C << " pad " << pad << " affine "
+                                          << affine);
+          const HostTensor x = rand_float(dt, R, C, seed++, C + pad, 2.0f);
+          HostTensor stats[4];  // mean, invstd, weight, bias
+          const HostTensor u = rand_float(DType::f32, 4, C, seed++);
+          for (int k = 0; k < 4; ++k) {
+            stats[k] = HostTensor::make1d(DType::f32, C);
+            for (int64_t c = 0; c < C; ++c) stats[k].setf(c, k == 1 ? 0.25f + std::fabs(u.getf(k, c)) : u.getf(k, c));
+          }
+          const hot::TensorView w = stats[2].view(), b = stats[3].view();
+          HostTensor yc = out2d(dt, R, C, C + pad);
+          hot::batch_norm_transform(x, stats[0], stats[1], affine & 1 ? &w : nullptr, affine & 2 ? &b : nullptr, yc);
+          DevTensor dx(x), dy(out2d(dt, R, C, C + pad)), ds[4];
+          for (int k = 0; k < 4; ++k) ds[k] = DevTensor(stats[k]);
+          const hot::TensorView dw = ds[2].view(), db = ds[3].view();
+          const hot::TensorView* dwp = affine & 1 ? &dw : nullptr;
+          const hot::TensorView* dbp = affine & 2 ? &db : nullptr;
+          hot::batch_norm_transform(dx, ds[0], ds[1], dwp, dbp, dy, st());
+          sync();
+          EXPECT_TRUE(all_bytes_equal(yc, dy.to_host()));
+          if (affine != 3) continue;
+          hot::batch_norm_transform(dx, ds[0], ds[1], dwp, dbp, dx, st());  // in place
+          sync();
+          HostTensor xc = x;
+          hot::batch_norm_transform(xc, stats[0], stats[1], &w, &b, xc);
+          EXPECT_TRUE(all_bytes_equal(xc, dx.to_host()));
+        }
+}
+
 // Max-pool with window offsets on the GPU: the CPU's bytes (y, offsets, g_x), NCHW and channels-last, with NaN,
 // infinities and ties; ResNet's stem pool at a larger size.
 class Cuda_MaxPoolOffsets : public CudaTest {};

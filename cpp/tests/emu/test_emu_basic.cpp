@@ -448,6 +448,162 @@ TEST(Emu_BatchNormBackwardReduce, BitExactVsCpu) {
         }
 }
 
+// A map R x C of dt with row stride ld: offset + sigma * randn, stored (rounded).
+HostTensor bn_map(DType dt, int64_t R, int64_t C, int64_t ld, float offset, float sigma, uint64_t seed) {
+  std::vector<float> v = hot_test::randn(static_cast<size_t>(R * C), seed, sigma);
+  for (float& e : v) e += offset;
+  return hot_test::host_from(dt, R, C, v, ld);
+}
+
+// Row `row` of a row-major f32 matrix as a vector view.
+hot::TensorView bn_row(const HostTensor& t, int64_t row) {
+  hot::TensorView v = t.view();
+  v.data = static_cast<float*>(v.data) + row * t.ld();
+  v.shape = {t.cols()};
+  v.strides = {1};
+  return v;
+}
+
+// BatchNorm's statistics: the emulated kernels (row groups, lanes, the pairwise hand-over, the groups' sums in order,
+// bn_store_stats per channel) against the CPU's bits: mean, invstd (outputs poisoned) and the running statistics. One
+// row; channels not a multiple of 8 (element-wise loads); a partial last group after full ones with octets of aligned
+// rows (16-byte loads), an odd row padding (element-wise again) and an aligned one; more than kBnMaxJ * 8 channels (a
+// second, partial slice); maps far from zero; eps = 0 with a constant channel (invstd +0).
+TEST(Emu_BatchNormStats, BitExactVsCpu) {
+  struct Case {
+    int64_t R, C, pad;
+    bool running, eps0;
+    float offset;
+  };
+  const Case cases[] = {{1, 16, 0, false, false, 0.0f},     {1, 16, 3, false, true, 600.0f},
+                        {37, 13, 0, true, false, 0.0f},     {37, 13, 8, false, true, 0.0f},
+                        {2100, 24, 0, true, false, 600.0f}, {2100, 24, 3, true, false, 0.0f},
+                        {2100, 24, 8, false, true, 0.0f},   {1030, 72, 0, true, false, 0.0f},
+                        {1030, 72, 3, true, true, 600.0f}};
+  uint64_t seed = 2600;
+  for (DType dt : kDtypes)
+    for (const Case& k : cases) {
+      const int64_t R = k.R, C = k.C;
+      const float eps = k.eps0 ? 0.0f : 1e-5f;
+      SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " " << R << "x" << C << " pad " << k.pad
+                                      << " running " << k.running << " eps " << eps << " offset " << k.offset);
+      HostTensor x = bn_map(dt, R, C, C + k.pad, k.offset, 2.0f, seed++);
+      if (k.eps0)
+        for (int64_t r = 1; r < R; ++r) x.setf(r, 1, x.getf(0, 1));
+      HostTensor oc = out2d(DType::f32, 4, C, C);  // mean, invstd, running mean, running variance
+      const HostTensor u = rand_float(DType::f32, 2, C, seed++);
+      for (int64_t c = 0; c < C; ++c) oc.setf(2, c, u.getf(0, c)), oc.setf(3, c, 0.5f + std::fabs(u.getf(1, c)));
+      HostTensor oe = oc;
+      const hot::TensorView rmc = bn_row(oc, 2), rvc = bn_row(oc, 3), rme = bn_row(oe, 2), rve = bn_row(oe, 3);
+      hot::cpu::batch_norm_stats(x, bn_row(oc, 0), bn_row(oc, 1), eps, k.running ? &rmc : nullptr,
+                                 k.running ? &rvc : nullptr, 0.1f, {});
+      std::vector<float> partial(hot::cuda::bn_stats_scratch_bytes(x.view()) / sizeof(float), NAN);
+      with_type(dt, [&](auto t, auto launch) {
+        hot::cuda::bn_stats_launch<decltype(t)>(x.view(), bn_row(oe, 0), bn_row(oe, 1), eps,
+                                                k.running ? &rme : nullptr, k.running ? &rve : nullptr, 0.1f,
+                                                partial.data(), launch);
+      });
+      EXPECT_TRUE(all_bytes_equal(oc, oe));
+      if (k.eps0) {
+        EXPECT_EQ(hot_test::f32_bits(oe.getf(1, 1)), 0u) << "invstd of the constant channel";
+      }
+    }
+}
+
+// BatchNorm's output: the emulated kernel against the CPU's bytes (y poisoned, its padding included): channels not a
+// multiple of 8 (element-wise); octets of aligned rows (16-byte loads and stores) over two CTAs; an odd row padding
+// (element-wise again) and an aligned one; more than 32 octets (C = 520: three channel slices); with and without
+// weight and bias, maps far from zero, and in place (y is x).
+TEST(Emu_BatchNormTransform, BitExactVsCpu) {
+  struct Case {
+    int64_t R, C, pad;
+    int affine;  // bit 0: weight, bit 1: bias
+    bool in_place;
+    float offset;
+  };
+  const Case cases[] = {{37, 13, 0, 0, false, 0.0f}, {37, 13, 3, 3, true, 600.0f}, {100, 24, 0, 1, false, 0.0f},
+                        {100, 24, 8, 2, true, 0.0f}, {100, 24, 3, 3, false, 0.0f}, {9, 64, 0, 3, true, 600.0f},
+                        {8, 520, 0, 3, false, 0.0f}, {8, 520, 3, 1, false, 0.0f}};
+  uint64_t seed = 2700;
+  for (DType dt : kDtypes)
+    for (const Case& k : cases) {
+      const int64_t R = k.R, C = k.C;
+      SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " " << R << "x" << C << " pad " << k.pad << " affine "
+                                      << k.affine << " in place " << k.in_place);
+      const HostTensor x = bn_map(dt, R, C, C + k.pad, k.offset, 2.0f, seed++);
+      HostTensor st = rand_float(DType::f32, 4, C, seed++);  // mean, invstd, weight, bias
+      for (int64_t c = 0; c < C; ++c)
+        st.setf(0, c, k.offset + 0.5f * st.getf(0, c)), st.setf(1, c, 0.25f + std::fabs(st.getf(1, c)));
+      const hot::TensorView w = bn_row(st, 2), b = bn_row(st, 3);
+      const hot::TensorView* wp = k.affine & 1 ? &w : nullptr;
+      const hot::TensorView* bp = k.affine & 2 ? &b : nullptr;
+      HostTensor yc = out2d(dt, R, C, C + k.pad), ye = yc;
+      hot::cpu::batch_norm_transform(x, bn_row(st, 0), bn_row(st, 1), wp, bp, yc, {});
+      with_type(dt, [&](auto t, auto launch) {
+        hot::cuda::bn_transform_launch<decltype(t)>(x.view(), bn_row(st, 0), bn_row(st, 1), wp, bp, ye.view(),
+                                                    launch);
+      });
+      EXPECT_TRUE(all_bytes_equal(yc, ye));
+      if (!k.in_place) continue;
+      HostTensor xc = x, xe = x;
+      hot::cpu::batch_norm_transform(xc, bn_row(st, 0), bn_row(st, 1), wp, bp, xc, {});
+      with_type(dt, [&](auto t, auto launch) {
+        hot::cuda::bn_transform_launch<decltype(t)>(xe.view(), bn_row(st, 0), bn_row(st, 1), wp, bp, xe.view(),
+                                                    launch);
+      });
+      EXPECT_TRUE(all_bytes_equal(xc, xe));
+    }
+}
+
+// The output kernel's row loop on a grid of 2 CTAs (the launcher's grid gives a thread one row below ~2,048 CTAs'
+// worth): each thread's U rows a step apart, the loop carried past them, the last step partial; the CPU's bytes, into
+// a buffer and in place.
+TEST(Emu_BatchNormTransform, FewCtasStrideOverRows) {
+  uint64_t seed = 2800;
+  for (DType dt : kDtypes)
+    for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1000, 24}, {700, 13}}) {
+      SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " " << R << "x" << C);
+      const HostTensor x = bn_map(dt, R, C, C, 0.0f, 2.0f, seed++);
+      HostTensor st = rand_float(DType::f32, 4, C, seed++);
+      for (int64_t c = 0; c < C; ++c) st.setf(1, c, 0.25f + std::fabs(st.getf(1, c)));
+      const hot::TensorView w = bn_row(st, 2), b = bn_row(st, 3);
+      HostTensor yc = out2d(dt, R, C, C), ye = yc;
+      hot::cpu::batch_norm_transform(x, bn_row(st, 0), bn_row(st, 1), &w, &b, yc, {});
+      const auto* f = static_cast<const float*>(st.view().data);
+      const hot::cuda::BnAffine a{f, f + C, f + 2 * C, f + 3 * C};
+      const int J = static_cast<int>((C + 7) / 8);
+      const auto run = [&](const HostTensor& in, HostTensor& out) {
+        with_type(dt, [&](auto t, auto launch) {
+          using T = decltype(t);
+          launch(hot::cuda::bn_transform_kernel<T>, dim3(2, 1), hot::cuda::kBasicThreads, 0,
+                 hot::cuda::mat<const T>(in.view()), a, hot::cuda::mat<T>(out.view()), J,
+                 hot::cuda::bn_a16(in.view()) && hot::cuda::bn_a16(out.view()));
+        });
+      };
+      run(x, ye);
+      EXPECT_TRUE(all_bytes_equal(yc, ye));
+      HostTensor xe = x;  // in place: each row read once, before it is written
+      run(xe, xe);
+      EXPECT_TRUE(all_bytes_equal(yc, xe));
+    }
+}
+
+// Maps of millions of rows (ResNet-50's first BatchNorm at batch 256: 3.2 M rows of 64 channels) and thousands of
+// channels fit the grids of both ops. Recorded, not run.
+TEST(Emu_BatchNormStats, LargeMapsFitTheGrid) {
+  void* const fake = reinterpret_cast<void*>(uintptr_t{1} << 20);  // never dereferenced
+  const hot::Device cuda0 = hot::Device::cuda(0);
+  for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{256 * 112 * 112, 64}, {256 * 7 * 7, 2048}}) {
+    const hot::TensorView x = hot::make_view(fake, DType::bf16, cuda0, {R, C});
+    const hot::TensorView v = hot::make_view(fake, DType::f32, cuda0, {C});
+    hot_emu::RecordLaunch rec;
+    hot::cuda::bn_stats_launch<__nv_bfloat16>(x, v, v, 1e-5f, &v, &v, 0.1f, static_cast<float*>(fake), rec);
+    hot::cuda::bn_transform_launch<__nv_bfloat16>(x, v, v, &v, &v, x, rec);
+    ASSERT_EQ(rec.launches.size(), 4u);
+    for (const auto& e : rec.launches) EXPECT_TRUE(e.ok) << R << "x" << C << ": grid " << e.grid.x << " x " << e.grid.y;
+  }
+}
+
 TEST(Emu_Int4, PackUnpackBitExactVsCpu) {
   uint64_t seed = 400;
   for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 2}, {7, 34}, {129, 1000}}) {

@@ -414,11 +414,13 @@ class _HandingBatchNorm(torch.autograd.Function):
 
 
 class BatchNorm2d(nn.BatchNorm2d):
-    """``nn.BatchNorm2d`` (same arguments, state and forward) that, training after a converted convolution on a
-    channels-last CUDA map, forms its backward with the engine (the per-channel sums in fp32 in a fixed order, so its
-    gradients are torch's up to the order of those adds) and hands the convolution G~'s amax of g_x, so that the
-    convolution's g_y pass needs no pass of its own over g_y to find it (SPEC §2, "BatchNorm's hand-over"). Everywhere
-    else (evaluation, another producer, NCHW, the CPU, torch.compile, float64) it is nn.BatchNorm2d."""
+    """``nn.BatchNorm2d`` (same arguments and state) that, training after a converted convolution on a channels-last
+    CUDA map, forms its forward with the engine where its running statistics are float32 or untracked (the batch
+    statistics from fp32 sums in a fixed order: torch's up to their last bits) and its backward with the engine (the
+    per-channel sums in fp32 in a fixed order, so its gradients are torch's up to the order of those adds), and hands
+    the convolution G~'s amax of g_x, so that the convolution's g_y pass needs no pass of its own over g_y to find it
+    (SPEC §2, "BatchNorm's hand-over", "BatchNorm's statistics"). Everywhere else (evaluation, another producer, NCHW,
+    the CPU, torch.compile, float64) it is nn.BatchNorm2d."""
 
     def forward(self, x: Tensor) -> Tensor:
         node = None

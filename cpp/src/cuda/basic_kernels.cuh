@@ -859,8 +859,57 @@ __device__ __forceinline__ void load16_row(const T* p, int n, bool vec, float (&
   }
 }
 
+// One unit of bn_backward_input_kernel: g_x of row r's 16 channels from c0 = (g0 + j) * 16 (cn of them: channels past C
+// have zero coefficients and are neither stored nor counted), rounded, stored, transformed for G~'s amax into m.
 template <typename T>
-__global__ void __launch_bounds__(kBasicThreads, 4)
+__device__ __forceinline__ void bn_gx_unit(float (&d)[16], const float (&v)[16], const float4* cs, int j, T* dst,
+                                           int cn, bool vec, int block, uint32_t& m) {
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {  // channels past C: zero coefficients, neither stored nor counted
+    const float4 f = cs[j * 17 + k];
+    d[k] = __fmul_rn(__fmaf_rn(-__fadd_rn(v[k], -f.x), f.z, __fadd_rn(d[k], -f.y)), f.w);
+  }
+  if constexpr (sizeof(T) == 2) {  // rounded in pairs to 32-bit words; d takes the rounded values
+    uint32_t u[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      u[i] = f16x2_bits<T>(d[2 * i], d[2 * i + 1]);
+      d[2 * i] = 2 * i < cn ? f16bits_to_f<T>(static_cast<unsigned short>(u[i])) : 0.0f;
+      d[2 * i + 1] = 2 * i + 1 < cn ? f16bits_to_f<T>(static_cast<unsigned short>(u[i] >> 16)) : 0.0f;
+    }
+    if (vec && cn == 16) {
+      reinterpret_cast<uint4*>(dst)[0] = make_uint4(u[0], u[1], u[2], u[3]);
+      reinterpret_cast<uint4*>(dst)[1] = make_uint4(u[4], u[5], u[6], u[7]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 16; ++k)  // constant indices: u stays in registers
+        if (k < cn)
+          reinterpret_cast<unsigned short*>(dst)[k] = static_cast<unsigned short>(u[k / 2] >> (16 * (k % 2)));
+    }
+  } else {
+    if (vec && cn == 16) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        reinterpret_cast<float4*>(dst)[k] = make_float4(d[4 * k], d[4 * k + 1], d[4 * k + 2], d[4 * k + 3]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 16; ++k)
+        if (k < cn) dst[k] = d[k];
+    }
+#pragma unroll
+    for (int k = 0; k < 16; ++k) d[k] = k < cn ? d[k] : 0.0f;
+  }
+  fwht_regs<16>(d, block);
+#pragma unroll
+  for (int k = 0; k < 16; ++k) m = max(m, amax_key(d[k]));
+}
+
+// With 16-bit types, vector rows and C % 16 == 0, a thread loads its next unit's g_y and x before this unit's
+// arithmetic (its loads were latency-bound: 7.5 of 13.2 cycles between a warp's instructions waited on L1TEX), at 3
+// CTAs an SM (80 registers, no spills): ResNet-50's 53 g_x at b128 2744 -> 2535 us on the H200; at 4 CTAs it spilled
+// 116 bytes and took 3251 us.
+template <typename T>
+__global__ void __launch_bounds__(kBasicThreads, sizeof(T) == 2 ? 3 : 4)
     bn_backward_input_kernel(Mat<const T> gy, Mat<const T> x, BnStats st, Mat<T> gx, int block, bool vec,
                              unsigned* key) {
   __shared__ float4 cs[kBnSlice * 17];
@@ -878,10 +927,42 @@ __global__ void __launch_bounds__(kBasicThreads, 4)
     cs[(i / 16) * 17 + i % 16] = f;
   }
   __syncthreads();
-  const int64_t n = gy.rows * gs;
+  const int64_t n = gy.rows * gs, step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   uint32_t m = 0;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  if constexpr (sizeof(T) == 2) {
+    if (vec && C % 16 == 0) {
+      struct Raw {
+        Raw8<T> g[2], x[2];
+      };
+      const auto load = [&](int64_t e, Raw& w) {
+        const int64_t r = e / gs, c0 = (g0 + (e - r * gs)) * 16;
+        raw8_load(gy.p + r * gy.ld + c0, w.g[0]), raw8_load(gy.p + r * gy.ld + c0 + 8, w.g[1]);
+        raw8_load(x.p + r * x.ld + c0, w.x[0]), raw8_load(x.p + r * x.ld + c0 + 8, w.x[1]);
+      };
+      int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+      Raw cur;
+      if (e < n) load(e, cur);
+      for (; e < n; e += step) {
+        Raw nxt;
+        if (e + step < n) load(e + step, nxt);
+        const int64_t r = e / gs;
+        const int j = static_cast<int>(e - r * gs);
+        float d[16], v[16], a[8], b[8];
+        raw8_to_f(cur.g[0], a), raw8_to_f(cur.g[1], b);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) d[k] = a[k], d[8 + k] = b[k];
+        raw8_to_f(cur.x[0], a), raw8_to_f(cur.x[1], b);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = a[k], v[8 + k] = b[k];
+        bn_gx_unit(d, v, cs, j, gx.p + r * gx.ld + (g0 + j) * 16, 16, true, block, m);
+        cur = nxt;
+      }
+      m = block_max_u32(m);
+      if (threadIdx.x == 0 && m != 0) atomicMax(key, m);
+      return;
+    }
+  }
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n; e += step) {
     const int64_t r = e / gs;
     const int j = static_cast<int>(e - r * gs);
     const int64_t c0 = (g0 + j) * 16;
@@ -889,45 +970,7 @@ __global__ void __launch_bounds__(kBasicThreads, 4)
     float d[16], v[16];
     load16_row(gy.p + r * gy.ld + c0, cn, vec, d);
     load16_row(x.p + r * x.ld + c0, cn, vec, v);
-#pragma unroll
-    for (int k = 0; k < 16; ++k) {  // channels past C: zero coefficients, neither stored nor counted
-      const float4 f = cs[j * 17 + k];
-      d[k] = __fmul_rn(__fmaf_rn(-__fadd_rn(v[k], -f.x), f.z, __fadd_rn(d[k], -f.y)), f.w);
-    }
-    T* dst = gx.p + r * gx.ld + c0;
-    if constexpr (sizeof(T) == 2) {  // rounded in pairs to 32-bit words; d takes the rounded values
-      uint32_t u[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        u[i] = f16x2_bits<T>(d[2 * i], d[2 * i + 1]);
-        d[2 * i] = 2 * i < cn ? f16bits_to_f<T>(static_cast<unsigned short>(u[i])) : 0.0f;
-        d[2 * i + 1] = 2 * i + 1 < cn ? f16bits_to_f<T>(static_cast<unsigned short>(u[i] >> 16)) : 0.0f;
-      }
-      if (vec && cn == 16) {
-        reinterpret_cast<uint4*>(dst)[0] = make_uint4(u[0], u[1], u[2], u[3]);
-        reinterpret_cast<uint4*>(dst)[1] = make_uint4(u[4], u[5], u[6], u[7]);
-      } else {
-#pragma unroll
-        for (int k = 0; k < 16; ++k)  // constant indices: u stays in registers
-          if (k < cn)
-            reinterpret_cast<unsigned short*>(dst)[k] = static_cast<unsigned short>(u[k / 2] >> (16 * (k % 2)));
-      }
-    } else {
-      if (vec && cn == 16) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-          reinterpret_cast<float4*>(dst)[k] = make_float4(d[4 * k], d[4 * k + 1], d[4 * k + 2], d[4 * k + 3]);
-      } else {
-#pragma unroll
-        for (int k = 0; k < 16; ++k)
-          if (k < cn) dst[k] = d[k];
-      }
-#pragma unroll
-      for (int k = 0; k < 16; ++k) d[k] = k < cn ? d[k] : 0.0f;
-    }
-    fwht_regs<16>(d, block);
-#pragma unroll
-    for (int k = 0; k < 16; ++k) m = max(m, amax_key(d[k]));
+    bn_gx_unit(d, v, cs, j, gx.p + r * gx.ld + c0, cn, vec, block, m);
   }
   m = block_max_u32(m);
   if (threadIdx.x == 0 && m != 0) atomicMax(key, m);

@@ -376,11 +376,14 @@ TEST(Emu_BatchNormBackwardInput, BitExactVsCpu) {
 }
 
 // The g_x kernel's grid-stride loop on one CTA: 100 rows of 3 groups (300 units for 256 threads), so that a thread's
-// step carries its group into the next row; the CPU's bytes.
-TEST(Emu_BatchNormBackwardInput, OneCtaStridesOverRows) {
+// step carries its group into the next row; the CPU's bytes. fp32, and bf16 / f16 whose vector rows with C % 16 == 0
+// take the loop that loads a thread's next unit before this unit's arithmetic (rows padded: the plain loop).
+template <typename T>
+void gx_one_cta(DType dt, int64_t ld) {
+  SCOPED_TRACE(testing::Message() << hot::dtype_name(dt) << " row stride " << ld);
   const int64_t R = 100, C = 48;
-  const HostTensor gy = hot_cuda_test::rand_float(DType::f32, R, C, 2150, C, 2.0f);
-  const HostTensor x = hot_cuda_test::rand_float(DType::f32, R, C, 2151, C, 3.0f);
+  const HostTensor gy = hot_cuda_test::rand_float(dt, R, C, 2150, ld, 2.0f);
+  const HostTensor x = hot_cuda_test::rand_float(dt, R, C, 2151, ld, 3.0f);
   HostTensor st = out2d(DType::f32, 4, C, C);  // mean, invstd, sum_dy, sum_dy_xmu
   for (int64_t c = 0; c < C; ++c)
     st.setf(0, c, 0.1f * static_cast<float>(c % 7)), st.setf(1, c, 0.5f + 0.01f * static_cast<float>(c)),
@@ -391,17 +394,24 @@ TEST(Emu_BatchNormBackwardInput, OneCtaStridesOverRows) {
     v.shape = {C}, v.strides = {1};
     return v;
   };
-  HostTensor gc = out2d(DType::f32, R, C, C), ge = gc, ac = out1d(DType::f32, 1), ae = ac;
+  HostTensor gc = out2d(dt, R, C, C), ge = gc, ac = out1d(DType::f32, 1), ae = ac;
   hot::cpu::batch_norm_backward_input(gy, x, row(0), row(1), nullptr, row(2), row(3), gc, ac, {});
   const auto* f = static_cast<const float*>(st.view().data);
   const hot::cuda::BnStats bs{f, f + C, nullptr, f + 2 * C, f + 3 * C, hot::hot_div(1.0f, static_cast<float>(R))};
   unsigned key = 0;
-  hot_emu::Launch{}(hot::cuda::bn_backward_input_kernel<float>, dim3(1, 1), hot::cuda::kBasicThreads, 0,
-                    hot::cuda::mat<const float>(gy.view()), hot::cuda::mat<const float>(x.view()), bs,
-                    hot::cuda::mat<float>(ge.view()), hot::hq_block_size(C), true, &key);
+  hot_emu::Launch{}(hot::cuda::bn_backward_input_kernel<T>, dim3(1, 1), hot::cuda::kBasicThreads, 0,
+                    hot::cuda::mat<const T>(gy.view()), hot::cuda::mat<const T>(x.view()), bs,
+                    hot::cuda::mat<T>(ge.view()), hot::hq_block_size(C), ld == C, &key);
   static_cast<float*>(ae.view().data)[0] = hot::amax_from_key(key);
   EXPECT_TRUE(all_bytes_equal(gc, ge));
   EXPECT_TRUE(all_bytes_equal(ac, ae));
+}
+
+TEST(Emu_BatchNormBackwardInput, OneCtaStridesOverRows) {
+  gx_one_cta<float>(DType::f32, 48);
+  gx_one_cta<__nv_bfloat16>(DType::bf16, 48);
+  gx_one_cta<__half>(DType::f16, 48);
+  gx_one_cta<__nv_bfloat16>(DType::bf16, 52);
 }
 
 // BatchNorm's per-channel sums: the emulated kernels (row groups, lanes, the pairwise hand-over, the groups' sums in
@@ -555,9 +565,9 @@ TEST(Emu_BatchNormTransform, BitExactVsCpu) {
     }
 }
 
-// The output kernel's row loop on a grid of 2 CTAs (the launcher's grid gives a thread one row below ~2,048 CTAs'
-// worth): each thread's U rows a step apart, the loop carried past them, the last step partial; the CPU's bytes, into
-// a buffer and in place.
+// The output kernel's row loop on a grid of 2 CTAs (on maps this small the launcher's grid gives a thread one row):
+// each thread's U rows a step apart, the loop carried past them, the last step partial; the CPU's bytes, into a buffer
+// and in place; 16-byte and element-wise coefficient loads (C = 24, 13).
 TEST(Emu_BatchNormTransform, FewCtasStrideOverRows) {
   uint64_t seed = 2800;
   for (DType dt : kDtypes)
@@ -570,7 +580,8 @@ TEST(Emu_BatchNormTransform, FewCtasStrideOverRows) {
       HostTensor yc = out2d(dt, R, C, C), ye = yc;
       hot::cpu::batch_norm_transform(x, bn_row(st, 0), bn_row(st, 1), &w, &b, yc, {});
       const auto* f = static_cast<const float*>(st.view().data);
-      const hot::cuda::BnAffine a{f, f + C, f + 2 * C, f + 3 * C};
+      const bool a16 = reinterpret_cast<uintptr_t>(f) % 16 == 0 && C % 4 == 0;  // the launcher's coefficient rule
+      const hot::cuda::BnAffine a{f, f + C, f + 2 * C, f + 3 * C, a16};
       const int J = static_cast<int>((C + 7) / 8);
       const auto run = [&](const HostTensor& in, HostTensor& out) {
         with_type(dt, [&](auto t, auto launch) {

@@ -443,7 +443,7 @@ def batch_norm_stats(x, eps=1e-5):
 
 def batch_norm_transform(x, mean, invstd, weight=None, bias=None):
     """BatchNorm's output for x (..., C) with channels last (SPEC §2 "BatchNorm's statistics"): y = fma(x - mean,
-    weight * invstd, bias) per element in fp32, rounded once to x's dtype; mean, invstd, weight, bias: float32 (C,)
+    weight * invstd, bias) per element in fp32, then rounded to x's dtype; mean, invstd, weight, bias: float32 (C,)
     (weight, bias None: absent)."""
     op = "batch_norm_transform"
     xa = _prep(x)

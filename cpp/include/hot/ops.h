@@ -118,8 +118,8 @@ void batch_norm_stats(const TensorView& x, const TensorView& mean, const TensorV
                       float momentum = 0.1f, Stream stream = {});
 
 // BatchNorm's output in training or evaluation (SPEC §2): y = fma(x - mean, s, bias) per element with s = weight *
-// invstd (invstd without weight) and bias +0 when absent, x - mean and s rounded, the fused multiply-add rounded once
-// to y's dtype. x, y: R x C of one float dtype (y may be x itself, or overlaps nothing else); mean, invstd, weight,
+// invstd (invstd without weight) and bias +0 when absent, x - mean and s rounded, the fused multiply-add rounded to
+// fp32, then to y's dtype. x, y: R x C of one float dtype (y may be x itself, or overlaps nothing else); mean, invstd, weight,
 // bias (null: absent): f32 [C].
 void batch_norm_transform(const TensorView& x, const TensorView& mean, const TensorView& invstd,
                           const TensorView* weight, const TensorView* bias, const TensorView& y, Stream stream = {});

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
-#include <string_view>
 #include <limits>
+#include <string_view>
 #include <utility>
 
 #include "backend.h"
@@ -337,6 +337,18 @@ void relu_mask_backward(const TensorView& g_y, const TensorView& bits, const Ten
 
 namespace {
 
+// A BatchNorm's per-channel views (null: absent): each f32 [C], C being ref's columns, on ref's device.
+template <typename PerChannel>
+void check_bn_channels(const char* op, const char* ref_name, const TensorView& ref, const PerChannel& per_channel) {
+  for (const auto& [name, t] : per_channel) {
+    if (t == nullptr) continue;
+    check_vector(op, name, *t, ref.shape[1], false, DType::f32);
+    HOT_CHECK_SAME_DEVICE(op, ref_name, ref, name, *t);
+  }
+}
+
+using BnChannels = std::initializer_list<std::pair<const char*, const TensorView*>>;
+
 // A BatchNorm backward's arguments: g_y and x R x C rows of one float dtype, each per-channel one (null: absent)
 // f32 [C], all on g_y's device.
 template <size_t N>
@@ -347,31 +359,12 @@ void check_bn_args(const char* op, const TensorView& g_y, const TensorView& x,
   HOT_CHECK_SHAPE(op, "x", x, g_y.shape);
   HOT_CHECK_DTYPE(op, "x", x, x.dtype == g_y.dtype, dtype_name(g_y.dtype));
   HOT_CHECK_SAME_DEVICE(op, "g_y", g_y, "x", x);
-  for (const auto& [name, t] : per_channel) {
-    if (t == nullptr) continue;
-    check_vector(op, name, *t, g_y.shape[1], false, DType::f32);
-    HOT_CHECK_SAME_DEVICE(op, "g_y", g_y, name, *t);
-  }
-}
-
-}  // namespace
-
-namespace {
-
-// A BatchNorm forward's per-channel views (null: absent): each f32 [C] on x's device.
-void check_bn_channels(const char* op, const TensorView& x,
-                       std::initializer_list<std::pair<const char*, const TensorView*>> per_channel) {
-  for (const auto& [name, t] : per_channel) {
-    if (t == nullptr) continue;
-    check_vector(op, name, *t, x.shape[1], false, DType::f32);
-    HOT_CHECK_SAME_DEVICE(op, "x", x, name, *t);
-  }
+  check_bn_channels(op, "g_y", g_y, per_channel);
 }
 
 // Views the op writes overlap no other argument (null entries skipped; an output is named in `all` too, and is not
 // compared with its own entry there, by name: one view passed as two arguments is an overlap).
-void check_disjoint(const char* op, std::initializer_list<std::pair<const char*, const TensorView*>> outs,
-                    std::initializer_list<std::pair<const char*, const TensorView*>> all) {
+void check_disjoint(const char* op, BnChannels outs, BnChannels all) {
   for (const auto& [on, o] : outs) {
     if (o == nullptr) continue;
     const auto [ob, oe] = byte_span(*o);
@@ -389,15 +382,15 @@ void batch_norm_stats(const TensorView& x, const TensorView& mean, const TensorV
                       const TensorView* running_mean, const TensorView* running_var, float momentum, Stream stream) {
   const char* op = "batch_norm_stats";
   check_float_matrix(op, "x", x);
-  check_bn_channels(op, x, {{"mean", &mean}, {"invstd", &invstd}, {"running_mean", running_mean},
-                            {"running_var", running_var}});
+  check_bn_channels(op, "x", x, BnChannels{{"mean", &mean}, {"invstd", &invstd}, {"running_mean", running_mean},
+                                           {"running_var", running_var}});
   HOT_CHECK_VALUE((running_mean == nullptr) == (running_var == nullptr), op,
                   ": running_mean and running_var are given both or neither");
   HOT_CHECK_VALUE(std::isfinite(eps) && eps >= 0.0f, op, ": eps must be finite and >= 0, got ", eps);
   HOT_CHECK_VALUE(momentum >= 0.0f && momentum <= 1.0f, op, ": momentum must be in [0, 1], got ", momentum);
   HOT_CHECK_VALUE(running_var == nullptr || x.shape[0] >= 2, op,
                   ": x needs at least 2 rows to update the running variance, got ", x.shape[0]);
-  const std::initializer_list<std::pair<const char*, const TensorView*>> all = {
+  const BnChannels all = {
       {"x", &x}, {"mean", &mean}, {"invstd", &invstd}, {"running_mean", running_mean}, {"running_var", running_var}};
   check_disjoint(op, {{"mean", &mean}, {"invstd", &invstd}, {"running_mean", running_mean},
                       {"running_var", running_var}}, all);
@@ -412,7 +405,7 @@ void batch_norm_transform(const TensorView& x, const TensorView& mean, const Ten
   HOT_CHECK_SHAPE(op, "y", y, x.shape);
   HOT_CHECK_DTYPE(op, "y", y, y.dtype == x.dtype, dtype_name(x.dtype));
   HOT_CHECK_SAME_DEVICE(op, "x", x, "y", y);
-  check_bn_channels(op, x, {{"mean", &mean}, {"invstd", &invstd}, {"weight", weight}, {"bias", bias}});
+  check_bn_channels(op, "x", x, BnChannels{{"mean", &mean}, {"invstd", &invstd}, {"weight", weight}, {"bias", bias}});
   const bool in_place = y.data == x.data && y.strides == x.strides;
   check_disjoint(op, {{"y", &y}}, {{"x", in_place ? nullptr : &x}, {"mean", &mean}, {"invstd", &invstd},
                                    {"weight", weight}, {"bias", bias}});
